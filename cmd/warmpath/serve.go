@@ -1,0 +1,95 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/warmpath/warmpath/gateway"
+)
+
+// runServe runs the gateway: from --config and WARMPATH_* variables, or,
+// with no fleet configured, on the embedded development setup.
+func runServe(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	configPath := fs.String("config", os.Getenv("WARMPATH_CONFIG"), "YAML configuration file (env WARMPATH_CONFIG)")
+	listen := fs.String("listen", "", "listen address (default 127.0.0.1:8080; env WARMPATH_LISTEN)")
+	policy := fs.String("policy", "", "routing policy: round-robin, least-load, session-hash, approx-prefix, precise-prefix, warmpath (env WARMPATH_POLICY)")
+	debug := fs.Bool("debug", false, "add X-Warmpath-* response headers naming the chosen replica and its scores")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	log, err := newLogger(os.Stderr, *logLevel)
+	if err != nil {
+		return err
+	}
+	cfg, err := gateway.LoadConfig(*configPath, os.Getenv)
+	if err != nil {
+		return err
+	}
+	if *listen != "" {
+		cfg.Listen = *listen
+	}
+	if *policy != "" {
+		cfg.Routing.Policy = *policy
+	}
+	cfg.Debug = cfg.Debug || *debug
+
+	eg, ctx := errgroup.WithContext(ctx)
+	var dev *devStack
+	if cfg.Embedded() {
+		if dev, err = startDev(&cfg, log); err != nil {
+			return err
+		}
+		defer dev.close()
+		eg.Go(func() error { return dev.run(ctx) })
+	}
+	gw, err := gateway.New(cfg, gateway.Options{Logger: log, UpstreamAPIKey: os.Getenv("WARMPATH_UPSTREAM_API_KEY")})
+	if err != nil {
+		return err
+	}
+	eg.Go(func() error { return gw.Run(ctx) })
+	eg.Go(func() error {
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		if err := gw.WaitReady(wctx); err != nil {
+			log.Warn("no replica is healthy yet; requests will get 503 until one is", "err", err)
+		}
+		printBanner(os.Stdout, gw.Addr(), gw.Policy(), &cfg, dev)
+		return nil
+	})
+	return eg.Wait()
+}
+
+func printBanner(w io.Writer, addr, policy string, cfg *gateway.Config, dev *devStack) {
+	base := "http://" + addr
+	fmt.Fprintf(w, "warmpath: serving the OpenAI API on %s/v1 (policy %s)\n", base, policy)
+	auth := ""
+	if cfg.DevKey != "" {
+		fmt.Fprintf(w, "warmpath: dev API key: %s\n", cfg.DevKey)
+		auth = fmt.Sprintf(` -H "Authorization: Bearer %s"`, cfg.DevKey)
+	}
+	model := "<model>"
+	if len(cfg.Replicas) > 0 && cfg.Replicas[0].Model != "" {
+		model = cfg.Replicas[0].Model
+	}
+	if dev != nil {
+		fmt.Fprintf(w, "warmpath: embedded development setup: in-process Redis (miniredis) and %d simulated vLLM replicas of %s\n", len(cfg.Replicas), model)
+	}
+	fmt.Fprintf(w, "try:\n  curl -s %s/v1/chat/completions%s -H \"Content-Type: application/json\" -d '{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello from warmpath\"}]}'\n", base, auth, model)
+}
+
+func newLogger(w io.Writer, level string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})), nil
+}

@@ -1,0 +1,245 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/scoring"
+	"github.com/warmpath/warmpath/scoring/kvevents"
+	"github.com/warmpath/warmpath/session"
+)
+
+// Options are a gateway's dependencies that do not come from configuration.
+type Options struct {
+	// Logger receives the gateway's logs; nil discards them.
+	Logger *slog.Logger
+	// Registry receives every metric; nil means a fresh registry (served
+	// on /metrics either way).
+	Registry *prometheus.Registry
+	// Redis overrides the client built from Config.Redis (tests pass one
+	// with a key prefix). Nil with an empty Config.Redis keeps session
+	// bindings in process memory only.
+	Redis redis.UniversalClient
+	// UpstreamAPIKey is sent to replicas as a bearer token (vLLM's
+	// --api-key); empty sends none.
+	UpstreamAPIKey string
+}
+
+// Gateway is a running warmpath gateway: an OpenAI-compatible HTTP edge over
+// a vLLM fleet. Build one with New, then call Run.
+type Gateway struct {
+	cfg         Config
+	log         *slog.Logger
+	reg         *prometheus.Registry
+	m           *metrics
+	kvm         *kvevents.Metrics
+	fleet       *fleet.Fleet
+	policy      *scoring.Policy
+	sessions    *session.Store
+	rdb         redis.UniversalClient
+	ownsRedis   bool
+	index       *preciseIndex
+	approx      *approxIndex
+	tok         *tokenizer
+	upstream    *http.Transport
+	proxy       http.Handler
+	upstreamKey string
+	ln          net.Listener
+	srv         *http.Server
+	started     time.Time
+
+	tokenizeNext atomic.Uint64 // rotates tokenizer calls over replicas
+}
+
+// New builds a gateway from cfg: it fills defaults, validates (errors name
+// the offending field), connects nothing yet but binds the listen address,
+// so Addr is known before Run. It starts no goroutine.
+func New(cfg Config, o Options) (*Gateway, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Embedded() {
+		return nil, errors.New("config: no replicas and no discovery configured (warmpath serve starts a simulated fleet in that case)")
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	reg := o.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	wrapped := prometheus.WrapRegistererWith(prometheus.Labels{"policy": cfg.Routing.Policy}, reg)
+	g := &Gateway{cfg: cfg, log: log, reg: reg, m: newMetrics(wrapped), kvm: kvevents.NewMetrics(wrapped), upstreamKey: o.UpstreamAPIKey, started: time.Now()}
+
+	var err error
+	if g.policy, err = scoring.NewPolicy(cfg.Routing.Policy, cfg.Routing.Weights); err != nil {
+		return nil, fmt.Errorf("config: routing: %w", err)
+	}
+	g.rdb = o.Redis
+	if g.rdb == nil && !cfg.Redis.embedded() {
+		if g.rdb, err = newRedis(cfg.Redis); err != nil {
+			return nil, err
+		}
+		g.ownsRedis = true
+	}
+	g.sessions = session.NewStore(g.rdb, session.Options{Prefix: cfg.Redis.KeyPrefix, TTL: cfg.Routing.SessionTTL, Timeout: cfg.Redis.Timeout})
+
+	var header http.Header
+	if o.UpstreamAPIKey != "" {
+		header = http.Header{"Authorization": {"Bearer " + o.UpstreamAPIKey}}
+	}
+	fc := fleet.Config{
+		HealthInterval:   cfg.Health.Interval,
+		HealthTimeout:    cfg.Health.Timeout,
+		FailureThreshold: cfg.Health.Failures,
+		ScrapeInterval:   cfg.Health.ScrapeInterval,
+		StaleAfter:       cfg.Health.StaleAfter,
+		Saturation: fleet.Saturation{
+			MaxWaiting:               cfg.Routing.MaxWaiting,
+			MaxKVUsage:               cfg.Routing.MaxKVUsage,
+			MaxInflightPrefillTokens: max(0, cfg.Routing.MaxInflightPrefillTokens),
+		},
+		Header:     header,
+		Logger:     log.With("component", "fleet"),
+		Registerer: wrapped,
+	}
+	for _, r := range cfg.Replicas {
+		fc.Static = append(fc.Static, fleet.ReplicaSpec{Name: r.Name, URL: r.URL, Model: r.Model, KVEndpoint: r.KVEvents, ReplayEndpoint: r.KVReplay})
+	}
+	for _, d := range cfg.Discovery {
+		fc.DNS = append(fc.DNS, fleet.DNSSpec{Name: d.DNS, Port: d.Port, Scheme: d.Scheme, KVPort: d.KVPort, ReplayPort: d.ReplayPort, Model: d.Model, Interval: d.Interval})
+	}
+	if g.fleet, err = fleet.New(fc); err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+
+	if g.index, err = newPreciseIndex(cfg.Routing, wrapped); err != nil {
+		return nil, fmt.Errorf("config: routing: %w", err)
+	}
+	if g.approx, err = newApproxIndex(cfg.Routing); err != nil {
+		return nil, fmt.Errorf("config: routing: %w", err)
+	}
+	g.upstream = &http.Transport{
+		Proxy:                 nil,
+		DialContext:           (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:          4096,
+		MaxIdleConnsPerHost:   512,
+		IdleConnTimeout:       90 * time.Second,
+		ExpectContinueTimeout: time.Second,
+	}
+	g.tok = newTokenizer(&http.Client{Transport: g.upstream, Timeout: 10 * time.Second}, cfg.Routing.TokenizeCacheSize, g.m)
+	g.proxy = g.newProxy()
+
+	if g.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+		g.close()
+		return nil, fmt.Errorf("config: listen: %w", err)
+	}
+	g.srv = &http.Server{
+		Handler:           g.routes(),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	return g, nil
+}
+
+func newRedis(rc RedisConfig) (redis.UniversalClient, error) {
+	if rc.URL != "" {
+		opt, err := redis.ParseURL(rc.URL)
+		if err != nil {
+			return nil, fmt.Errorf("config: redis.url: %w", err)
+		}
+		return redis.NewClient(opt), nil
+	}
+	return redis.NewUniversalClient(&redis.UniversalOptions{
+		Addrs:      rc.Addrs,
+		MasterName: rc.MasterName,
+		Username:   rc.Username,
+		Password:   rc.Password,
+		DB:         rc.DB,
+	}), nil
+}
+
+// Addr returns the address the gateway listens on.
+func (g *Gateway) Addr() string { return g.ln.Addr().String() }
+
+// Handler returns the gateway's HTTP handler (for tests that serve it
+// themselves).
+func (g *Gateway) Handler() http.Handler { return g.srv.Handler }
+
+// Policy returns the name of the routing policy in force.
+func (g *Gateway) Policy() string { return g.policy.Name }
+
+// Registry returns the registry behind /metrics.
+func (g *Gateway) Registry() *prometheus.Registry { return g.reg }
+
+// Run serves until ctx ends, with every goroutine the gateway needs: the
+// HTTP server, the fleet's health checks and scrapes, and the KV-event
+// subscribers. It returns nil after a clean shutdown, or the first
+// component's error.
+func (g *Gateway) Run(ctx context.Context) error {
+	defer g.close()
+	eg, ctx := errgroup.WithContext(ctx)
+	eg.Go(func() error { return g.fleet.Run(ctx) })
+	eg.Go(func() error { return g.runKVEvents(ctx) })
+	eg.Go(func() error {
+		err := g.srv.Serve(g.ln)
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil
+		}
+		return fmt.Errorf("gateway: serve: %w", err)
+	})
+	eg.Go(func() error {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := g.srv.Shutdown(sctx); err != nil {
+			g.srv.Close() // streams still open after the grace period
+		}
+		return nil
+	})
+	return eg.Wait()
+}
+
+func (g *Gateway) close() {
+	if g.upstream != nil {
+		g.upstream.CloseIdleConnections()
+	}
+	if g.ownsRedis && g.rdb != nil {
+		g.rdb.Close()
+	}
+}
+
+// WaitReady blocks until at least one replica is healthy, or ctx ends.
+func (g *Gateway) WaitReady(ctx context.Context) error {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		for _, r := range g.fleet.Snapshot().Replicas {
+			if r.State().Healthy {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,181 @@
+package gateway
+
+import (
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/warmpath/warmpath/scoring/blockindex"
+	"github.com/warmpath/warmpath/scoring/kvevents"
+)
+
+// preciseIndex is the gateway's view of the precise prefix index: the
+// blockindex fed by KV events, plus which replicas have sent events at all.
+// It is the kvevents.Handler the subscribers feed.
+type preciseIndex struct {
+	ix        *blockindex.Index
+	blockSize int
+
+	mu        sync.RWMutex // guards sources and models
+	sources   map[string]bool // replicas whose events have arrived
+	models    map[string]string
+}
+
+var _ kvevents.Handler = (*preciseIndex)(nil)
+
+func newPreciseIndex(rc RoutingConfig, reg prometheus.Registerer) (*preciseIndex, error) {
+	ix, err := blockindex.New(blockindex.Config{BlockSize: rc.BlockSize, MaxEntries: rc.IndexMaxEntries})
+	if err != nil {
+		return nil, err
+	}
+	p := &preciseIndex{ix: ix, blockSize: rc.BlockSize, sources: map[string]bool{}, models: map[string]string{}}
+	reg.MustRegister(indexCollector{p})
+	return p, nil
+}
+
+// Apply implements kvevents.Handler.
+func (p *preciseIndex) Apply(replica string, b kvevents.Batch) {
+	p.mu.RLock()
+	seen := p.sources[replica]
+	p.mu.RUnlock()
+	if !seen {
+		p.mu.Lock()
+		p.sources[replica] = true
+		p.mu.Unlock()
+	}
+	p.ix.Apply(replica, b)
+}
+
+// Clear implements kvevents.Handler.
+func (p *preciseIndex) Clear(replica string) { p.ix.Clear(replica) }
+
+// setModel registers the model a replica serves, which roots its keys.
+func (p *preciseIndex) setModel(replica, model string) {
+	p.mu.RLock()
+	same := p.models[replica] == model
+	p.mu.RUnlock()
+	if same {
+		return
+	}
+	p.mu.Lock()
+	p.models[replica] = model
+	p.mu.Unlock()
+	_ = p.ix.SetReplicaModel(replica, model) // errs only when the replica table is full
+}
+
+// forget drops a replica that left the fleet.
+func (p *preciseIndex) forget(replica string) {
+	p.mu.Lock()
+	delete(p.sources, replica)
+	delete(p.models, replica)
+	p.mu.Unlock()
+	p.ix.Clear(replica)
+}
+
+// receiving reports whether the replica's KV events have ever arrived.
+func (p *preciseIndex) receiving(replica string) bool {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.sources[replica]
+}
+
+func (p *preciseIndex) keys(tokens []uint32, model, salt string) []uint64 {
+	return p.ix.Keys(tokens, blockindex.Root{Model: model, CacheSalt: salt})
+}
+
+// matchTokens returns, aligned with names, how many prompt tokens each
+// replica holds cached as far as the index knows. Like vLLM, at least the
+// last prompt token is always computed, so a full hit counts
+// promptTokens−1.
+func (p *preciseIndex) matchTokens(keys []uint64, names []string, promptTokens int) []int {
+	hits := p.ix.Match(keys, names, nil)
+	out := make([]int, len(names))
+	for i, h := range hits {
+		out[i] = min(h.Blocks*p.blockSize, max(0, promptTokens-1))
+	}
+	return out
+}
+
+// holds reports whether replica holds the block with the given key.
+func (p *preciseIndex) holds(replica string, key uint64) bool {
+	var buf [1]blockindex.Hit
+	return p.ix.Match([]uint64{key}, []string{replica}, buf[:0])[0].Blocks == 1
+}
+
+func (p *preciseIndex) speculate(replica string, keys []uint64, ttl time.Duration) {
+	p.ix.AddSpeculative(replica, keys, ttl)
+}
+
+// indexCollector exposes the index's size per replica at scrape time.
+type indexCollector struct{ p *preciseIndex }
+
+var (
+	indexEntriesDesc = prometheus.NewDesc("warmpath_index_entries", "Prefix-index (block, replica) entries per replica, speculative included.", []string{"replica"}, nil)
+	indexSpecDesc    = prometheus.NewDesc("warmpath_index_speculative_entries", "Speculative prefix-index entries per replica, awaiting their KV events.", []string{"replica"}, nil)
+	indexKeysDesc    = prometheus.NewDesc("warmpath_index_keys", "Distinct block keys in the prefix index.", nil, nil)
+	indexEvictDesc   = prometheus.NewDesc("warmpath_index_evictions_total", "Index entries evicted because the index was full.", nil, nil)
+	indexSkipDesc    = prometheus.NewDesc("warmpath_index_skipped_events_total", "KV events the index could not apply, by reason.", []string{"reason"}, nil)
+	indexSpecOutDesc = prometheus.NewDesc("warmpath_index_speculative_total", "Speculative entries by outcome: confirmed by an event, or expired.", []string{"outcome"}, nil)
+)
+
+func (c indexCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{indexEntriesDesc, indexSpecDesc, indexKeysDesc, indexEvictDesc, indexSkipDesc, indexSpecOutDesc} {
+		ch <- d
+	}
+}
+
+func (c indexCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.p.ix.Stats()
+	for name, r := range s.Replicas {
+		ch <- prometheus.MustNewConstMetric(indexEntriesDesc, prometheus.GaugeValue, float64(r.Entries), name)
+		ch <- prometheus.MustNewConstMetric(indexSpecDesc, prometheus.GaugeValue, float64(r.Speculative), name)
+	}
+	ch <- prometheus.MustNewConstMetric(indexKeysDesc, prometheus.GaugeValue, float64(s.Keys))
+	ch <- prometheus.MustNewConstMetric(indexEvictDesc, prometheus.CounterValue, float64(s.Evictions))
+	for reason, n := range s.Skipped {
+		ch <- prometheus.MustNewConstMetric(indexSkipDesc, prometheus.CounterValue, float64(n), string(reason))
+	}
+	ch <- prometheus.MustNewConstMetric(indexSpecOutDesc, prometheus.CounterValue, float64(s.Confirmed), "confirmed")
+	ch <- prometheus.MustNewConstMetric(indexSpecOutDesc, prometheus.CounterValue, float64(s.Expired), "expired")
+}
+
+// approxIndex is the tokenizer-free index: chunks of the conversation's
+// text, and where the gateway sent them.
+type approxIndex struct {
+	a *blockindex.Approx
+}
+
+func newApproxIndex(rc RoutingConfig) (*approxIndex, error) {
+	a, err := blockindex.NewApprox(blockindex.ApproxConfig{ChunkBytes: rc.ApproxChunkBytes})
+	if err != nil {
+		return nil, err
+	}
+	return &approxIndex{a: a}, nil
+}
+
+func (a *approxIndex) keys(text []byte, model, salt string) []uint64 {
+	return a.a.AppendKeys(nil, string(text), blockindex.Root{Model: model, CacheSalt: salt})
+}
+
+// matchTokens estimates cached tokens from matched chunks at four bytes a
+// token, the same estimate the request's prompt length uses.
+func (a *approxIndex) matchTokens(keys []uint64, names []string, promptTokens int) []int {
+	hits := a.a.Match(keys, names, nil)
+	out := make([]int, len(names))
+	for i, h := range hits {
+		out[i] = min(h.Blocks*a.a.ChunkBytes()/4, max(0, promptTokens-1))
+	}
+	return out
+}
+
+func (a *approxIndex) record(replica string, keys []uint64) { a.a.Record(replica, keys) }
+
+// sizeTo sizes a replica's memory of sent chunks to its KV capacity, as the
+// Inference Extension's approximate producer auto-tunes from vLLM's
+// cache_config_info.
+func (a *approxIndex) sizeTo(replica string, kvTokens int) {
+	if kvTokens > 0 {
+		_ = a.a.SetCapacity(replica, blockindex.ApproxCapacity(kvTokens, a.a.ChunkBytes()))
+	}
+}

@@ -1,0 +1,143 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+
+	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/scoring/kvevents"
+)
+
+// runKVEvents owns the KV-event subscribers: in the per-replica topology one
+// per KV source of every fleet member, started and stopped as membership
+// changes; in the central topology one bound socket. It also keeps the
+// indexes' view of each replica (model, KV capacity) current. It returns
+// when ctx ends, after every socket is closed.
+func (g *Gateway) runKVEvents(ctx context.Context) error {
+	zctx, err := zmq.NewContext()
+	if err != nil {
+		return fmt.Errorf("gateway: zmq context: %w", err)
+	}
+	var wg sync.WaitGroup
+	defer func() {
+		wg.Wait()
+		_ = zctx.Term()
+	}()
+
+	if g.cfg.KVEvents.Topology == TopologyCentral {
+		c, err := kvevents.NewCentral(zctx, kvevents.CentralConfig{
+			Bind: g.cfg.KVEvents.Bind,
+			ReplayEndpoint: func(replica string) string {
+				if r := g.fleet.Replica(replica); r != nil {
+					return r.Spec.ReplayEndpoint
+				}
+				return ""
+			},
+			Handler: g.index,
+			Metrics: g.kvm,
+			Logger:  g.log.With("component", "kvevents"),
+		})
+		if err != nil {
+			return fmt.Errorf("gateway: kv_events.bind: %w", err)
+		}
+		g.log.Info("receiving KV events", "topology", TopologyCentral, "bind", c.Endpoint())
+		wg.Go(func() { g.keepRunning(ctx, "central", c.Run) })
+	}
+
+	wg.Go(func() { g.syncReplicas(ctx) })
+
+	subs := map[*fleet.Replica]context.CancelFunc{}
+	err = g.fleet.Watch(ctx, func(s *fleet.Snapshot) {
+		live := make(map[*fleet.Replica]bool, len(s.Replicas))
+		for _, rep := range s.Replicas {
+			live[rep] = true
+			if _, ok := subs[rep]; ok {
+				continue
+			}
+			rctx, cancel := context.WithCancel(ctx)
+			subs[rep] = cancel
+			if g.cfg.KVEvents.Topology != TopologyPerReplica {
+				continue
+			}
+			for _, src := range rep.Spec.KVSources() {
+				sub, err := kvevents.NewSubscriber(zctx, kvevents.SubscriberConfig{
+					Replica:        rep.Spec.Name,
+					Endpoint:       src.Endpoint,
+					ReplayEndpoint: src.ReplayEndpoint,
+					Handler:        g.index,
+					Metrics:        g.kvm,
+					Logger:         g.log.With("component", "kvevents", "replica", rep.Spec.Name, "rank", src.Rank),
+				})
+				if err != nil {
+					g.log.Error("cannot subscribe to KV events; routing to this replica is blind to its cache", "replica", rep.Spec.Name, "endpoint", src.Endpoint, "err", err)
+					continue
+				}
+				wg.Go(func() { g.keepRunning(rctx, rep.Spec.Name, sub.Run) })
+			}
+		}
+		for rep, cancel := range subs {
+			if !live[rep] {
+				cancel()
+				delete(subs, rep)
+				g.index.forget(rep.Spec.Name)
+			}
+		}
+	})
+	for _, cancel := range subs {
+		cancel()
+	}
+	if err != nil && !errors.Is(err, context.Canceled) {
+		return fmt.Errorf("gateway: watch fleet: %w", err)
+	}
+	return nil
+}
+
+// keepRunning runs a subscriber until ctx ends, restarting it after an
+// error (a socket that could not be rebuilt, say) with a backoff.
+func (g *Gateway) keepRunning(ctx context.Context, name string, run func(context.Context) error) {
+	backoff := 100 * time.Millisecond
+	for {
+		err := run(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		g.log.Warn("KV-event subscriber stopped; restarting", "source", name, "err", err, "in", backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+// syncReplicas keeps the indexes' per-replica facts current: the model that
+// roots a replica's block keys (configured, or discovered from /v1/models),
+// and the approximate index's capacity (from the engine's KV size).
+func (g *Gateway) syncReplicas(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		for _, rep := range g.fleet.Snapshot().Replicas {
+			st := rep.State()
+			model := rep.Spec.Model
+			if model == "" && len(st.Models) > 0 {
+				model = st.Models[0]
+			}
+			if model != "" {
+				g.index.setModel(rep.Spec.Name, model)
+			}
+			g.approx.sizeTo(rep.Spec.Name, st.NumGPUBlocks*st.BlockSize)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

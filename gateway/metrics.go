@@ -1,0 +1,119 @@
+package gateway
+
+import (
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the gateway's own series. Every series carries the policy
+// label: New registers through a registerer wrapped with it.
+type metrics struct {
+	requests        *prometheus.CounterVec   // route, code
+	duration        *prometheus.HistogramVec // route
+	ttft            *prometheus.HistogramVec // model
+	promptTokens    *prometheus.CounterVec   // tenant, model
+	cachedTokens    *prometheus.CounterVec   // tenant, model
+	predictedTokens *prometheus.CounterVec   // tenant, model
+	cachedFraction  *prometheus.GaugeVec     // tenant, model
+	mispredicted    *prometheus.CounterVec   // tenant, model
+	mispredictedTok *prometheus.CounterVec   // tenant, model
+	decisions       *prometheus.CounterVec   // reason
+	rebinds         *prometheus.CounterVec   // reason
+	tokenizer       *prometheus.CounterVec   // result
+	tokenizeAvoided prometheus.Counter
+	retries         *prometheus.CounterVec // reason
+	upstreamErrors  *prometheus.CounterVec // replica, kind
+	redisErrors     *prometheus.CounterVec // op
+	inflight        prometheus.Gauge
+
+	mu    sync.Mutex // guards fracs
+	fracs map[[2]string]*[2]float64
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	ttftBuckets := []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120}
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warmpath_requests_total", Help: "Requests answered, by route and HTTP status.",
+		}, []string{"route", "code"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "warmpath_request_duration_seconds", Help: "Time from request arrival to the end of the response.",
+			Buckets: ttftBuckets,
+		}, []string{"route"}),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "warmpath_ttft_seconds", Help: "Time from request arrival to the first streamed event (streaming requests).",
+			Buckets: ttftBuckets,
+		}, []string{"model"}),
+		promptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warmpath_prompt_tokens_total", Help: "Prompt tokens of completed requests, as the replicas reported them.",
+		}, []string{"tenant", "model"}),
+		cachedTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warmpath_cached_tokens_total", Help: "Prompt tokens the chosen replica served from its prefix cache (usage.prompt_tokens_details.cached_tokens).",
+		}, []string{"tenant", "model"}),
+		predictedTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warmpath_predicted_cached_tokens_total", Help: "Prompt tokens the router predicted the chosen replica held cached.",
+		}, []string{"tenant", "model"}),
+		cachedFraction: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "warmpath_cached_prefix_fraction", Help: "Fleet-wide cached-prefix fraction since start: cached ÷ prompt tokens.",
+		}, []string{"tenant", "model"}),
+		mispredicted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warmpath_mispredicted_hits_total", Help: "Requests routed on a predicted hit of at least one block that the replica did not have (index staleness).",
+		}, []string{"tenant", "model"}),
+		mispredictedTok: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warmpath_mispredicted_tokens_total", Help: "Predicted cached tokens the replica did not have.",
+		}, []string{"tenant", "model"}),
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warmpath_routing_decisions_total", Help: "Routing decisions by reason: sticky (bound replica, no scoring), scored, retry.",
+		}, []string{"reason"}),
+		rebinds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warmpath_session_rebinds_total", Help: "Sessions moved off their bound replica, by why.",
+		}, []string{"reason"}),
+		tokenizer: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warmpath_tokenizer_calls_total", Help: "Prompt tokenizations, by result: cached, ok, error.",
+		}, []string{"result"}),
+		tokenizeAvoided: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "warmpath_tokenizer_avoided_total", Help: "Turns routed without tokenizing (sticky sessions whose replica still holds their prefix).",
+		}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warmpath_upstream_retries_total", Help: "Requests retried on the next-best replica after a failure before the first byte.",
+		}, []string{"reason"}),
+		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warmpath_upstream_errors_total", Help: "Upstream failures by replica and kind.",
+		}, []string{"replica", "kind"}),
+		redisErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warmpath_redis_errors_total", Help: "Redis operations that failed; routing went on without them.",
+		}, []string{"op"}),
+		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "warmpath_inflight_requests", Help: "Requests being proxied now.",
+		}),
+		fracs: map[[2]string]*[2]float64{},
+	}
+	reg.MustRegister(m.requests, m.duration, m.ttft, m.promptTokens, m.cachedTokens, m.predictedTokens,
+		m.cachedFraction, m.mispredicted, m.mispredictedTok, m.decisions, m.rebinds, m.tokenizer,
+		m.tokenizeAvoided, m.retries, m.upstreamErrors, m.redisErrors, m.inflight)
+	return m
+}
+
+// account records one completed request's prompt and cache figures.
+func (m *metrics) account(tenant, model string, u usage, predicted, blockSize int) {
+	m.promptTokens.WithLabelValues(tenant, model).Add(float64(u.PromptTokens))
+	m.cachedTokens.WithLabelValues(tenant, model).Add(float64(u.CachedTokens))
+	m.predictedTokens.WithLabelValues(tenant, model).Add(float64(predicted))
+	if miss := predicted - u.CachedTokens; miss >= blockSize {
+		m.mispredicted.WithLabelValues(tenant, model).Inc()
+		m.mispredictedTok.WithLabelValues(tenant, model).Add(float64(miss))
+	}
+	m.mu.Lock()
+	f := m.fracs[[2]string{tenant, model}]
+	if f == nil {
+		f = new([2]float64)
+		m.fracs[[2]string{tenant, model}] = f
+	}
+	f[0] += float64(u.CachedTokens)
+	f[1] += float64(u.PromptTokens)
+	if f[1] > 0 {
+		m.cachedFraction.WithLabelValues(tenant, model).Set(f[0] / f[1])
+	}
+	m.mu.Unlock()
+}

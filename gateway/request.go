@@ -1,0 +1,308 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"strings"
+
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
+
+	"github.com/warmpath/warmpath/session"
+)
+
+// apiKind says which OpenAI endpoint a request came in on.
+type apiKind int
+
+const (
+	apiChat apiKind = iota
+	apiCompletions
+)
+
+func (k apiKind) path() string {
+	if k == apiCompletions {
+		return "/v1/completions"
+	}
+	return "/v1/chat/completions"
+}
+
+// request is a client request parsed once: the original body plus the
+// fields routing and accounting need, located with gjson so large
+// conversations are never unmarshalled into Go values.
+type request struct {
+	kind   apiKind
+	body   []byte
+	model  string
+	stream bool
+	// wantUsage reports that a streaming client asked for the usage chunk.
+	wantUsage bool
+	session   session.Key
+	// messages, tools (chat) and prompt (completions) are views into body.
+	messages, tools, prompt gjson.Result
+	// textBytes is the size of the prompt text, for estimating tokens
+	// before (or instead of) tokenizing.
+	textBytes int
+	cacheSalt string
+}
+
+// estimatedTokens guesses the prompt's token count from its text: about
+// four bytes a token for English under BPE tokenizers.
+func (r *request) estimatedTokens() int { return max(1, r.textBytes/4) }
+
+// parseRequest validates and parses a chat or completions body. scope is
+// folded into the session key (tenant, once tenancy lands).
+func parseRequest(kind apiKind, h http.Header, body []byte, scope string) (*request, error) {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil, badRequest("", "request body is empty; expected a JSON object")
+	}
+	if !gjson.ValidBytes(body) {
+		return nil, badRequest("", "request body is not valid JSON")
+	}
+	root := gjson.ParseBytes(body)
+	if !root.IsObject() {
+		return nil, badRequest("", "request body must be a JSON object")
+	}
+	r := &request{kind: kind, body: body}
+	m := root.Get("model")
+	if m.Type != gjson.String || m.String() == "" {
+		return nil, badRequest("model", "you must provide a model parameter")
+	}
+	r.model = m.String()
+	if s := root.Get("stream"); s.Exists() && s.Type != gjson.Null {
+		if s.Type != gjson.True && s.Type != gjson.False {
+			return nil, badRequest("stream", "stream must be a boolean")
+		}
+		r.stream = s.Bool()
+	}
+	if so := root.Get("stream_options"); so.Exists() && so.Type != gjson.Null {
+		if !so.IsObject() {
+			return nil, badRequest("stream_options", "stream_options must be an object")
+		}
+		r.wantUsage = so.Get("include_usage").Bool()
+	}
+	if cs := root.Get("cache_salt"); cs.Exists() && cs.Type != gjson.Null {
+		if cs.Type != gjson.String || cs.String() == "" {
+			return nil, badRequest("cache_salt", "cache_salt must be a non-empty string")
+		}
+		r.cacheSalt = cs.String()
+	}
+	var opening []byte
+	switch kind {
+	case apiChat:
+		r.messages = root.Get("messages")
+		if !r.messages.IsArray() || len(r.messages.Array()) == 0 {
+			return nil, badRequest("messages", "messages must be a non-empty array")
+		}
+		r.tools = root.Get("tools")
+		if r.tools.Exists() && r.tools.Type != gjson.Null && !r.tools.IsArray() {
+			return nil, badRequest("tools", "tools must be an array")
+		}
+		var err error
+		if opening, err = r.scanMessages(); err != nil {
+			return nil, err
+		}
+	case apiCompletions:
+		r.prompt = root.Get("prompt")
+		switch {
+		case r.prompt.Type == gjson.String:
+			r.textBytes = len(r.prompt.String())
+		case r.prompt.IsArray() && len(r.prompt.Array()) > 0:
+			first := r.prompt.Array()[0]
+			switch {
+			case first.Type == gjson.String:
+				r.textBytes = len(first.String())
+			case first.Type == gjson.Number:
+				r.textBytes = 4 * len(r.prompt.Array())
+			case first.IsArray():
+				r.textBytes = 4 * len(first.Array())
+			default:
+				return nil, badRequest("prompt", "prompt must be a string, an array of strings, or token ids")
+			}
+		default:
+			return nil, badRequest("prompt", "prompt must be a non-empty string or array")
+		}
+		// Completions carry no roles: the opening is the prompt's start.
+		p := r.prompt.Raw
+		opening = []byte(p[:min(len(p), 1024)])
+	}
+	r.session = session.Identify(scope, h, session.Body{
+		SessionID:        root.Get("session_id").String(),
+		PromptCacheKey:   root.Get("prompt_cache_key").String(),
+		User:             root.Get("user").String(),
+		SafetyIdentifier: root.Get("safety_identifier").String(),
+		Opening:          opening,
+	})
+	return r, nil
+}
+
+// scanMessages checks each message's shape, sums the prompt text and
+// returns the conversation's opening: system and developer messages, the
+// tools, and the first user message.
+func (r *request) scanMessages() ([]byte, error) {
+	var opening []byte
+	var bad error
+	sawUser := false
+	i := 0
+	r.messages.ForEach(func(_, msg gjson.Result) bool {
+		if !msg.IsObject() {
+			bad = badRequest("messages", "messages[%d] must be an object", i)
+			return false
+		}
+		role := msg.Get("role")
+		if role.Type != gjson.String || role.String() == "" {
+			bad = badRequest("messages", "messages[%d].role must be a non-empty string", i)
+			return false
+		}
+		content := msg.Get("content")
+		switch {
+		case content.Type == gjson.String, content.Type == gjson.Null, !content.Exists(), content.IsArray():
+		default:
+			bad = badRequest("messages", "messages[%d].content must be a string, an array of parts or null", i)
+			return false
+		}
+		r.textBytes += len(content.Raw) + len(msg.Get("tool_calls").Raw)
+		if !sawUser {
+			switch role.String() {
+			case "system", "developer":
+				opening = append(opening, role.String()...)
+				opening = append(opening, 0)
+				opening = append(opening, content.Raw...)
+				opening = append(opening, 0)
+			case "user":
+				sawUser = true
+				opening = append(opening, "user"...)
+				opening = append(opening, 0)
+				opening = append(opening, content.Raw...)
+				opening = append(opening, 0)
+			}
+		}
+		i++
+		return true
+	})
+	if bad != nil {
+		return nil, bad
+	}
+	if r.tools.IsArray() {
+		opening = append(opening, r.tools.Raw...)
+		r.textBytes += len(r.tools.Raw)
+	}
+	return opening, nil
+}
+
+// upstreamBody is the body sent to the replica: the client's, with
+// stream_options.include_usage forced on for streams (the gateway meters
+// every request; the extra chunk is removed again for clients that did not
+// ask), and the session key passed on as vLLM's session_id so the engine
+// tags the blocks it stores with it.
+func (r *request) upstreamBody() ([]byte, error) {
+	body := r.body
+	var err error
+	if r.stream && !r.wantUsage {
+		if body, err = sjson.SetBytes(body, "stream_options.include_usage", true); err != nil {
+			return nil, err
+		}
+	}
+	if r.session.Value != "" && !gjson.GetBytes(r.body, "session_id").Exists() {
+		if body, err = sjson.SetBytes(body, "session_id", r.session.Value); err != nil {
+			return nil, err
+		}
+	}
+	return body, nil
+}
+
+// tokenizeBody is the body for vLLM's POST /tokenize that yields the token
+// ids the engine will see: the chat form applies the chat template.
+// It returns nil when the prompt is already token ids (see promptTokenIDs).
+func (r *request) tokenizeBody() []byte {
+	var b bytes.Buffer
+	b.WriteString(`{"model":`)
+	mb, _ := json.Marshal(r.model)
+	b.Write(mb)
+	switch r.kind {
+	case apiChat:
+		b.WriteString(`,"messages":`)
+		b.WriteString(r.messages.Raw)
+		if r.tools.IsArray() {
+			b.WriteString(`,"tools":`)
+			b.WriteString(r.tools.Raw)
+		}
+		b.WriteString(`,"add_generation_prompt":true}`)
+	case apiCompletions:
+		p := r.prompt
+		if p.IsArray() {
+			p = p.Array()[0]
+		}
+		if p.Type != gjson.String {
+			return nil
+		}
+		b.WriteString(`,"prompt":`)
+		b.WriteString(p.Raw)
+		b.WriteString(`}`)
+	}
+	return b.Bytes()
+}
+
+// promptTokenIDs returns the prompt's token ids when a completions request
+// sends them directly, so no tokenizer is needed.
+func (r *request) promptTokenIDs() ([]uint32, bool) {
+	if r.kind != apiCompletions || !r.prompt.IsArray() {
+		return nil, false
+	}
+	arr := r.prompt.Array()
+	if len(arr) > 0 && arr[0].IsArray() {
+		arr = arr[0].Array()
+	}
+	out := make([]uint32, 0, len(arr))
+	for _, v := range arr {
+		if v.Type != gjson.Number || v.Num < 0 || v.Num > 1<<32-1 {
+			return nil, false
+		}
+		out = append(out, uint32(v.Uint()))
+	}
+	return out, len(out) > 0
+}
+
+// approxText renders the conversation for the approximate index: each
+// message's role and text, in order, so a conversation's turns render as
+// prefixes of each other whatever JSON formatting the client uses.
+func (r *request) approxText() []byte {
+	var b []byte
+	switch r.kind {
+	case apiChat:
+		if r.tools.IsArray() {
+			b = append(b, "tools\x00"...)
+			b = append(b, r.tools.Raw...)
+			b = append(b, 0)
+		}
+		r.messages.ForEach(func(_, msg gjson.Result) bool {
+			b = append(b, msg.Get("role").String()...)
+			b = append(b, 0)
+			c := msg.Get("content")
+			if c.Type == gjson.String {
+				b = append(b, c.String()...)
+			} else {
+				c.ForEach(func(_, part gjson.Result) bool {
+					b = append(b, part.Get("text").String()...)
+					return true
+				})
+			}
+			if tc := msg.Get("tool_calls"); tc.Exists() {
+				b = append(b, strings.TrimSpace(tc.Raw)...)
+			}
+			b = append(b, 0)
+			return true
+		})
+	case apiCompletions:
+		p := r.prompt
+		if p.IsArray() {
+			p = p.Array()[0]
+		}
+		if p.Type == gjson.String {
+			b = append(b, p.String()...)
+		} else {
+			b = append(b, p.Raw...)
+		}
+	}
+	return b
+}

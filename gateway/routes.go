@@ -1,0 +1,202 @@
+package gateway
+
+import (
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// handler is an http handler that returns its error; serve maps the error
+// onto the response in one place.
+type handler func(w http.ResponseWriter, r *http.Request) error
+
+func (g *Gateway) serve(route string, h handler) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rec := &statusRecorder{ResponseWriter: w}
+		g.m.inflight.Inc()
+		// Account in a defer: the proxy aborts a response that breaks
+		// mid-body with panic(http.ErrAbortHandler), which net/http
+		// handles by dropping the connection.
+		defer func() {
+			g.m.inflight.Dec()
+			code := rec.code()
+			if p := recover(); p != nil {
+				if r.Context().Err() != nil {
+					code = statusClientClosed
+				}
+				g.m.requests.WithLabelValues(route, strconv.Itoa(code)).Inc()
+				panic(p)
+			}
+			g.m.requests.WithLabelValues(route, strconv.Itoa(code)).Inc()
+			g.m.duration.WithLabelValues(route).Observe(time.Since(start).Seconds())
+		}()
+		if err := h(rec, r); err != nil {
+			he := writeError(rec, err)
+			if he.Status == statusClientClosed {
+				rec.status = statusClientClosed
+			}
+			if he.Status >= 500 || (he.Err != nil && he.Status != statusClientClosed) {
+				g.log.Warn("request failed", "route", route, "status", he.Status, "msg", he.Msg, "err", he.Err, "request_id", w.Header().Get("X-Request-Id"))
+			}
+		}
+	}
+}
+
+// statusRecorder remembers the status written through it. It passes
+// flushes on, and Unwrap lets http.ResponseController reach the
+// connection.
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	if s.status == 0 {
+		s.status = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusRecorder) Write(b []byte) (int, error) {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	return s.ResponseWriter.Write(b)
+}
+
+func (s *statusRecorder) Flush() {
+	if f, ok := s.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+func (s *statusRecorder) code() int {
+	if s.status == 0 {
+		return http.StatusOK
+	}
+	return s.status
+}
+
+// routes builds the HTTP surface.
+func (g *Gateway) routes() http.Handler {
+	r := chi.NewRouter()
+	r.Use(requestID)
+	r.NotFound(g.serve("not_found", func(w http.ResponseWriter, r *http.Request) error {
+		return notFound("unknown_url", "Unknown request URL: %s %s.", r.Method, r.URL.Path)
+	}))
+	r.MethodNotAllowed(g.serve("method_not_allowed", func(w http.ResponseWriter, r *http.Request) error {
+		return &httpError{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Code: "method_not_allowed",
+			Msg: "Method " + r.Method + " is not allowed for " + r.URL.Path + "."}
+	}))
+	r.Get("/healthz", func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	r.Get("/readyz", g.serve("readyz", g.ready))
+	r.Handle("/metrics", promhttp.HandlerFor(g.reg, promhttp.HandlerOpts{}))
+	r.Group(func(r chi.Router) {
+		r.Use(g.authenticate)
+		r.Post("/v1/chat/completions", g.serve("chat_completions", g.inference(apiChat)))
+		r.Post("/v1/completions", g.serve("completions", g.inference(apiCompletions)))
+		r.Get("/v1/models", g.serve("models", g.listModels))
+		r.Get("/v1/models/*", g.serve("model", g.getModel)) // ids may contain "/"
+	})
+	return r
+}
+
+// requestID gives every response an X-Request-Id (the client's, if it sent
+// a sane one); the OpenAI SDKs surface it in errors.
+func requestID(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get("X-Request-Id")
+		if id == "" || len(id) > 128 || strings.ContainsFunc(id, func(c rune) bool { return c < 0x21 || c > 0x7e }) {
+			var b [12]byte
+			_, _ = rand.Read(b[:])
+			id = "req_" + hex.EncodeToString(b[:])
+		}
+		w.Header().Set("X-Request-Id", id)
+		next.ServeHTTP(w, r)
+	})
+}
+
+// authenticate requires the dev key as a bearer token when one is set.
+func (g *Gateway) authenticate(next http.Handler) http.Handler {
+	if g.cfg.DevKey == "" {
+		return next
+	}
+	want := []byte(g.cfg.DevKey)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), want) != 1 {
+			g.serve("unauthorized", func(http.ResponseWriter, *http.Request) error {
+				msg := "You didn't provide an API key. Provide it in the Authorization header as Bearer <key>."
+				if ok {
+					msg = "Incorrect API key provided."
+				}
+				return &httpError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key", Msg: msg}
+			})(w, r)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// ready reports whether at least one replica can take traffic.
+func (g *Gateway) ready(w http.ResponseWriter, r *http.Request) error {
+	for _, rep := range g.fleet.Snapshot().Replicas {
+		if rep.State().Healthy {
+			_, err := w.Write([]byte("ready\n"))
+			return err
+		}
+	}
+	return unavailable(nil, "no healthy replica")
+}
+
+type modelObject struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+func (g *Gateway) model(id string) modelObject {
+	return modelObject{ID: id, Object: "model", Created: g.started.Unix(), OwnedBy: "warmpath"}
+}
+
+// listModels answers the union of the fleet's models.
+func (g *Gateway) listModels(w http.ResponseWriter, r *http.Request) error {
+	data := []modelObject{}
+	for _, id := range g.fleet.Models() {
+		data = append(data, g.model(id))
+	}
+	return writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
+}
+
+func (g *Gateway) getModel(w http.ResponseWriter, r *http.Request) error {
+	id := chi.URLParam(r, "*")
+	for _, m := range g.fleet.Models() {
+		if m == id {
+			return writeJSON(w, http.StatusOK, g.model(id))
+		}
+	}
+	return notFound("model_not_found", "The model '%s' does not exist.", id)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, err = w.Write(append(b, '\n'))
+	return err
+}

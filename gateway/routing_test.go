@@ -1,0 +1,235 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/warmpath/warmpath/scoring"
+	"github.com/warmpath/warmpath/vllmsim"
+)
+
+// Turns of one session stick to one replica; after the first, they are
+// routed without tokenizing, and they hit the cache.
+func TestSessionSticks(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{Replicas: 4})
+	cfg := fleetConfig(sim)
+	cfg.Debug = true
+	rdb := redisFor(t, &cfg)
+	gw := startGateway(t, cfg, rdb)
+
+	c := newConversation(words("sys", 800), "first question")
+	var home string
+	for i := range 6 {
+		r := c.turn(t, gw.URL, fmt.Sprintf("question %d", i+2))
+		if i == 0 {
+			home = r.replica()
+			if got := r.Header.Get("X-Warmpath-Reason"); got != reasonScored {
+				t.Errorf("turn 1 reason = %q; want %q", got, reasonScored)
+			}
+			continue
+		}
+		if r.replica() != home {
+			t.Fatalf("turn %d went to %s; session is bound to %s", i+1, r.replica(), home)
+		}
+		if got := r.Header.Get("X-Warmpath-Reason"); got != reasonSticky {
+			t.Errorf("turn %d reason = %q; want %q", i+1, got, reasonSticky)
+		}
+		if r.Usage.CachedTokens < 800 {
+			t.Errorf("turn %d cached %d of %d prompt tokens; want the conversation so far", i+1, r.Usage.CachedTokens, r.Usage.PromptTokens)
+		}
+	}
+	if got := counter(t, gw.reg, "warmpath_tokenizer_avoided_total", nil); got != 5 {
+		t.Errorf("tokenizer avoided %v times; want 5", got)
+	}
+	if got := counter(t, gw.reg, "warmpath_tokenizer_calls_total", map[string]string{"result": "ok"}); got != 1 {
+		t.Errorf("tokenizer called %v times; want 1", got)
+	}
+}
+
+// A prefix shared across sessions goes to the replica that caches it, for
+// the precise policies.
+func TestSharedPrefixGoesWhereCached(t *testing.T) {
+	for _, policy := range []string{scoring.PolicyPrecisePrefix, scoring.PolicyWarmpath} {
+		t.Run(policy, func(t *testing.T) {
+			sim := startSim(t, vllmsim.Config{Replicas: 4})
+			cfg := fleetConfig(sim)
+			cfg.Debug = true
+			cfg.Routing.Policy = policy
+			rdb := redisFor(t, &cfg)
+			gw := startGateway(t, cfg, rdb)
+
+			shared := words("manual", 1500)
+			first := chat(t, gw.URL, map[string]any{"model": "qwen3-32b", "max_tokens": 4,
+				"messages": []msg{{"system", shared}, {"user", "alice asks"}}}, nil)
+			home := first.replica()
+			// Wait for the engine's BlockStored events to reach the index.
+			eventually(t, 5*time.Second, func() bool { return gw.index.receiving(home) }, "KV events")
+			for i := range 5 {
+				r := chat(t, gw.URL, map[string]any{"model": "qwen3-32b", "max_tokens": 4,
+					"messages": []msg{{"system", shared}, {"user", fmt.Sprintf("user %d asks something else", i)}}}, nil)
+				if r.replica() != home {
+					t.Fatalf("session %d went to %s; the shared prefix is cached on %s (scores %s)", i, r.replica(), home, r.Header.Get("X-Warmpath-Scores"))
+				}
+				if r.Usage.CachedTokens < 1400 {
+					t.Errorf("session %d cached %d tokens; want the shared prefix", i, r.Usage.CachedTokens)
+				}
+			}
+		})
+	}
+}
+
+// A sticky replica that saturates (long engine queue) yields: the session
+// is rebound to another replica, and the rebind is counted.
+func TestSaturatedStickyReplicaYields(t *testing.T) {
+	p := vllmsim.DefaultProfile()
+	p.MaxNumSeqs = 1
+	sim := startSim(t, vllmsim.Config{Replicas: 2, Profile: p, Speed: 5})
+	cfg := fleetConfig(sim)
+	cfg.Debug = true
+	cfg.Routing.MaxWaiting = 2
+	rdb := redisFor(t, &cfg)
+	gw := startGateway(t, cfg, rdb)
+
+	c := newConversation(words("sys", 300), "hello")
+	home := c.turn(t, gw.URL, "next").replica()
+	var rep *vllmsim.Replica
+	for _, r := range sim.Replicas() {
+		if r.Info().Name == home {
+			rep = r
+		}
+	}
+	// Fill the home replica's queue directly: one long generation runs and
+	// the rest wait behind it (max_num_seqs 1).
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for range 4 {
+		go func() {
+			body := fmt.Sprintf(`{"model":"qwen3-32b","max_tokens":4000,"ignore_eos":true,"messages":[{"role":"user","content":%q}]}`, words("load", 50))
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, rep.Info().URL+"/v1/chat/completions", stringsReader(body))
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				resp.Body.Close()
+			}
+		}()
+	}
+	eventually(t, 10*time.Second, func() bool {
+		sat, _ := gw.fleet.Replica(home).Saturated(time.Now())
+		return sat
+	}, "home replica saturated")
+	r := c.turn(t, gw.URL, "after saturation")
+	if r.replica() == home {
+		t.Fatalf("turn went to the saturated replica %s", home)
+	}
+	if got := r.Header.Get("X-Warmpath-Rebind"); got != rebindSaturated {
+		t.Errorf("rebind reason = %q; want %q", got, rebindSaturated)
+	}
+	if got := counter(t, gw.reg, "warmpath_session_rebinds_total", map[string]string{"reason": rebindSaturated}); got != 1 {
+		t.Errorf("saturated rebinds = %v; want 1", got)
+	}
+	// The session now lives on the new replica.
+	cancel()
+	if again := c.turn(t, gw.URL, "and again"); again.replica() != r.replica() {
+		t.Errorf("after rebinding, the session went to %s; want %s", again.replica(), r.replica())
+	}
+}
+
+// A replica killed mid-run is routed around: no non-streaming request
+// fails, and its sessions move.
+func TestKilledReplicaRoutedAround(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{Replicas: 3})
+	cfg := fleetConfig(sim)
+	cfg.Debug = true
+	rdb := redisFor(t, &cfg)
+	gw := startGateway(t, cfg, rdb)
+
+	convs := make([]*conversation, 6)
+	for i := range convs {
+		convs[i] = newConversation(words(fmt.Sprintf("s%d", i), 200), "start")
+		convs[i].turn(t, gw.URL, "next")
+	}
+	victim := sim.Replicas()[0]
+	errs := make(chan error, 100)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		parallel(len(convs), func(i int) {
+			for j := range 4 {
+				r := chat(t, gw.URL, map[string]any{"model": "qwen3-32b", "messages": convs[i].messages, "max_tokens": 16}, nil)
+				if r.Status != http.StatusOK {
+					errs <- fmt.Errorf("session %d turn %d: status %d: %s", i, j, r.Status, r.Body)
+				}
+			}
+		})
+	}()
+	time.Sleep(20 * time.Millisecond)
+	if err := victim.SetDown(true); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	eventually(t, 5*time.Second, func() bool { return !gw.fleet.Replica(victim.Info().Name).State().Healthy }, "victim unhealthy")
+	for i, c := range convs {
+		if r := c.turn(t, gw.URL, "after"); r.replica() == victim.Info().Name {
+			t.Errorf("session %d still routed to the dead replica", i)
+		}
+	}
+}
+
+// Two gateway processes sharing one Redis send one session's turns to the
+// same replica, whichever gateway each turn reaches.
+func TestTwoGatewaysShareSessions(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{Replicas: 4})
+	cfg := fleetConfig(sim)
+	cfg.Debug = true
+	rdb := redisFor(t, &cfg)
+	a := startGateway(t, cfg, rdb)
+	b := startGateway(t, cfg, rdb)
+
+	for s := range 4 {
+		c := newConversation(words(fmt.Sprintf("doc%d", s), 300), "hi")
+		c.header = map[string]string{"X-Session-ID": fmt.Sprintf("shared-%d", s)}
+		var home string
+		for turn := range 6 {
+			url := a.URL
+			if turn%2 == 1 {
+				url = b.URL
+			}
+			r := c.turn(t, url, "more")
+			if turn == 0 {
+				home = r.replica()
+			} else if r.replica() != home {
+				t.Fatalf("session %d turn %d via gateway %d went to %s; bound to %s", s, turn, turn%2, r.replica(), home)
+			}
+		}
+	}
+}
+
+// Concurrent first turns of one session on two gateways agree on a replica.
+func TestTwoGatewaysRaceFirstTurn(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{Replicas: 4})
+	cfg := fleetConfig(sim)
+	cfg.Debug = true
+	rdb := redisFor(t, &cfg)
+	gws := []*testGateway{startGateway(t, cfg, rdb), startGateway(t, cfg, rdb)}
+	for s := range 8 {
+		reps := make([]string, 4)
+		why := make([]string, 4)
+		parallel(len(reps), func(i int) {
+			r := chat(t, gws[i%2].URL, map[string]any{"model": "qwen3-32b", "max_tokens": 4,
+				"messages": []msg{{"user", words("race", 100)}}}, map[string]string{"X-Session-ID": fmt.Sprintf("race-%d", s)})
+			reps[i] = r.replica()
+			why[i] = r.Header.Get("X-Warmpath-Reason") + "/" + r.Header.Get("X-Warmpath-Rebind")
+		})
+		for _, r := range reps {
+			if r != reps[0] {
+				t.Fatalf("session %d: concurrent first turns went to %v (%v); redis errors %v %v", s, reps, why,
+					counter(t, gws[0].reg, "warmpath_redis_errors_total", nil), counter(t, gws[1].reg, "warmpath_redis_errors_total", nil))
+			}
+		}
+	}
+}

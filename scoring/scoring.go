@@ -1,0 +1,190 @@
+package scoring
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
+)
+
+// ErrNoEndpoint is returned by Route when no endpoint is eligible.
+var ErrNoEndpoint = errors.New("scoring: no eligible endpoint")
+
+// Endpoint is what the router knows about one replica at decision time.
+type Endpoint struct {
+	// ID names the replica (its fleet name).
+	ID string
+	// Waiting and Running are the engine's queue and batch sizes, from its
+	// metrics.
+	Waiting, Running int
+	// KVUsage is the fraction of the engine's KV blocks in use, 0..1.
+	KVUsage float64
+	// InflightRequests counts requests this gateway sent that have not
+	// finished.
+	InflightRequests int64
+	// InflightPrefillTokens counts uncached prompt tokens this gateway sent
+	// that have not produced a first token yet: the prefill work queued in
+	// front of a new request.
+	InflightPrefillTokens int64
+	// Saturated reports that the replica should not take more affinity
+	// traffic (long queue, full cache, stale metrics).
+	Saturated bool
+}
+
+// Request is what the router knows about one request.
+type Request struct {
+	// Model is the requested model.
+	Model string
+	// SessionKey identifies the conversation; see package session.
+	SessionKey string
+	// PromptTokens is the prompt length in tokens: exact when the request
+	// was tokenized, estimated otherwise.
+	PromptTokens int
+	// Matched holds, aligned with the endpoints given to Route, how many of
+	// the prompt's tokens each endpoint is believed to hold in its prefix
+	// cache, or nil when unknown.
+	Matched []int
+	// Bound is the ID of the replica the session is bound to, "" when none.
+	Bound string
+}
+
+// Scorer scores endpoints for a request.
+type Scorer interface {
+	// Score returns one score per endpoint, aligned with eps, each in [0,1]
+	// where 1 is best.
+	Score(ctx context.Context, r *Request, eps []Endpoint) []float64
+}
+
+// Category says what a scorer is for.
+type Category int
+
+const (
+	// Distribution scorers prefer replicas with room.
+	Distribution Category = iota
+	// Affinity scorers prefer replicas holding the request's state.
+	Affinity
+)
+
+// Weighted is one scorer of a policy with its weight.
+type Weighted struct {
+	Name     string
+	Weight   float64
+	Category Category
+	Scorer   Scorer
+}
+
+// Picker chooses an order of preference over scored endpoints: the first
+// index is the choice, the rest are fallbacks in order (for retries).
+type Picker interface {
+	Pick(r *Request, eps []Endpoint, totals []float64, rng *rand.Rand) []int
+}
+
+// Decision is the outcome of routing one request.
+type Decision struct {
+	// Order lists endpoint indexes by preference; Order[0] is the choice.
+	Order []int
+	// Totals holds each endpoint's weighted score (nil for pickers that do
+	// not score).
+	Totals []float64
+	// Breakdown holds each scorer's weighted contribution per endpoint, by
+	// scorer name.
+	Breakdown map[string][]float64
+}
+
+// Chosen returns the index of the chosen endpoint.
+func (d Decision) Chosen() int { return d.Order[0] }
+
+// Policy is a named routing policy: weighted scorers and a picker.
+type Policy struct {
+	// Name labels every metric of a gateway running this policy.
+	Name string
+	// Scorers are summed with their weights; empty for pure pickers such as
+	// round-robin.
+	Scorers []Weighted
+	// Picker chooses among scored endpoints; nil means MaxScore.
+	Picker Picker
+	// GuardSaturated zeroes affinity scores on saturated endpoints.
+	GuardSaturated bool
+	// UsesPrecise and UsesApprox say which prefix index fills
+	// Request.Matched for this policy.
+	UsesPrecise, UsesApprox bool
+	// Sticky says the gateway keeps a session on its bound replica while
+	// that replica is healthy, unsaturated and still holds the session's
+	// prefix, without scoring.
+	Sticky bool
+}
+
+// Route scores eps for r and picks one. rng breaks ties; nil uses the
+// goroutine-safe top-level generator.
+func (p *Policy) Route(ctx context.Context, r *Request, eps []Endpoint, rng *rand.Rand) (Decision, error) {
+	if len(eps) == 0 {
+		return Decision{}, ErrNoEndpoint
+	}
+	var d Decision
+	if len(p.Scorers) > 0 {
+		d.Totals = make([]float64, len(eps))
+		d.Breakdown = make(map[string][]float64, len(p.Scorers))
+		for _, w := range p.Scorers {
+			scores := w.Scorer.Score(ctx, r, eps)
+			contrib := make([]float64, len(eps))
+			for i := range eps {
+				s := clamp01(scores[i])
+				if p.GuardSaturated && w.Category == Affinity && eps[i].Saturated {
+					s = 0
+				}
+				contrib[i] = w.Weight * s
+				d.Totals[i] += contrib[i]
+			}
+			d.Breakdown[w.Name] = contrib
+		}
+	}
+	picker := p.Picker
+	if picker == nil {
+		picker = MaxScore{}
+	}
+	d.Order = picker.Pick(r, eps, d.Totals, rng)
+	return d, nil
+}
+
+func clamp01(v float64) float64 {
+	switch {
+	case v != v || v < 0: // NaN or negative
+		return 0
+	case v > 1:
+		return 1
+	}
+	return v
+}
+
+// MaxScore picks the endpoint with the highest total, breaking exact ties at
+// random; the fallbacks follow in descending score.
+type MaxScore struct{}
+
+// Pick implements Picker.
+func (MaxScore) Pick(_ *Request, eps []Endpoint, totals []float64, rng *rand.Rand) []int {
+	order := make([]int, len(eps))
+	for i := range order {
+		order[i] = i
+	}
+	shuffle(order, rng)
+	if totals != nil {
+		slices.SortStableFunc(order, func(a, b int) int {
+			switch {
+			case totals[a] > totals[b]:
+				return -1
+			case totals[a] < totals[b]:
+				return 1
+			}
+			return 0
+		})
+	}
+	return order
+}
+
+func shuffle(s []int, rng *rand.Rand) {
+	if rng != nil {
+		rng.Shuffle(len(s), func(i, j int) { s[i], s[j] = s[j], s[i] })
+		return
+	}
+	rand.Shuffle(len(s), func(i, j int) { s[i], s[j] = s[j], s[i] })
+}

@@ -1,0 +1,18 @@
+// Package session owns session identity and session affinity.
+//
+// A session is a conversation whose turns share a growing prompt prefix. Its
+// key comes from the first of: the X-Session-ID header and the agent-harness
+// headers (x-claude-code-session-id, session_id, session-id,
+// x-session-affinity); the body's session_id or prompt_cache_key; the body's
+// user or safety_identifier; otherwise a hash of the conversation's opening
+// (system and developer messages, tools, first user message), so consecutive
+// turns share a key without any client cooperation.
+//
+// A [Store] keeps each session's binding to a replica in Redis with a TTL,
+// shared by every gateway process, under the key prefix "<prefix>sess:". It
+// also keeps recent bindings in process memory, used when Redis errs or has
+// lost them (a restart with persistence off), so stickiness survives a Redis
+// outage for the sessions this process served.
+//
+// The package runs no goroutines; Store is safe for concurrent use.
+package session

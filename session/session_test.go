@@ -1,0 +1,194 @@
+package session
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/warmpath/warmpath/internal/redistest"
+)
+
+func TestIdentify(t *testing.T) {
+	opening := []byte(`system:You are helpful.|user:hi`)
+	tests := []struct {
+		name       string
+		headers    map[string]string
+		body       Body
+		wantSource string
+		wantPrefix string
+	}{
+		{"x-session-id wins over everything", map[string]string{"X-Session-ID": "abc", "x-claude-code-session-id": "cc"}, Body{PromptCacheKey: "p", Opening: opening}, SourceHeader, "h:t:abc"},
+		{"claude code header", map[string]string{"x-claude-code-session-id": "cc1"}, Body{User: "u"}, SourceHeader, "h:t:cc1"},
+		{"codex session_id header", map[string]string{"session_id": "cx"}, Body{}, SourceHeader, "h:t:cx"},
+		{"codex session-id header", map[string]string{"session-id": "cx2"}, Body{}, SourceHeader, "h:t:cx2"},
+		{"opencode affinity header", map[string]string{"x-session-affinity": "oc"}, Body{}, SourceHeader, "h:t:oc"},
+		{"body session_id", nil, Body{SessionID: "s1", PromptCacheKey: "p"}, SourceSessionID, "s:t:s1"},
+		{"prompt_cache_key", nil, Body{PromptCacheKey: "pk", User: "u"}, SourcePromptCacheKey, "p:t:pk"},
+		{"user", nil, Body{User: "alice", Opening: opening}, SourceUser, "u:t:alice"},
+		{"safety identifier", nil, Body{SafetyIdentifier: "sid"}, SourceUser, "u:t:sid"},
+		{"opening hash", nil, Body{Opening: opening}, SourceOpening, "o:"},
+		{"nothing", nil, Body{}, SourceNone, ""},
+		{"blank header ignored", map[string]string{"X-Session-ID": "  "}, Body{User: "bob"}, SourceUser, "u:t:bob"},
+		{"long id hashed", map[string]string{"X-Session-ID": strings.Repeat("x", 500)}, Body{}, SourceHeader, "h:t:#"},
+		{"control chars hashed", map[string]string{"X-Session-ID": "a\x01b"}, Body{}, SourceHeader, "h:t:#"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := http.Header{}
+			for k, v := range tt.headers {
+				h.Set(k, v)
+			}
+			got := Identify("t", h, tt.body)
+			if got.Source != tt.wantSource {
+				t.Errorf("source = %q; want %q", got.Source, tt.wantSource)
+			}
+			if !strings.HasPrefix(got.Value, tt.wantPrefix) || (tt.wantPrefix == "" && got.Value != "") {
+				t.Errorf("value = %q; want prefix %q", got.Value, tt.wantPrefix)
+			}
+			if len(got.Value) > 200 {
+				t.Errorf("value is %d bytes long", len(got.Value))
+			}
+		})
+	}
+	// The opening hash is stable, scoped, and content-sensitive.
+	a := Identify("t", http.Header{}, Body{Opening: opening})
+	if b := Identify("t", http.Header{}, Body{Opening: append([]byte{}, opening...)}); a != b {
+		t.Errorf("same opening, different keys: %v %v", a, b)
+	}
+	if b := Identify("other", http.Header{}, Body{Opening: opening}); a == b {
+		t.Error("scope not folded into the opening key")
+	}
+	if b := Identify("t", http.Header{}, Body{Opening: []byte("system:x|user:hi")}); a == b {
+		t.Error("different openings share a key")
+	}
+}
+
+func TestBindingEncoding(t *testing.T) {
+	b := Binding{Replica: "10.0.0.7:8000", TipKey: 0xfedcba9876543210, TipDepth: 931, PromptTokens: 15000, PromptBytes: 61000, Turns: 12, Updated: time.UnixMilli(1789095808123)}
+	got, err := decode(b.encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != b {
+		t.Errorf("round trip = %+v; want %+v", got, b)
+	}
+	for _, bad := range []string{"", "1|a", "2|r|0|0|0|0|0|0", "1|r|zz|0|0|0|0|0", "1|r|0|x|0|0|0|0", "1|r|0|0|0|0|0|t", "1|r|0|0|0|0|0"} {
+		if _, err := decode(bad); err == nil {
+			t.Errorf("decode(%q) succeeded", bad)
+		}
+	}
+}
+
+func TestStoreRedis(t *testing.T) {
+	rdb, prefix := redistest.Client(t)
+	ctx := context.Background()
+	s := NewStore(rdb, Options{Prefix: prefix, TTL: time.Minute})
+	if _, ok, err := s.Lookup(ctx, "k1"); ok || err != nil {
+		t.Fatalf("empty lookup = %v, %v", ok, err)
+	}
+	if _, err := s.Remember(ctx, "k1", Binding{Replica: "r1", TipDepth: 3}, false); err != nil {
+		t.Fatal(err)
+	}
+	// A second store (another gateway process) sees the binding.
+	other := NewStore(rdb, Options{Prefix: prefix})
+	b, ok, err := other.Lookup(ctx, "k1")
+	if err != nil || !ok || b.Replica != "r1" || b.TipDepth != 3 {
+		t.Fatalf("other gateway lookup = %+v, %v, %v", b, ok, err)
+	}
+	ttl := rdb.TTL(ctx, prefix+"sess:k1").Val()
+	if ttl <= 0 || ttl > time.Minute {
+		t.Errorf("TTL = %v; want (0, 1m]", ttl)
+	}
+	if err := s.Forget(ctx, "k1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, _ := s.Lookup(ctx, "k1"); ok {
+		t.Error("binding survived Forget")
+	}
+}
+
+// Concurrent first turns of one session on several gateways agree on one
+// replica.
+func TestStoreFirstWriterWins(t *testing.T) {
+	rdb, prefix := redistest.Client(t)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	results := make([]string, 8)
+	for i := range results {
+		wg.Go(func() {
+			s := NewStore(rdb, Options{Prefix: prefix})
+			b, err := s.Remember(ctx, "race", Binding{Replica: "r" + string(rune('0'+i))}, true)
+			if err != nil {
+				t.Error(err)
+			}
+			results[i] = b.Replica
+		})
+	}
+	wg.Wait()
+	for _, r := range results {
+		if r != results[0] {
+			t.Fatalf("gateways disagree: %v", results)
+		}
+	}
+}
+
+// A Redis restart (persistence off) loses every binding; the store restores
+// the ones it served from memory, and keeps answering while Redis is down.
+func TestStoreSurvivesRedisRestart(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	defer rdb.Close()
+	ctx := context.Background()
+	s := NewStore(rdb, Options{TTL: time.Minute})
+	if _, err := s.Remember(ctx, "k", Binding{Replica: "r2"}, false); err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop()
+	b, ok, err := s.Lookup(ctx, "k")
+	if err == nil {
+		t.Error("lookup with Redis down reported no error")
+	}
+	if !ok || b.Replica != "r2" {
+		t.Errorf("lookup with Redis down = %+v, %v; want local r2", b, ok)
+	}
+	srv.Restart(t)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		b, ok, err = s.Lookup(ctx, "k")
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil || !ok || b.Replica != "r2" {
+		t.Fatalf("after restart lookup = %+v, %v, %v", b, ok, err)
+	}
+	if v := rdb.Get(ctx, "sess:k").Val(); !strings.Contains(v, "|r2|") {
+		t.Errorf("binding not restored into Redis: %q", v)
+	}
+}
+
+func TestStoreLocalTTLAndBound(t *testing.T) {
+	now := time.Unix(1000, 0)
+	s := NewStore(nil, Options{TTL: time.Minute, LocalSize: 2, Now: func() time.Time { return now }})
+	ctx := context.Background()
+	for _, k := range []string{"a", "b", "c", "d", "e"} {
+		if _, err := s.Remember(ctx, k, Binding{Replica: k}, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, ok, _ := s.Lookup(ctx, "a"); ok {
+		t.Error("oldest binding kept beyond the local bound")
+	}
+	if b, ok, _ := s.Lookup(ctx, "e"); !ok || b.Replica != "e" {
+		t.Errorf("newest binding lost: %+v %v", b, ok)
+	}
+	now = now.Add(2 * time.Minute)
+	if _, ok, _ := s.Lookup(ctx, "e"); ok {
+		t.Error("binding outlived its TTL locally")
+	}
+}

@@ -1,0 +1,241 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	lru "github.com/hashicorp/golang-lru/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// Binding is a session's affinity to one replica.
+type Binding struct {
+	// Replica is the bound replica's fleet name.
+	Replica string
+	// TipKey is the deepest prefix-index block key known to be cached on
+	// Replica for this session, at TipDepth blocks from block 0; zero when
+	// unknown.
+	TipKey   uint64
+	TipDepth int
+	// PromptTokens and PromptBytes are the last tokenized turn's prompt
+	// length in tokens and in bytes of text, whose ratio estimates later
+	// turns' lengths without tokenizing.
+	PromptTokens, PromptBytes int
+	// Turns counts turns routed for the session.
+	Turns int
+	// Updated is when the binding was last written.
+	Updated time.Time
+}
+
+func (b Binding) encode() string {
+	return strings.Join([]string{
+		"1", // encoding version
+		b.Replica,
+		strconv.FormatUint(b.TipKey, 16),
+		strconv.Itoa(b.TipDepth),
+		strconv.Itoa(b.PromptTokens),
+		strconv.Itoa(b.PromptBytes),
+		strconv.Itoa(b.Turns),
+		strconv.FormatInt(b.Updated.UnixMilli(), 10),
+	}, "|")
+}
+
+func decode(s string) (Binding, error) {
+	f := strings.Split(s, "|")
+	if len(f) != 8 || f[0] != "1" {
+		return Binding{}, fmt.Errorf("session: malformed binding %q", s)
+	}
+	var b Binding
+	var err error
+	b.Replica = f[1]
+	if b.TipKey, err = strconv.ParseUint(f[2], 16, 64); err != nil {
+		return Binding{}, fmt.Errorf("session: binding tip key: %w", err)
+	}
+	ints := []*int{&b.TipDepth, &b.PromptTokens, &b.PromptBytes, &b.Turns}
+	for i, p := range ints {
+		if *p, err = strconv.Atoi(f[3+i]); err != nil {
+			return Binding{}, fmt.Errorf("session: binding field %d: %w", 3+i, err)
+		}
+	}
+	ms, err := strconv.ParseInt(f[7], 10, 64)
+	if err != nil {
+		return Binding{}, fmt.Errorf("session: binding time: %w", err)
+	}
+	b.Updated = time.UnixMilli(ms)
+	return b, nil
+}
+
+// Options configures a Store.
+type Options struct {
+	// Prefix is prepended to every Redis key ("" = none); the store owns
+	// Prefix+"sess:*".
+	Prefix string
+	// TTL is how long a binding lives after its last turn; default 30m.
+	TTL time.Duration
+	// Timeout bounds each Redis call; default 100ms. Routing must not wait
+	// long on affinity.
+	Timeout time.Duration
+	// LocalSize bounds the in-process copy of recent bindings; default
+	// 100,000 sessions.
+	LocalSize int
+	// Now returns the current time; nil means time.Now.
+	Now func() time.Time
+}
+
+// Store keeps session bindings in Redis, with a bounded in-process copy.
+type Store struct {
+	rdb   redis.UniversalClient
+	opts  Options
+	local *lru.Cache[string, Binding] // recent bindings; safe for concurrent use
+}
+
+// NewStore returns a store over rdb. rdb may be nil: the store then keeps
+// bindings in process memory only.
+func NewStore(rdb redis.UniversalClient, o Options) *Store {
+	if o.TTL <= 0 {
+		o.TTL = 30 * time.Minute
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 100 * time.Millisecond
+	}
+	if o.LocalSize <= 0 {
+		o.LocalSize = 100_000
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	local, _ := lru.New[string, Binding](o.LocalSize) // errs only for a non-positive size
+	return &Store{rdb: rdb, opts: o, local: local}
+}
+
+func (s *Store) key(k string) string { return s.opts.Prefix + "sess:" + k }
+
+// Lookup returns the session's binding. Redis is authoritative when it
+// answers; when it errs or has no binding, a fresh in-process copy is used
+// (and written back to Redis in the second case). A non-nil error reports a
+// Redis failure even when a local binding was found, so callers can count
+// degraded lookups.
+func (s *Store) Lookup(ctx context.Context, key string) (Binding, bool, error) {
+	if key == "" {
+		return Binding{}, false, nil
+	}
+	var rerr error
+	if s.rdb != nil {
+		cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+		v, err := s.rdb.Get(cctx, s.key(key)).Result()
+		cancel()
+		switch {
+		case err == nil:
+			b, derr := decode(v)
+			if derr == nil {
+				s.remember(key, b)
+				return b, true, nil
+			}
+			rerr = derr
+		case errors.Is(err, redis.Nil):
+			b, ok := s.fresh(key)
+			if !ok {
+				return Binding{}, false, nil
+			}
+			// Redis lost it (a restart, an eviction): restore it, unless
+			// another gateway bound the session meanwhile.
+			won, err := s.setIfAbsent(ctx, key, b)
+			if err != nil {
+				return b, true, err
+			}
+			return won, true, nil
+		default:
+			rerr = fmt.Errorf("session: lookup: %w", err)
+		}
+	}
+	b, ok := s.fresh(key)
+	return b, ok, rerr
+}
+
+// Remember binds the session, refreshing its TTL. With onlyIfNew set the
+// write happens only when Redis holds no binding yet; then the returned
+// binding is whichever won (this call's, or one another gateway wrote
+// first), so concurrent first turns agree on one replica.
+func (s *Store) Remember(ctx context.Context, key string, b Binding, onlyIfNew bool) (Binding, error) {
+	if key == "" {
+		return b, nil
+	}
+	b.Updated = s.opts.Now()
+	if s.rdb == nil {
+		s.remember(key, b)
+		return b, nil
+	}
+	if onlyIfNew {
+		return s.setIfAbsent(ctx, key, b)
+	}
+	s.remember(key, b)
+	return b, s.write(ctx, key, b)
+}
+
+// setIfAbsent writes b unless Redis already holds a binding, and returns the
+// binding Redis holds afterwards. Only that binding is kept locally, so a
+// losing write never lingers where a later lookup could restore it.
+func (s *Store) setIfAbsent(ctx context.Context, key string, b Binding) (Binding, error) {
+	cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	defer cancel()
+	ok, err := s.rdb.SetNX(cctx, s.key(key), b.encode(), s.opts.TTL).Result()
+	if err != nil {
+		s.remember(key, b) // Redis is down: this process's choice stands
+		return b, fmt.Errorf("session: remember: %w", err)
+	}
+	if ok {
+		s.remember(key, b)
+		return b, nil
+	}
+	v, err := s.rdb.Get(cctx, s.key(key)).Result()
+	if err != nil {
+		return b, fmt.Errorf("session: remember: read winner: %w", err)
+	}
+	won, err := decode(v)
+	if err != nil {
+		return b, err
+	}
+	s.remember(key, won)
+	return won, nil
+}
+
+func (s *Store) write(ctx context.Context, key string, b Binding) error {
+	cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	defer cancel()
+	if err := s.rdb.Set(cctx, s.key(key), b.encode(), s.opts.TTL).Err(); err != nil {
+		return fmt.Errorf("session: remember: %w", err)
+	}
+	return nil
+}
+
+// Forget drops the session's binding from Redis and from this process.
+// Another process that served the session keeps its local copy and, seeing
+// Redis without the binding, restores it (the same path that survives a
+// Redis restart) until the TTL passes.
+func (s *Store) Forget(ctx context.Context, key string) error {
+	s.local.Remove(key)
+	if s.rdb == nil {
+		return nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	defer cancel()
+	if err := s.rdb.Del(cctx, s.key(key)).Err(); err != nil {
+		return fmt.Errorf("session: forget: %w", err)
+	}
+	return nil
+}
+
+func (s *Store) remember(key string, b Binding) { s.local.Add(key, b) }
+
+// fresh returns the local binding if it has not outlived the TTL.
+func (s *Store) fresh(key string) (Binding, bool) {
+	b, ok := s.local.Get(key)
+	if !ok || s.opts.Now().Sub(b.Updated) > s.opts.TTL {
+		return Binding{}, false
+	}
+	return b, true
+}
