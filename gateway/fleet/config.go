@@ -1,0 +1,485 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Defaults applied by [New] to zero-valued [Config], [DNSSpec] and
+// [Saturation] fields.
+const (
+	DefaultHealthInterval    = time.Second            // Config.HealthInterval
+	DefaultHealthTimeout     = time.Second            // Config.HealthTimeout
+	DefaultFailureThreshold  = 3                      // Config.FailureThreshold
+	DefaultRecoveryThreshold = 2                      // Config.RecoveryThreshold
+	DefaultScrapeInterval    = 250 * time.Millisecond // Config.ScrapeInterval
+	DefaultStaleAfter        = time.Second            // Config.StaleAfter (and ScrapeTimeout)
+	DefaultModelsInterval    = 30 * time.Second       // Config.ModelsInterval
+	DefaultDNSInterval       = 10 * time.Second       // DNSSpec.Interval
+	DefaultMaxWaiting        = 8                      // Saturation.MaxWaiting
+	DefaultMaxKVUsage        = 0.95                   // Saturation.MaxKVUsage
+	DefaultQueueRoof         = 5                      // Saturation.QueueRoof
+	DefaultKVRoof            = 0.8                    // Saturation.KVRoof
+)
+
+// maxDNSTimeout bounds one DNS lookup; shorter intervals bound it further.
+const maxDNSTimeout = 5 * time.Second
+
+// ReplicaSpec says where one vLLM replica is and what it serves. Two specs
+// are equal (==) exactly when they describe the same member.
+type ReplicaSpec struct {
+	// Name is the replica's unique ID, used in metrics, routing decisions,
+	// session bindings and KV-event topics. Default: host:port of URL
+	// (the scheme's default port when URL has none).
+	Name string
+	// URL is the replica's HTTP base URL without /v1, for example
+	// http://10.0.0.7:8000. The scheme must be http or https. A path prefix
+	// (a replica behind a path-routing proxy) is kept; a trailing slash is
+	// dropped.
+	URL string
+	// Model is the model the replica serves. Empty means discover the
+	// served models from GET /v1/models (see [State.Models]).
+	Model string
+	// KVEndpoint is the ZMQ endpoint of the replica's KV-event PUB socket to
+	// connect a SUB to, for example tcp://10.0.0.7:5557. Empty means the
+	// replica publishes no KV events (or publishes to a bound gateway SUB).
+	KVEndpoint string
+	// ReplayEndpoint is the ZMQ endpoint of the replica's KV-event replay
+	// ROUTER, for example tcp://10.0.0.7:5558. Empty means none.
+	ReplayEndpoint string
+	// DataParallelSize is the number of data-parallel ranks behind URL.
+	// Each rank has its own KV cache and publishes on KVEndpoint's port +
+	// rank (replay likewise); see [ReplicaSpec.KVSources]. 0 or 1 means a
+	// single rank.
+	DataParallelSize int
+}
+
+// KVSource is one KV-event publisher of a replica: one data-parallel rank.
+type KVSource struct {
+	// Rank is the data-parallel rank, 0 for single-rank replicas.
+	Rank int
+	// Endpoint is the PUB endpoint to connect a SUB socket to.
+	Endpoint string
+	// ReplayEndpoint is the rank's replay ROUTER endpoint, "" when none.
+	ReplayEndpoint string
+}
+
+// KVSources returns one [KVSource] per data-parallel rank, with the ports
+// offset by the rank as vLLM does (tcp endpoints get port + rank, inproc
+// endpoints the suffix _dp<rank>). It returns nil when KVEndpoint is empty.
+// The gateway starts one KV-event subscriber per source.
+func (s ReplicaSpec) KVSources() []KVSource {
+	if s.KVEndpoint == "" {
+		return nil
+	}
+	n := max(s.DataParallelSize, 1)
+	out := make([]KVSource, n)
+	for rank := range n {
+		out[rank] = KVSource{
+			Rank:           rank,
+			Endpoint:       offsetEndpoint(s.KVEndpoint, rank),
+			ReplayEndpoint: offsetEndpoint(s.ReplayEndpoint, rank),
+		}
+	}
+	return out
+}
+
+// offsetEndpoint mirrors vLLM's offset_endpoint_port for validated
+// endpoints.
+func offsetEndpoint(ep string, rank int) string {
+	if ep == "" || rank == 0 {
+		return ep
+	}
+	if strings.HasPrefix(ep, "inproc://") {
+		return ep + "_dp" + strconv.Itoa(rank)
+	}
+	i := strings.LastIndexByte(ep, ':')
+	port, err := strconv.Atoi(ep[i+1:])
+	if i < 0 || err != nil {
+		return ep
+	}
+	return ep[:i+1] + strconv.Itoa(port+rank)
+}
+
+// DNSSpec describes replicas found by resolving a DNS name, typically a
+// Kubernetes headless Service: every address the name resolves to becomes
+// one replica named ip:Port with URL Scheme://ip:Port, KV endpoint
+// tcp://ip:KVPort and replay endpoint tcp://ip:ReplayPort.
+type DNSSpec struct {
+	// Name is the host name to resolve (no scheme, no port).
+	Name string
+	// Port is the replicas' HTTP port, 1..65535.
+	Port int
+	// Scheme is http or https. Default: http.
+	Scheme string
+	// KVPort is the replicas' KV-event PUB port; 0 means none.
+	KVPort int
+	// ReplayPort is the replicas' KV-event replay ROUTER port; 0 means none.
+	ReplayPort int
+	// Model is the served model; empty means discover it per replica.
+	Model string
+	// DataParallelSize is copied to each replica's spec; see
+	// [ReplicaSpec.DataParallelSize].
+	DataParallelSize int
+	// Interval is how often the name is re-resolved. Default: 10s.
+	Interval time.Duration
+}
+
+// Saturation holds the thresholds at or above which a replica counts as
+// saturated (see [Replica.Saturated]) and the roofline used by
+// [Replica.Utilization].
+type Saturation struct {
+	// MaxWaiting is the engine queue length at or above which the replica is
+	// saturated. Default: 8; negative disables the check.
+	MaxWaiting int
+	// MaxKVUsage is the KV-cache usage fraction at or above which the
+	// replica is saturated. Default: 0.95; negative disables the check.
+	MaxKVUsage float64
+	// MaxInflightPrefillTokens is the number of gateway-side in-flight
+	// prefill tokens at or above which the replica is saturated. 0 (the
+	// default) disables the check.
+	MaxInflightPrefillTokens int64
+	// QueueRoof is the queue length that counts as full utilization in
+	// [Replica.Utilization]. Default: 5.
+	QueueRoof float64
+	// KVRoof is the KV usage that counts as full utilization in
+	// [Replica.Utilization]. Default: 0.8.
+	KVRoof float64
+}
+
+// Resolver resolves host names; *net.Resolver satisfies it.
+type Resolver interface {
+	// LookupHost returns the addresses of host.
+	LookupHost(ctx context.Context, host string) ([]string, error)
+}
+
+// Config configures a [Fleet]. The zero value is not valid: set at least one
+// of Static or DNS. Zero durations and thresholds take the documented
+// defaults; negative ones are errors.
+type Config struct {
+	// Static lists fixed replicas.
+	Static []ReplicaSpec
+	// DNS lists names whose addresses are replicas, re-resolved
+	// periodically. A DNS-found replica whose name equals a static
+	// replica's (or an earlier DNS spec's) is skipped.
+	DNS []DNSSpec
+
+	// HealthInterval is the period of active GET /health checks.
+	// Default: 1s.
+	HealthInterval time.Duration
+	// HealthTimeout bounds one health check, and one GET /v1/models.
+	// Default: 1s.
+	HealthTimeout time.Duration
+	// FailureThreshold is the number of consecutive failures, active or
+	// passive, after which a healthy replica becomes unhealthy. Default: 3.
+	FailureThreshold int
+	// RecoveryThreshold is the number of consecutive successful active
+	// checks after which an unhealthy replica becomes healthy again.
+	// Default: 2. A replica that has never been healthy becomes healthy on
+	// its first successful check.
+	RecoveryThreshold int
+	// ScrapeInterval is the period of GET /metrics scrapes. Default: 250ms.
+	ScrapeInterval time.Duration
+	// ScrapeTimeout bounds one scrape. Default: StaleAfter.
+	ScrapeTimeout time.Duration
+	// StaleAfter is the age beyond which a replica's metrics are stale;
+	// stale metrics make it count as saturated. Default: 1s.
+	StaleAfter time.Duration
+	// ModelsInterval is how often replicas without a configured Model are
+	// asked GET /v1/models (also on becoming healthy). Default: 30s.
+	ModelsInterval time.Duration
+	// Saturation holds the saturation thresholds.
+	Saturation Saturation
+
+	// Client sends health checks, scrapes and model discovery. Nil means a
+	// client owned by the fleet with dial and header timeouts, whose idle
+	// connections Run closes on return.
+	Client *http.Client
+	// Header is added to every request the fleet sends, for example an
+	// Authorization header when vLLM runs with --api-key (which guards
+	// /v1/models). Nil means none.
+	Header http.Header
+	// Resolver resolves DNS names. Nil means net.DefaultResolver.
+	Resolver Resolver
+	// Now returns the current time for timestamps in [State]. Nil means
+	// time.Now. Timers always use the runtime's clock.
+	Now func() time.Time
+	// Logger receives membership changes, health transitions and errors.
+	// Nil means discard.
+	Logger *slog.Logger
+	// Registerer receives the fleet's Prometheus metrics. Nil means no
+	// metrics. Never the global registry unless the caller passes it.
+	Registerer prometheus.Registerer
+}
+
+// normalize validates c and returns a copy with defaults filled in, static
+// specs normalized (Name and URL) and DNS specs defaulted.
+func (c Config) normalize() (Config, error) {
+	if len(c.Static) == 0 && len(c.DNS) == 0 {
+		return c, errors.New("fleet: config: no replicas: set static or dns")
+	}
+	durations := []struct {
+		name string
+		d    *time.Duration
+		def  time.Duration
+	}{
+		{"healthInterval", &c.HealthInterval, DefaultHealthInterval},
+		{"healthTimeout", &c.HealthTimeout, DefaultHealthTimeout},
+		{"scrapeInterval", &c.ScrapeInterval, DefaultScrapeInterval},
+		{"staleAfter", &c.StaleAfter, DefaultStaleAfter},
+		{"modelsInterval", &c.ModelsInterval, DefaultModelsInterval},
+		{"scrapeTimeout", &c.ScrapeTimeout, 0}, // defaulted below
+	}
+	for _, d := range durations {
+		if *d.d < 0 {
+			return c, fmt.Errorf("fleet: %s: negative duration %v", d.name, *d.d)
+		}
+		if *d.d == 0 {
+			*d.d = d.def
+		}
+	}
+	if c.ScrapeTimeout == 0 {
+		c.ScrapeTimeout = c.StaleAfter
+	}
+	ints := []struct {
+		name string
+		v    *int
+		def  int
+	}{
+		{"failureThreshold", &c.FailureThreshold, DefaultFailureThreshold},
+		{"recoveryThreshold", &c.RecoveryThreshold, DefaultRecoveryThreshold},
+	}
+	for _, i := range ints {
+		if *i.v < 0 {
+			return c, fmt.Errorf("fleet: %s: negative value %d", i.name, *i.v)
+		}
+		if *i.v == 0 {
+			*i.v = i.def
+		}
+	}
+	s := &c.Saturation
+	if s.MaxWaiting == 0 {
+		s.MaxWaiting = DefaultMaxWaiting
+	}
+	if s.MaxKVUsage == 0 {
+		s.MaxKVUsage = DefaultMaxKVUsage
+	}
+	if s.MaxInflightPrefillTokens < 0 {
+		return c, fmt.Errorf("fleet: saturation.maxInflightPrefillTokens: negative value %d", s.MaxInflightPrefillTokens)
+	}
+	if s.QueueRoof < 0 || s.KVRoof < 0 {
+		return c, errors.New("fleet: saturation: negative roof")
+	}
+	if s.QueueRoof == 0 {
+		s.QueueRoof = DefaultQueueRoof
+	}
+	if s.KVRoof == 0 {
+		s.KVRoof = DefaultKVRoof
+	}
+
+	static := make([]ReplicaSpec, len(c.Static))
+	seen := make(map[string]int, len(c.Static))
+	for i, rs := range c.Static {
+		ns, err := normalizeSpec(rs)
+		if err != nil {
+			return c, fmt.Errorf("fleet: static[%d].%w", i, err)
+		}
+		if j, dup := seen[ns.Name]; dup {
+			return c, fmt.Errorf("fleet: static[%d].name: duplicate %q (also static[%d])", i, ns.Name, j)
+		}
+		seen[ns.Name] = i
+		static[i] = ns
+	}
+	c.Static = static
+
+	dns := make([]DNSSpec, len(c.DNS))
+	for i, d := range c.DNS {
+		nd, err := normalizeDNS(d)
+		if err != nil {
+			return c, fmt.Errorf("fleet: dns[%d].%w", i, err)
+		}
+		dns[i] = nd
+	}
+	c.DNS = dns
+	return c, nil
+}
+
+// normalizeSpec validates one static spec. Its errors start with the field
+// name so the caller can prefix the index.
+func normalizeSpec(s ReplicaSpec) (ReplicaSpec, error) {
+	u, err := url.Parse(s.URL)
+	if err != nil {
+		return s, fmt.Errorf("url: %w", err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return s, fmt.Errorf("url: %q: scheme must be http or https", s.URL)
+	}
+	if u.Hostname() == "" {
+		return s, fmt.Errorf("url: %q: missing host", s.URL)
+	}
+	if u.RawQuery != "" || u.Fragment != "" {
+		return s, fmt.Errorf("url: %q: must not have a query or fragment", s.URL)
+	}
+	u.Path = strings.TrimRight(u.Path, "/")
+	u.RawPath = ""
+	if strings.HasSuffix(u.Path, "/v1") {
+		return s, fmt.Errorf("url: %q: give the base URL without /v1", s.URL)
+	}
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+	} else if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+		return s, fmt.Errorf("url: %q: port out of range", s.URL)
+	}
+	s.URL = u.String()
+	if s.Name == "" {
+		s.Name = net.JoinHostPort(u.Hostname(), port)
+	}
+	if strings.ContainsFunc(s.Name, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
+		return s, fmt.Errorf("name: %q: must not contain spaces or control characters", s.Name)
+	}
+	if s.DataParallelSize < 0 {
+		return s, fmt.Errorf("dataParallelSize: negative value %d", s.DataParallelSize)
+	}
+	if err := validateZMQ(s.KVEndpoint, s.DataParallelSize); err != nil {
+		return s, fmt.Errorf("kvEndpoint: %w", err)
+	}
+	if err := validateZMQ(s.ReplayEndpoint, s.DataParallelSize); err != nil {
+		return s, fmt.Errorf("replayEndpoint: %w", err)
+	}
+	if s.ReplayEndpoint != "" && s.KVEndpoint == "" {
+		return s, errors.New("replayEndpoint: set without kvEndpoint")
+	}
+	if kh, kp, ok := tcpHostPort(s.KVEndpoint); ok {
+		if rh, rp, ok := tcpHostPort(s.ReplayEndpoint); ok && kh == rh && portsOverlap(kp, rp, s.DataParallelSize) {
+			return s, fmt.Errorf("replayEndpoint: %q overlaps the KV endpoints of %d data-parallel ranks", s.ReplayEndpoint, max(s.DataParallelSize, 1))
+		}
+	}
+	return s, nil
+}
+
+// validateZMQ checks a ZMQ endpoint the gateway will connect to.
+func validateZMQ(ep string, dp int) error {
+	if ep == "" {
+		return nil
+	}
+	scheme, addr, ok := strings.Cut(ep, "://")
+	if !ok || addr == "" {
+		return fmt.Errorf("%q: want tcp://host:port, ipc://path or inproc://name", ep)
+	}
+	switch scheme {
+	case "tcp":
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil {
+			return fmt.Errorf("%q: %w", ep, err)
+		}
+		if host == "" || host == "*" {
+			return fmt.Errorf("%q: need a host to connect to, not a bind address", ep)
+		}
+		p, err := strconv.Atoi(port)
+		if err != nil || p < 1 || p+max(dp-1, 0) > 65535 {
+			return fmt.Errorf("%q: port out of range", ep)
+		}
+	case "inproc":
+	case "ipc":
+		if dp > 1 {
+			return fmt.Errorf("%q: vLLM cannot offset ipc endpoints per data-parallel rank", ep)
+		}
+	default:
+		return fmt.Errorf("%q: unsupported scheme %q", ep, scheme)
+	}
+	return nil
+}
+
+// tcpHostPort splits a validated tcp:// endpoint.
+func tcpHostPort(ep string) (string, int, bool) {
+	addr, ok := strings.CutPrefix(ep, "tcp://")
+	if !ok {
+		return "", 0, false
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, false
+	}
+	p, err := strconv.Atoi(port)
+	return host, p, err == nil
+}
+
+// portsOverlap reports whether the replay ports replay..replay+dp-1 collide
+// with the KV ports kv..kv+dp-1 (vLLM offsets both by the rank).
+func portsOverlap(kv, replay, dp int) bool {
+	n := max(dp, 1)
+	return replay < kv+n && kv < replay+n
+}
+
+// normalizeDNS validates one DNS spec and fills in its defaults.
+func normalizeDNS(d DNSSpec) (DNSSpec, error) {
+	if d.Name == "" {
+		return d, errors.New("name: empty")
+	}
+	if strings.ContainsAny(d.Name, ":/ ") {
+		return d, fmt.Errorf("name: %q: want a bare host name (no scheme or port)", d.Name)
+	}
+	if d.Port < 1 || d.Port > 65535 {
+		return d, fmt.Errorf("port: %d out of range 1..65535", d.Port)
+	}
+	if d.DataParallelSize < 0 {
+		return d, fmt.Errorf("dataParallelSize: negative value %d", d.DataParallelSize)
+	}
+	span := max(d.DataParallelSize-1, 0)
+	if d.KVPort < 0 || d.KVPort+span > 65535 {
+		return d, fmt.Errorf("kvPort: %d out of range 0..65535", d.KVPort)
+	}
+	if d.ReplayPort < 0 || d.ReplayPort+span > 65535 {
+		return d, fmt.Errorf("replayPort: %d out of range 0..65535", d.ReplayPort)
+	}
+	if d.ReplayPort != 0 && d.KVPort == 0 {
+		return d, errors.New("replayPort: set without kvPort")
+	}
+	if d.ReplayPort != 0 && portsOverlap(d.KVPort, d.ReplayPort, d.DataParallelSize) {
+		return d, fmt.Errorf("replayPort: %d overlaps the KV ports %d..%d of %d data-parallel ranks",
+			d.ReplayPort, d.KVPort, d.KVPort+span, max(d.DataParallelSize, 1))
+	}
+	switch d.Scheme {
+	case "":
+		d.Scheme = "http"
+	case "http", "https":
+	default:
+		return d, fmt.Errorf("scheme: %q: must be http or https", d.Scheme)
+	}
+	if d.Interval < 0 {
+		return d, fmt.Errorf("interval: negative duration %v", d.Interval)
+	}
+	if d.Interval == 0 {
+		d.Interval = DefaultDNSInterval
+	}
+	return d, nil
+}
+
+// specFor returns the replica spec for one resolved address of d.
+func (d DNSSpec) specFor(ip string) ReplicaSpec {
+	hp := net.JoinHostPort(ip, strconv.Itoa(d.Port))
+	s := ReplicaSpec{
+		Name:             hp,
+		URL:              d.Scheme + "://" + hp,
+		Model:            d.Model,
+		DataParallelSize: d.DataParallelSize,
+	}
+	if d.KVPort != 0 {
+		s.KVEndpoint = "tcp://" + net.JoinHostPort(ip, strconv.Itoa(d.KVPort))
+	}
+	if d.ReplayPort != 0 {
+		s.ReplayEndpoint = "tcp://" + net.JoinHostPort(ip, strconv.Itoa(d.ReplayPort))
+	}
+	return s
+}

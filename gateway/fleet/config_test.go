@@ -1,0 +1,175 @@
+package fleet
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+var validationTests = []struct {
+	name    string
+	cfg     Config
+	wantErr string // substring; "" = valid
+}{
+	{"empty", Config{}, "fleet: config: no replicas"},
+	{"valid static", Config{Static: []ReplicaSpec{{URL: "http://10.0.0.7:8000"}}}, ""},
+	{"valid dns", Config{DNS: []DNSSpec{{Name: "vllm.ns.svc", Port: 8000}}}, ""},
+	{
+		"bad scheme",
+		Config{Static: []ReplicaSpec{{URL: "http://a:1"}, {URL: "http://b:1"}, {URL: "ftp://c:1"}}},
+		"fleet: static[2].url: ",
+	},
+	{"no scheme", Config{Static: []ReplicaSpec{{URL: "10.0.0.7:8000"}}}, "fleet: static[0].url: "},
+	{"no host", Config{Static: []ReplicaSpec{{URL: "http://:8000"}}}, "fleet: static[0].url: \"http://:8000\": missing host"},
+	{"v1 suffix", Config{Static: []ReplicaSpec{{URL: "http://a:8000/v1/"}}}, "fleet: static[0].url: \"http://a:8000/v1/\": give the base URL without /v1"},
+	{"query", Config{Static: []ReplicaSpec{{URL: "http://a:8000?x=1"}}}, "fleet: static[0].url: "},
+	{"port range", Config{Static: []ReplicaSpec{{URL: "http://a:70000"}}}, "fleet: static[0].url: "},
+	{
+		"duplicate default names",
+		Config{Static: []ReplicaSpec{{URL: "http://a:8000"}, {URL: "http://a:8000/"}}},
+		`fleet: static[1].name: duplicate "a:8000" (also static[0])`,
+	},
+	{
+		"duplicate explicit names",
+		Config{Static: []ReplicaSpec{{Name: "x", URL: "http://a:8000"}, {Name: "x", URL: "http://b:8000"}}},
+		`fleet: static[1].name: duplicate "x"`,
+	},
+	{"name with space", Config{Static: []ReplicaSpec{{Name: "a b", URL: "http://a:8000"}}}, "fleet: static[0].name: "},
+	{"kv bind address", Config{Static: []ReplicaSpec{{URL: "http://a:8000", KVEndpoint: "tcp://*:5557"}}}, "fleet: static[0].kvEndpoint: "},
+	{"kv no port", Config{Static: []ReplicaSpec{{URL: "http://a:8000", KVEndpoint: "tcp://a"}}}, "fleet: static[0].kvEndpoint: "},
+	{"kv scheme", Config{Static: []ReplicaSpec{{URL: "http://a:8000", KVEndpoint: "udp://a:1"}}}, "fleet: static[0].kvEndpoint: "},
+	{"replay without kv", Config{Static: []ReplicaSpec{{URL: "http://a:8000", ReplayEndpoint: "tcp://a:5558"}}}, "fleet: static[0].replayEndpoint: "},
+	{"replay bad", Config{Static: []ReplicaSpec{{URL: "http://a:8000", KVEndpoint: "tcp://a:1", ReplayEndpoint: "tcp://a:x"}}}, "fleet: static[0].replayEndpoint: "},
+	{"ipc with dp", Config{Static: []ReplicaSpec{{URL: "http://a:8000", KVEndpoint: "ipc:///tmp/kv", DataParallelSize: 2}}}, "fleet: static[0].kvEndpoint: "},
+	{"dp negative", Config{Static: []ReplicaSpec{{URL: "http://a:8000", DataParallelSize: -1}}}, "fleet: static[0].dataParallelSize: "},
+	{"dns empty name", Config{DNS: []DNSSpec{{Name: "a", Port: 1}, {Port: 8000}}}, "fleet: dns[1].name: empty"},
+	{"dns name with port", Config{DNS: []DNSSpec{{Name: "a:8000", Port: 8000}}}, "fleet: dns[0].name: "},
+	{"dns no port", Config{DNS: []DNSSpec{{Name: "a"}}}, "fleet: dns[0].port: 0 out of range"},
+	{"dns port range", Config{DNS: []DNSSpec{{Name: "a", Port: 65536}}}, "fleet: dns[0].port: "},
+	{"dns kv port", Config{DNS: []DNSSpec{{Name: "a", Port: 1, KVPort: -1}}}, "fleet: dns[0].kvPort: "},
+	{"dns replay port", Config{DNS: []DNSSpec{{Name: "a", Port: 1, KVPort: 2, ReplayPort: 70000}}}, "fleet: dns[0].replayPort: "},
+	{"dns replay without kv", Config{DNS: []DNSSpec{{Name: "a", Port: 1, ReplayPort: 2}}}, "fleet: dns[0].replayPort: "},
+	{"dns dp ports overlap", Config{DNS: []DNSSpec{{Name: "a", Port: 1, KVPort: 5557, ReplayPort: 5558, DataParallelSize: 2}}}, "fleet: dns[0].replayPort: 5558 overlaps"},
+	{"static dp ports overlap", Config{Static: []ReplicaSpec{{URL: "http://a:1", KVEndpoint: "tcp://a:5557", ReplayEndpoint: "tcp://a:5558", DataParallelSize: 2}}}, "fleet: static[0].replayEndpoint: "},
+	{"dns scheme", Config{DNS: []DNSSpec{{Name: "a", Port: 1, Scheme: "grpc"}}}, "fleet: dns[0].scheme: "},
+	{"dns interval", Config{DNS: []DNSSpec{{Name: "a", Port: 1, Interval: -time.Second}}}, "fleet: dns[0].interval: "},
+	{"negative health interval", Config{Static: []ReplicaSpec{{URL: "http://a:1"}}, HealthInterval: -1}, "fleet: healthInterval: "},
+	{"negative threshold", Config{Static: []ReplicaSpec{{URL: "http://a:1"}}, FailureThreshold: -1}, "fleet: failureThreshold: "},
+	{"negative prefill cap", Config{Static: []ReplicaSpec{{URL: "http://a:1"}}, Saturation: Saturation{MaxInflightPrefillTokens: -1}}, "fleet: saturation.maxInflightPrefillTokens: "},
+}
+
+func TestNewValidation(t *testing.T) {
+	for _, tt := range validationTests {
+		t.Run(tt.name, func(t *testing.T) {
+			f, err := New(tt.cfg)
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatalf("New: %v; want no error", err)
+				}
+				if f.Snapshot() == nil {
+					t.Fatal("Snapshot() = nil")
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("New: error %v; want it to contain %q", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestNewDefaults(t *testing.T) {
+	f, err := New(Config{Static: []ReplicaSpec{
+		{URL: "http://10.0.0.7:8000/"},
+		{URL: "https://vllm.example", Model: "m"},
+		{Name: "custom", URL: "http://[fd00::1]:8000/prefix/"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := f.cfg
+	if c.HealthInterval != DefaultHealthInterval || c.HealthTimeout != DefaultHealthTimeout ||
+		c.FailureThreshold != DefaultFailureThreshold || c.RecoveryThreshold != DefaultRecoveryThreshold ||
+		c.ScrapeInterval != DefaultScrapeInterval || c.StaleAfter != DefaultStaleAfter ||
+		c.ScrapeTimeout != DefaultStaleAfter || c.ModelsInterval != DefaultModelsInterval {
+		t.Errorf("defaults not applied: %+v", c)
+	}
+	if c.Saturation != (Saturation{MaxWaiting: 8, MaxKVUsage: 0.95, QueueRoof: 5, KVRoof: 0.8}) {
+		t.Errorf("saturation defaults = %+v", c.Saturation)
+	}
+	if c.Client == nil || c.Resolver == nil || c.Now == nil || c.Logger == nil {
+		t.Error("nil dependency not defaulted")
+	}
+	var got [][2]string
+	for _, r := range f.Snapshot().Replicas {
+		got = append(got, [2]string{r.Spec.Name, r.Spec.URL})
+	}
+	want := [][2]string{
+		{"10.0.0.7:8000", "http://10.0.0.7:8000"},
+		{"custom", "http://[fd00::1]:8000/prefix"},
+		{"vllm.example:443", "https://vllm.example"},
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("replicas = %v; want %v (sorted by name)", got, want)
+	}
+	if m := f.Replica("vllm.example:443").State().Models; !slices.Equal(m, []string{"m"}) {
+		t.Errorf("configured model: Models = %v; want [m]", m)
+	}
+	if s := f.Replica("custom").State(); s.Healthy || s.HealthReason != reasonPending || s.Models != nil {
+		t.Errorf("initial state = %+v; want pending, no models", s)
+	}
+
+	fd, err := New(Config{DNS: []DNSSpec{{Name: "a", Port: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := fd.cfg.DNS[0]; d.Scheme != "http" || d.Interval != DefaultDNSInterval {
+		t.Errorf("dns defaults = %+v", d)
+	}
+}
+
+func TestKVSources(t *testing.T) {
+	tests := []struct {
+		spec ReplicaSpec
+		want []KVSource
+	}{
+		{ReplicaSpec{}, nil},
+		{
+			ReplicaSpec{KVEndpoint: "tcp://10.0.0.7:5557", ReplayEndpoint: "tcp://10.0.0.7:5600"},
+			[]KVSource{{0, "tcp://10.0.0.7:5557", "tcp://10.0.0.7:5600"}},
+		},
+		{
+			ReplicaSpec{KVEndpoint: "tcp://[fd00::1]:5557", ReplayEndpoint: "tcp://[fd00::1]:5600", DataParallelSize: 3},
+			[]KVSource{
+				{0, "tcp://[fd00::1]:5557", "tcp://[fd00::1]:5600"},
+				{1, "tcp://[fd00::1]:5558", "tcp://[fd00::1]:5601"},
+				{2, "tcp://[fd00::1]:5559", "tcp://[fd00::1]:5602"},
+			},
+		},
+		{
+			ReplicaSpec{KVEndpoint: "inproc://kv", DataParallelSize: 2},
+			[]KVSource{{0, "inproc://kv", ""}, {1, "inproc://kv_dp1", ""}},
+		},
+	}
+	for _, tt := range tests {
+		if got := tt.spec.KVSources(); !slices.Equal(got, tt.want) {
+			t.Errorf("%+v.KVSources() = %v; want %v", tt.spec, got, tt.want)
+		}
+	}
+}
+
+func TestDNSSpecFor(t *testing.T) {
+	d := DNSSpec{Name: "vllm", Port: 8000, Scheme: "https", KVPort: 5557, ReplayPort: 5600, Model: "m", DataParallelSize: 2}
+	got := d.specFor("fd00::7")
+	want := ReplicaSpec{
+		Name: "[fd00::7]:8000", URL: "https://[fd00::7]:8000", Model: "m",
+		KVEndpoint: "tcp://[fd00::7]:5557", ReplayEndpoint: "tcp://[fd00::7]:5600", DataParallelSize: 2,
+	}
+	if got != want {
+		t.Errorf("specFor = %+v; want %+v", got, want)
+	}
+	if got := (DNSSpec{Name: "vllm", Port: 8000, Scheme: "http"}).specFor("10.1.2.3"); got.KVEndpoint != "" || got.ReplayEndpoint != "" {
+		t.Errorf("no KV port: spec = %+v; want no KV endpoints", got)
+	}
+}

@@ -1,0 +1,383 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"math"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Saturation reasons returned by [Replica.Saturated].
+const (
+	ReasonUnhealthy = "unhealthy" // not healthy (or never checked successfully)
+	ReasonStale     = "stale"     // no successful scrape within StaleAfter
+	ReasonWaiting   = "waiting"   // engine queue at or above MaxWaiting
+	ReasonKV        = "kv"        // KV usage at or above MaxKVUsage
+	ReasonInflight  = "inflight"  // in-flight prefill tokens at or above MaxInflightPrefillTokens
+)
+
+// reasonPending is the HealthReason of a replica that has not answered a
+// health check yet.
+const reasonPending = "pending: no successful health check yet"
+
+// State is an immutable view of what the fleet last learned about a
+// replica. A new State replaces the old one on every change; never modify
+// one (or its Models slice) obtained from [Replica.State].
+type State struct {
+	// Healthy reports whether the replica may receive traffic. It is false
+	// until the first successful health check.
+	Healthy bool
+	// HealthReason says why: "ok" when healthy, otherwise the last failure
+	// ("active: …" for a health check, "passive: …" for a proxy report) or
+	// that no check has succeeded yet.
+	HealthReason string
+	// LastCheck is when the last active health check finished; zero before
+	// the first.
+	LastCheck time.Time
+
+	// Running is the number of requests in the engine's batch, summed over
+	// the model_name and engine labels.
+	Running int
+	// Waiting is the number of requests queued in the engine, summed over
+	// the model_name and engine labels.
+	Waiting int
+	// KVUsage is the fraction of KV-cache blocks in use, 0..1 (the highest
+	// over data-parallel engines).
+	KVUsage float64
+	// PrefixQueries and PrefixHits are the engine's cumulative prefix-cache
+	// query and hit counters, in tokens.
+	PrefixQueries, PrefixHits float64
+	// BlockSize is the engine's KV block size in tokens, 0 when unknown.
+	BlockSize int
+	// NumGPUBlocks is the number of KV blocks on the GPU (per engine), 0
+	// when unknown.
+	NumGPUBlocks int
+	// ScrapedAt is when the metrics above were last scraped successfully;
+	// zero before the first success.
+	ScrapedAt time.Time
+	// ScrapeErr is the error of the last scrape, "" when it succeeded.
+	ScrapeErr string
+
+	// Models lists the models the replica serves, sorted: the spec's Model,
+	// or what GET /v1/models returned. Nil until discovered.
+	Models []string
+}
+
+// Serves reports whether model is among s.Models.
+func (s *State) Serves(model string) bool {
+	_, ok := slices.BinarySearch(s.Models, model)
+	return ok
+}
+
+// Replica is one member of the fleet. Its pointer is stable for as long as
+// it is a member: a replica that leaves and comes back is a new Replica.
+// Its methods are safe for concurrent use.
+type Replica struct {
+	// Spec is the replica's configuration. Do not modify it.
+	Spec ReplicaSpec
+
+	// InflightRequests counts requests the gateway has sent to the replica
+	// that have not finished. The proxy maintains it (see [Replica.Begin]).
+	InflightRequests atomic.Int64
+	// InflightPrefillTokens counts prompt tokens the gateway has dispatched
+	// to the replica whose response has not produced a first byte yet. The
+	// proxy maintains it (see [Replica.Begin]).
+	InflightPrefillTokens atomic.Int64
+
+	cfg *Config      // normalized, shared, read-only
+	log *slog.Logger // with the replica's name
+
+	state atomic.Pointer[State] // never nil
+
+	mu          sync.Mutex  // guards fails, passes, everHealthy and read-modify-write of state
+	fails       int         // consecutive failures, active or passive
+	passes      int         // consecutive active successes while unhealthy
+	everHealthy bool        // the replica has been healthy at least once
+	anyFailed   atomic.Bool // fails > 0, read lock-free by ReportSuccess
+
+	scrapeErrors  atomic.Uint64
+	toHealthy     atomic.Uint64
+	toUnhealthy   atomic.Uint64
+	scrapeFailing atomic.Bool // last scrape failed; for log de-duplication
+
+	removed chan struct{} // closed when the replica leaves the fleet
+
+	// cancel stops the replica's goroutines; guarded by Fleet.mu.
+	cancel context.CancelFunc
+}
+
+// newReplica returns a pending replica for the normalized spec s.
+func newReplica(s ReplicaSpec, cfg *Config, log *slog.Logger) *Replica {
+	r := &Replica{
+		Spec:    s,
+		cfg:     cfg,
+		log:     log.With("replica", s.Name),
+		removed: make(chan struct{}),
+	}
+	st := &State{HealthReason: reasonPending}
+	if s.Model != "" {
+		st.Models = []string{s.Model}
+	}
+	r.state.Store(st)
+	return r
+}
+
+// State returns the replica's latest state. It never returns nil and does
+// not block.
+func (r *Replica) State() *State {
+	if s := r.state.Load(); s != nil {
+		return s
+	}
+	return &State{HealthReason: reasonPending}
+}
+
+// Removed returns a channel that is closed when the replica leaves the
+// fleet, for example to stop its KV-event subscriber.
+func (r *Replica) Removed() <-chan struct{} { return r.removed }
+
+// update publishes a modified copy of the state. The caller holds r.mu.
+func (r *Replica) update(fn func(*State)) *State {
+	s := *r.State()
+	fn(&s)
+	r.state.Store(&s)
+	return &s
+}
+
+// ReportFailure records a failed request (a dial error, a 5xx from the
+// engine, a broken stream). Consecutive failures, counted together with
+// failed active checks, make the replica unhealthy at FailureThreshold; only
+// active checks make it healthy again. Errors matching context.Canceled are
+// ignored: a client that goes away is not the replica's fault. A nil err
+// counts as an unspecified failure.
+func (r *Replica) ReportFailure(err error) {
+	if errors.Is(err, context.Canceled) {
+		return
+	}
+	msg := "request failed"
+	if err != nil {
+		msg = err.Error()
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.failLocked("passive: "+msg, time.Time{})
+}
+
+// ReportSuccess records a successful request: it resets the consecutive
+// failure count. It does not make an unhealthy replica healthy. It is cheap
+// when there were no failures (one atomic load).
+func (r *Replica) ReportSuccess() {
+	if !r.anyFailed.Load() {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.fails = 0
+	r.anyFailed.Store(false)
+}
+
+// activeResult records the outcome of one active health check finished at
+// now and reports whether the replica just became healthy.
+func (r *Replica) activeResult(now time.Time, err error) (recovered bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err != nil {
+		r.failLocked("active: "+err.Error(), now)
+		return false
+	}
+	r.fails = 0
+	r.anyFailed.Store(false)
+	s := r.State()
+	if s.Healthy {
+		r.update(func(s *State) { s.LastCheck = now })
+		return false
+	}
+	r.passes++
+	// A replica that has never been healthy needs no hysteresis.
+	if r.passes < r.conf().RecoveryThreshold && r.everHealthy {
+		r.update(func(s *State) { s.LastCheck = now })
+		return false
+	}
+	r.passes = 0
+	r.everHealthy = true
+	r.update(func(s *State) {
+		s.Healthy, s.HealthReason, s.LastCheck = true, "ok", now
+	})
+	r.toHealthy.Add(1)
+	r.logger().Info("fleet: replica healthy")
+	return true
+}
+
+// failLocked records one failure; now is the check time for active
+// failures and zero for passive ones. The caller holds r.mu.
+func (r *Replica) failLocked(reason string, now time.Time) {
+	r.fails++
+	r.passes = 0
+	r.anyFailed.Store(true)
+	s := r.State()
+	flip := s.Healthy && r.fails >= r.conf().FailureThreshold
+	r.update(func(s *State) {
+		if !now.IsZero() {
+			s.LastCheck = now
+		}
+		if flip || !s.Healthy {
+			s.Healthy, s.HealthReason = false, reason
+		}
+	})
+	switch {
+	case flip:
+		r.toUnhealthy.Add(1)
+		r.logger().Warn("fleet: replica unhealthy", "reason", reason, "failures", r.fails)
+	case !r.everHealthy && r.fails == r.conf().FailureThreshold:
+		r.logger().Warn("fleet: replica not answering yet", "reason", reason, "failures", r.fails)
+	}
+}
+
+// setMetrics publishes a successful scrape taken at now.
+func (r *Replica) setMetrics(now time.Time, m engineMetrics) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.update(func(s *State) {
+		s.Running, s.Waiting, s.KVUsage = count(m.Running), count(m.Waiting), m.KVUsage
+		s.PrefixQueries, s.PrefixHits = m.PrefixQueries, m.PrefixHits
+		if m.seen&seenCacheConfig != 0 {
+			s.BlockSize, s.NumGPUBlocks = m.BlockSize, m.NumGPUBlocks
+		}
+		s.ScrapedAt, s.ScrapeErr = now, ""
+	})
+}
+
+// count converts a scraped gauge to a request count, clamping garbage.
+func count(v float64) int {
+	if !(v > 0) { // also NaN
+		return 0
+	}
+	return int(min(v, math.MaxInt32))
+}
+
+// setScrapeErr records a failed scrape; the previous metrics stay and age.
+func (r *Replica) setScrapeErr(err error) {
+	r.scrapeErrors.Add(1)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.update(func(s *State) { s.ScrapeErr = err.Error() })
+}
+
+// setModels publishes discovered models (sorted, deduplicated).
+func (r *Replica) setModels(models []string) {
+	slices.Sort(models)
+	models = slices.Compact(models)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if slices.Equal(models, r.State().Models) {
+		return
+	}
+	r.update(func(s *State) { s.Models = models })
+	r.logger().Info("fleet: replica models", "models", models)
+}
+
+// zeroReplicaConfig serves a Replica built outside New (a zero Replica in a
+// test). It is never modified.
+var zeroReplicaConfig = Config{
+	FailureThreshold:  DefaultFailureThreshold,
+	RecoveryThreshold: DefaultRecoveryThreshold,
+	StaleAfter:        DefaultStaleAfter,
+	Saturation: Saturation{
+		MaxWaiting: DefaultMaxWaiting, MaxKVUsage: DefaultMaxKVUsage,
+		QueueRoof: DefaultQueueRoof, KVRoof: DefaultKVRoof,
+	},
+}
+
+// conf returns the normalized configuration in force.
+func (r *Replica) conf() *Config {
+	if r.cfg == nil {
+		return &zeroReplicaConfig
+	}
+	return r.cfg
+}
+
+// logger returns the replica's logger, a discarding one for a Replica built
+// outside New.
+func (r *Replica) logger() *slog.Logger {
+	if r.log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return r.log
+}
+
+// saturation returns the thresholds and staleness limit in force.
+func (r *Replica) saturation() (Saturation, time.Duration) {
+	c := r.conf()
+	return c.Saturation, c.StaleAfter
+}
+
+// Saturated reports whether the replica should take no more affinity
+// (sticky or prefix-driven) traffic at time now, and why: "unhealthy",
+// "stale" (no successful scrape within StaleAfter, or none yet), "waiting"
+// (queue at or above MaxWaiting), "kv" (KV usage at or above MaxKVUsage) or
+// "inflight" (in-flight prefill tokens at or above
+// MaxInflightPrefillTokens), checked in that order. It does not block.
+func (r *Replica) Saturated(now time.Time) (bool, string) {
+	sat, staleAfter := r.saturation()
+	s := r.State()
+	switch {
+	case !s.Healthy:
+		return true, ReasonUnhealthy
+	case s.ScrapedAt.IsZero() || now.Sub(s.ScrapedAt) > staleAfter:
+		return true, ReasonStale
+	case sat.MaxWaiting >= 0 && s.Waiting >= sat.MaxWaiting:
+		return true, ReasonWaiting
+	case sat.MaxKVUsage >= 0 && s.KVUsage >= sat.MaxKVUsage:
+		return true, ReasonKV
+	case sat.MaxInflightPrefillTokens > 0 && r.InflightPrefillTokens.Load() >= sat.MaxInflightPrefillTokens:
+		return true, ReasonInflight
+	}
+	return false, ""
+}
+
+// Utilization returns llm-d's saturation roofline for the replica at time
+// now: max(Waiting/QueueRoof, KVUsage/KVRoof), where 1 or more means full.
+// An unhealthy replica or one with stale metrics counts as 1.
+func (r *Replica) Utilization(now time.Time) float64 {
+	sat, staleAfter := r.saturation()
+	s := r.State()
+	if !s.Healthy || s.ScrapedAt.IsZero() || now.Sub(s.ScrapedAt) > staleAfter {
+		return 1
+	}
+	return max(float64(s.Waiting)/sat.QueueRoof, s.KVUsage/sat.KVRoof)
+}
+
+// Flight is one request in flight on a replica, returned by
+// [Replica.Begin]. Its methods are idempotent and safe for concurrent use.
+type Flight struct {
+	r                   *Replica
+	prefill             int64
+	firstByte, finished atomic.Bool
+}
+
+// Begin counts a request with promptTokens prefill tokens as in flight on
+// r. Call [Flight.FirstByte] when the response's first byte arrives and
+// [Flight.Done] when it ends (Done implies FirstByte).
+func (r *Replica) Begin(promptTokens int64) *Flight {
+	r.InflightRequests.Add(1)
+	r.InflightPrefillTokens.Add(promptTokens)
+	return &Flight{r: r, prefill: promptTokens}
+}
+
+// FirstByte releases the request's prefill tokens.
+func (fl *Flight) FirstByte() {
+	if fl.firstByte.CompareAndSwap(false, true) {
+		fl.r.InflightPrefillTokens.Add(-fl.prefill)
+	}
+}
+
+// Done ends the request.
+func (fl *Flight) Done() {
+	fl.FirstByte()
+	if fl.finished.CompareAndSwap(false, true) {
+		fl.r.InflightRequests.Add(-1)
+	}
+}

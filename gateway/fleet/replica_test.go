@@ -1,0 +1,274 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// testReplica returns a pending replica with normalized defaults modified
+// by mod.
+func testReplica(t *testing.T, mod func(*Config)) *Replica {
+	t.Helper()
+	cfg := Config{Static: []ReplicaSpec{{URL: "http://127.0.0.1:1"}}}
+	if mod != nil {
+		mod(&cfg)
+	}
+	n, err := cfg.normalize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newReplica(n.Static[0], &n, slog.New(slog.DiscardHandler))
+}
+
+// Steps of the health state machine.
+const (
+	okStep     = "ok"     // successful active check
+	failStep   = "fail"   // failed active check
+	passive    = "report" // ReportFailure
+	passiveOK  = "good"   // ReportSuccess
+	cancelStep = "cancel" // ReportFailure(context.Canceled)
+)
+
+func TestHealthStateMachine(t *testing.T) {
+	tests := []struct {
+		name        string
+		fail, recov int
+		steps       []string
+		want        []bool // Healthy after each step
+		toHealthy   uint64
+		toUnhealthy uint64
+	}{
+		{
+			name: "pending until first success, then healthy at once",
+			fail: 3, recov: 2,
+			steps:     []string{failStep, failStep, failStep, failStep, okStep},
+			want:      []bool{false, false, false, false, true},
+			toHealthy: 1,
+		},
+		{
+			name: "active failures reach the threshold",
+			fail: 3, recov: 2,
+			steps:     []string{okStep, failStep, failStep, failStep, failStep},
+			want:      []bool{true, true, true, false, false},
+			toHealthy: 1, toUnhealthy: 1,
+		},
+		{
+			name: "a success resets the failure count",
+			fail: 3, recov: 2,
+			steps:     []string{okStep, failStep, failStep, okStep, failStep, failStep},
+			want:      []bool{true, true, true, true, true, true},
+			toHealthy: 1,
+		},
+		{
+			name: "passive failures count",
+			fail: 3, recov: 1,
+			steps:     []string{okStep, passive, passive, passive},
+			want:      []bool{true, true, true, false},
+			toHealthy: 1, toUnhealthy: 1,
+		},
+		{
+			name: "passive and active failures share the count",
+			fail: 3, recov: 1,
+			steps:     []string{okStep, passive, failStep, passive},
+			want:      []bool{true, true, true, false},
+			toHealthy: 1, toUnhealthy: 1,
+		},
+		{
+			name: "passive success resets the count",
+			fail: 2, recov: 1,
+			steps:     []string{okStep, passive, passiveOK, passive, passiveOK, passive},
+			want:      []bool{true, true, true, true, true, true},
+			toHealthy: 1,
+		},
+		{
+			name: "client cancels are not failures",
+			fail: 1, recov: 1,
+			steps:     []string{okStep, cancelStep, cancelStep},
+			want:      []bool{true, true, true},
+			toHealthy: 1,
+		},
+		{
+			name: "recovery needs consecutive active successes",
+			fail: 1, recov: 3,
+			steps:     []string{okStep, failStep, okStep, okStep, failStep, okStep, okStep, okStep},
+			want:      []bool{true, false, false, false, false, false, false, true},
+			toHealthy: 2, toUnhealthy: 1,
+		},
+		{
+			name: "passive failure while recovering restarts the count",
+			fail: 1, recov: 2,
+			steps:     []string{okStep, passive, okStep, passive, okStep, okStep},
+			want:      []bool{true, false, false, false, false, true},
+			toHealthy: 2, toUnhealthy: 1,
+		},
+		{
+			name: "passive success does not heal",
+			fail: 1, recov: 1,
+			steps:     []string{okStep, passive, passiveOK, passiveOK},
+			want:      []bool{true, false, false, false},
+			toHealthy: 1, toUnhealthy: 1,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := testReplica(t, func(c *Config) { c.FailureThreshold, c.RecoveryThreshold = tt.fail, tt.recov })
+			now := time.Unix(1000, 0)
+			for i, step := range tt.steps {
+				now = now.Add(time.Second)
+				switch step {
+				case okStep:
+					r.activeResult(now, nil)
+				case failStep:
+					r.activeResult(now, errors.New("GET /health: status 503"))
+				case passive:
+					r.ReportFailure(errors.New("dial tcp: connection refused"))
+				case passiveOK:
+					r.ReportSuccess()
+				case cancelStep:
+					r.ReportFailure(fmt.Errorf("proxy: %w", context.Canceled))
+				}
+				if got := r.State().Healthy; got != tt.want[i] {
+					t.Fatalf("after step %d (%s): Healthy = %v; want %v (state %+v)", i, step, got, tt.want[i], r.State())
+				}
+			}
+			if got := r.toHealthy.Load(); got != tt.toHealthy {
+				t.Errorf("transitions to healthy = %d; want %d", got, tt.toHealthy)
+			}
+			if got := r.toUnhealthy.Load(); got != tt.toUnhealthy {
+				t.Errorf("transitions to unhealthy = %d; want %d", got, tt.toUnhealthy)
+			}
+		})
+	}
+}
+
+func TestHealthReason(t *testing.T) {
+	r := testReplica(t, func(c *Config) { c.FailureThreshold = 2 })
+	if got := r.State().HealthReason; got != reasonPending {
+		t.Errorf("initial reason = %q; want %q", got, reasonPending)
+	}
+	t0 := time.Unix(1000, 0)
+	r.activeResult(t0, errors.New("GET /health: status 503"))
+	if s := r.State(); s.HealthReason != "active: GET /health: status 503" || !s.LastCheck.Equal(t0) {
+		t.Errorf("pending after failure: state %+v", s)
+	}
+	r.activeResult(t0.Add(time.Second), nil)
+	if s := r.State(); !s.Healthy || s.HealthReason != "ok" {
+		t.Errorf("after success: state %+v", s)
+	}
+	r.ReportFailure(errors.New("EOF"))
+	if s := r.State(); !s.Healthy || s.HealthReason != "ok" {
+		t.Errorf("one passive failure below threshold: state %+v", s)
+	}
+	r.ReportFailure(nil)
+	if s := r.State(); s.Healthy || s.HealthReason != "passive: request failed" {
+		t.Errorf("after threshold: state %+v", s)
+	}
+}
+
+func TestSaturated(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	fresh := func(s *State) { s.Healthy, s.ScrapedAt = true, t0 }
+	tests := []struct {
+		name     string
+		sat      Saturation
+		state    func(*State)
+		prefill  int64
+		now      time.Time
+		want     bool
+		reason   string
+		wantUtil float64
+	}{
+		{"idle", Saturation{}, fresh, 0, t0, false, "", 0},
+		{"pending", Saturation{}, func(s *State) {}, 0, t0, true, ReasonUnhealthy, 1},
+		{"unhealthy beats everything", Saturation{}, func(s *State) { s.ScrapedAt, s.Waiting = t0, 100 }, 0, t0, true, ReasonUnhealthy, 1},
+		{"never scraped", Saturation{}, func(s *State) { s.Healthy = true }, 0, t0, true, ReasonStale, 1},
+		{"fresh at the limit", Saturation{}, fresh, 0, t0.Add(time.Second), false, "", 0},
+		{"stale", Saturation{}, fresh, 0, t0.Add(time.Second + time.Millisecond), true, ReasonStale, 1},
+		{"waiting below", Saturation{}, func(s *State) { fresh(s); s.Waiting = 7 }, 0, t0, false, "", 7.0 / 5},
+		{"waiting at default max", Saturation{}, func(s *State) { fresh(s); s.Waiting = 8 }, 0, t0, true, ReasonWaiting, 8.0 / 5},
+		{"waiting custom max", Saturation{MaxWaiting: 2}, func(s *State) { fresh(s); s.Waiting = 2 }, 0, t0, true, ReasonWaiting, 2.0 / 5},
+		{"waiting check off", Saturation{MaxWaiting: -1}, func(s *State) { fresh(s); s.Waiting = 1000 }, 0, t0, false, "", 200},
+		{"kv below", Saturation{}, func(s *State) { fresh(s); s.KVUsage = 0.94 }, 0, t0, false, "", 0.94 / 0.8},
+		{"kv at max", Saturation{}, func(s *State) { fresh(s); s.KVUsage = 0.95 }, 0, t0, true, ReasonKV, 0.95 / 0.8},
+		{"kv check off", Saturation{MaxKVUsage: -1}, func(s *State) { fresh(s); s.KVUsage = 1 }, 0, t0, false, "", 1 / 0.8},
+		{"waiting before kv", Saturation{}, func(s *State) { fresh(s); s.Waiting, s.KVUsage = 9, 1 }, 0, t0, true, ReasonWaiting, 9.0 / 5},
+		{"prefill off by default", Saturation{}, fresh, 1 << 30, t0, false, "", 0},
+		{"prefill below", Saturation{MaxInflightPrefillTokens: 1000}, fresh, 999, t0, false, "", 0},
+		{"prefill at max", Saturation{MaxInflightPrefillTokens: 1000}, fresh, 1000, t0, true, ReasonInflight, 0},
+		{"custom roofs", Saturation{QueueRoof: 10, KVRoof: 0.5}, func(s *State) { fresh(s); s.Waiting, s.KVUsage = 4, 0.25 }, 0, t0, false, "", 0.5},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := testReplica(t, func(c *Config) { c.Saturation = tt.sat })
+			r.mu.Lock()
+			r.update(tt.state)
+			r.mu.Unlock()
+			r.InflightPrefillTokens.Store(tt.prefill)
+			got, reason := r.Saturated(tt.now)
+			if got != tt.want || reason != tt.reason {
+				t.Errorf("Saturated = %v, %q; want %v, %q", got, reason, tt.want, tt.reason)
+			}
+			if u := r.Utilization(tt.now); abs(u-tt.wantUtil) > 1e-9 {
+				t.Errorf("Utilization = %v; want %v", u, tt.wantUtil)
+			}
+		})
+	}
+}
+
+func abs(x float64) float64 { return max(x, -x) }
+
+func TestSaturatedZeroReplica(t *testing.T) {
+	var r Replica // built outside New: defaults, pending
+	if sat, reason := r.Saturated(time.Now()); !sat || reason != ReasonUnhealthy {
+		t.Errorf("zero Replica: Saturated = %v, %q; want true, %q", sat, reason, ReasonUnhealthy)
+	}
+	if r.State() == nil {
+		t.Error("zero Replica: State() = nil")
+	}
+	r.ReportFailure(errors.New("x")) // must not panic
+	r.ReportSuccess()
+}
+
+func TestFlight(t *testing.T) {
+	r := testReplica(t, nil)
+	a := r.Begin(100)
+	b := r.Begin(50)
+	if got, want := [2]int64{r.InflightRequests.Load(), r.InflightPrefillTokens.Load()}, [2]int64{2, 150}; got != want {
+		t.Fatalf("after Begin: %v; want %v", got, want)
+	}
+	var wg sync.WaitGroup
+	for range 8 { // idempotent under concurrency
+		wg.Go(a.FirstByte)
+	}
+	wg.Wait()
+	if got := r.InflightPrefillTokens.Load(); got != 50 {
+		t.Errorf("after FirstByte: prefill = %d; want 50", got)
+	}
+	a.Done()
+	a.Done()
+	b.Done() // implies FirstByte
+	if got, want := [2]int64{r.InflightRequests.Load(), r.InflightPrefillTokens.Load()}, [2]int64{0, 0}; got != want {
+		t.Errorf("after Done: %v; want %v", got, want)
+	}
+}
+
+func TestStateServes(t *testing.T) {
+	s := &State{Models: []string{"a", "c"}}
+	if !s.Serves("a") || !s.Serves("c") || s.Serves("b") || (&State{}).Serves("a") {
+		t.Error("Serves mismatch")
+	}
+}
+
+func TestSetModelsSortsAndDedups(t *testing.T) {
+	r := testReplica(t, nil)
+	r.setModels([]string{"b", "a", "b"})
+	if got := strings.Join(r.State().Models, ","); got != "a,b" {
+		t.Errorf("Models = %s; want a,b", got)
+	}
+}

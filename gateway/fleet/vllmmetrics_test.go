@@ -1,0 +1,286 @@
+package fleet
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"math"
+	"os"
+	"strings"
+	"testing"
+	"testing/iotest"
+)
+
+// parseString parses s with a fresh buffer.
+func parseString(s string) (engineMetrics, error) {
+	return parseEngineMetrics(strings.NewReader(s), bufio.NewReaderSize(nil, metricsBufSize))
+}
+
+var parseTests = []struct {
+	name    string
+	in      string
+	want    engineMetrics // only the exported fields are compared
+	wantErr error
+}{
+	{
+		name: "current names",
+		in: `# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 4.0
+vllm:num_requests_waiting{engine="0",model_name="m"} 2.0
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000.0
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 600.0
+vllm:prefix_cache_queries_created{engine="0",model_name="m"} 1.7e+09
+`,
+		want: engineMetrics{Running: 4, Waiting: 2, KVUsage: 0.25, PrefixQueries: 1000, PrefixHits: 600},
+	},
+	{
+		name: "older names",
+		in: `vllm:num_requests_running{model_name="m"} 1
+vllm:num_requests_waiting{model_name="m"} 0
+vllm:gpu_cache_usage_perc{model_name="m"} 0.5
+vllm:gpu_prefix_cache_queries_total{model_name="m"} 10
+vllm:gpu_prefix_cache_hits_total{model_name="m"} 5
+`,
+		want: engineMetrics{Running: 1, KVUsage: 0.5, PrefixQueries: 10, PrefixHits: 5},
+	},
+	{
+		name: "both generations: current names win",
+		in: `vllm:gpu_cache_usage_perc{model_name="m"} 0.9
+vllm:gpu_prefix_cache_queries_total{model_name="m"} 99
+vllm:gpu_prefix_cache_hits_total{model_name="m"} 98
+vllm:num_requests_running{model_name="m"} 1
+vllm:num_requests_waiting{model_name="m"} 1
+vllm:kv_cache_usage_perc{model_name="m"} 0.3
+vllm:prefix_cache_queries_total{model_name="m"} 10
+vllm:prefix_cache_hits_total{model_name="m"} 5
+`,
+		want: engineMetrics{Running: 1, Waiting: 1, KVUsage: 0.3, PrefixQueries: 10, PrefixHits: 5},
+	},
+	{
+		name: "several model_name and engine labels: counts summed, kv max",
+		in: `vllm:num_requests_running{engine="0",model_name="a"} 3
+vllm:num_requests_running{engine="1",model_name="a"} 2
+vllm:num_requests_running{engine="0",model_name="b"} 1
+vllm:num_requests_waiting{engine="0",model_name="a"} 7
+vllm:num_requests_waiting{engine="0",model_name="b"} 1
+vllm:kv_cache_usage_perc{engine="0",model_name="a"} 0.2
+vllm:kv_cache_usage_perc{engine="1",model_name="a"} 0.7
+vllm:kv_cache_usage_perc{engine="0",model_name="b"} 0.1
+vllm:prefix_cache_queries_total{engine="0",model_name="a"} 100
+vllm:prefix_cache_queries_total{engine="1",model_name="a"} 50
+`,
+		want: engineMetrics{Running: 6, Waiting: 8, KVUsage: 0.7, PrefixQueries: 150},
+	},
+	{
+		name: "cache_config_info",
+		in: `vllm:num_requests_running 0
+vllm:num_requests_waiting 0
+vllm:cache_config_info{block_size="64",cache_dtype="auto",enable_prefix_caching="True",num_cpu_blocks="None",num_gpu_blocks="19208",sliding_window="None"} 1.0
+vllm:cache_config_info{block_size="32",num_gpu_blocks="1"} 1.0
+`,
+		want: engineMetrics{BlockSize: 64, NumGPUBlocks: 19208},
+	},
+	{
+		name: "cache_config_info with None blocks",
+		in: `vllm:num_requests_running 0
+vllm:num_requests_waiting 0
+vllm:cache_config_info{block_size="16", num_gpu_blocks="None",} 1
+`,
+		want: engineMetrics{BlockSize: 16},
+	},
+	{
+		name: "garbage and odd formatting",
+		in: "vllm:num_requests_running{model_name=\"a\" 3\n" + // unterminated labels
+			"vllm:num_requests_waiting abc\n" + // bad value
+			"vllm:num_requests_waiting{model_name=\"x}\\\"y\"} 2 1712345678000\n" + // brace and quote in a label, timestamp
+			"vllm:num_requests_running\t5\r\n" + // tab, CRLF
+			"vllm:num_requests_running{} NaN\n" + // NaN skipped
+			"vllm:kv_cache_usage_perc +Inf\n" + // Inf skipped
+			"vllm:kv_cache_usage_perc 1.5e-1\n" +
+			"vllm:num_requests_runningx 100\n" + // other name with our prefix
+			"vllm:\n" +
+			"\n" +
+			"   \n" +
+			"#vllm:num_requests_running 100\n" +
+			"not_vllm:num_requests_running 100\n" +
+			"vllm:num_requests_running{", // truncated last line, no newline
+		want: engineMetrics{Running: 5, Waiting: 2, KVUsage: 0.15},
+	},
+	{
+		name: "no trailing newline",
+		in:   "vllm:num_requests_running 1\nvllm:num_requests_waiting 9",
+		want: engineMetrics{Running: 1, Waiting: 9},
+	},
+	{
+		name: "huge lines are skipped",
+		in: "# HELP " + strings.Repeat("x", 1<<20) + "\n" +
+			"vllm:num_requests_running 2\n" +
+			"vllm:num_requests_waiting{model_name=\"" + strings.Repeat("y", 100<<10) + "\"} 50\n" +
+			"vllm:num_requests_waiting 1\n" +
+			"vllm:kv_cache_usage_perc " + strings.Repeat("9", 40<<10) + "\n" +
+			"vllm:kv_cache_usage_perc 0.5\n",
+		want: engineMetrics{Running: 2, Waiting: 1, KVUsage: 0.5},
+	},
+	{
+		name:    "not vLLM",
+		in:      "# TYPE up gauge\nup 1\nprocess_open_fds 10\n",
+		wantErr: errNoEngineMetrics,
+	},
+	{
+		name:    "empty",
+		in:      "",
+		wantErr: errNoEngineMetrics,
+	},
+}
+
+func TestParseEngineMetrics(t *testing.T) {
+	for _, tt := range parseTests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := parseString(tt.in)
+			if !errors.Is(err, tt.wantErr) {
+				t.Fatalf("err = %v; want %v", err, tt.wantErr)
+			}
+			if err != nil {
+				return
+			}
+			checkMetrics(t, got, tt.want)
+		})
+	}
+}
+
+// checkMetrics compares the exported fields.
+func checkMetrics(t *testing.T, got, want engineMetrics) {
+	t.Helper()
+	type pub struct {
+		Running, Waiting, KVUsage, PrefixQueries, PrefixHits float64
+		BlockSize, NumGPUBlocks                              int
+	}
+	g := pub{got.Running, got.Waiting, got.KVUsage, got.PrefixQueries, got.PrefixHits, got.BlockSize, got.NumGPUBlocks}
+	w := pub{want.Running, want.Waiting, want.KVUsage, want.PrefixQueries, want.PrefixHits, want.BlockSize, want.NumGPUBlocks}
+	if g != w {
+		t.Errorf("got %+v; want %+v", g, w)
+	}
+}
+
+func TestParseEngineMetricsFixture(t *testing.T) {
+	got, err := parseString(readFixture(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkMetrics(t, got, engineMetrics{
+		Running: 12, Waiting: 3, KVUsage: 0.4172,
+		PrefixQueries: 1.0355e6, PrefixHits: 772096,
+		BlockSize: 16, NumGPUBlocks: 19208,
+	})
+}
+
+func TestParseEngineMetricsReadError(t *testing.T) {
+	boom := errors.New("boom")
+	r := io.MultiReader(strings.NewReader("vllm:num_requests_running 1\nvllm:num_req"), iotest.ErrReader(boom))
+	_, err := parseEngineMetrics(r, bufio.NewReaderSize(nil, metricsBufSize))
+	if !errors.Is(err, boom) {
+		t.Fatalf("err = %v; want %v", err, boom)
+	}
+}
+
+func TestParseSampleValue(t *testing.T) {
+	tests := []struct {
+		in   string
+		want float64
+		ok   bool
+	}{
+		{" 3", 3, true},
+		{" 3.0", 3, true},
+		{" 0.25 123", 0.25, true},
+		{"\t1e3", 1000, true},
+		{" 1.7613129213491416e+09", 1.7613129213491416e+09, true},
+		{" -2", -2, true},
+		{" 12345678901234567890", 12345678901234567890, true},
+		{" ", 0, false},
+		{"", 0, false},
+		{" NaN", 0, false},
+		{" -Inf", 0, false},
+		{" 0x", 0, false},
+	}
+	for _, tt := range tests {
+		got, ok := parseSampleValue([]byte(tt.in))
+		if got != tt.want || ok != tt.ok {
+			t.Errorf("parseSampleValue(%q) = %v, %v; want %v, %v", tt.in, got, ok, tt.want, tt.ok)
+		}
+	}
+}
+
+func readFixture(tb testing.TB) string {
+	tb.Helper()
+	b, err := os.ReadFile("testdata/vllm_metrics.txt")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return string(b)
+}
+
+// filterFixture keeps the lines a name[]-filtering exporter would send.
+func filterFixture(s string) string {
+	var b strings.Builder
+	for line := range strings.Lines(s) {
+		for _, n := range metricNames[1:] {
+			if strings.HasPrefix(line, n+"{") || strings.HasPrefix(line, n+" ") {
+				b.WriteString(line)
+				break
+			}
+		}
+	}
+	return b.String()
+}
+
+func BenchmarkParseEngineMetrics(b *testing.B) {
+	full := readFixture(b)
+	for _, bc := range []struct {
+		name string
+		page string
+	}{
+		{"full", full},
+		{"filtered", filterFixture(full)},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			br := bufio.NewReaderSize(nil, metricsBufSize)
+			r := strings.NewReader(bc.page)
+			lines := strings.Count(bc.page, "\n")
+			b.SetBytes(int64(len(bc.page)))
+			b.ReportAllocs()
+			for b.Loop() {
+				r.Reset(bc.page)
+				if _, err := parseEngineMetrics(r, br); err != nil {
+					b.Fatal(err)
+				}
+			}
+			perOp := float64(b.Elapsed().Nanoseconds()) / float64(b.N)
+			b.ReportMetric(1e9/perOp, "pages/s")
+			b.ReportMetric(perOp/float64(lines), "ns/line")
+		})
+	}
+}
+
+func FuzzParseEngineMetrics(f *testing.F) {
+	f.Add(readFixture(f))
+	for _, tt := range parseTests {
+		if len(tt.in) < 4096 {
+			f.Add(tt.in)
+		}
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		m, err := parseString(in)
+		if err != nil {
+			return
+		}
+		// Sums of huge values may overflow to Inf; single values may not.
+		if math.IsNaN(m.KVUsage) || math.IsInf(m.KVUsage, 0) {
+			t.Fatalf("non-finite KV usage in %+v", m)
+		}
+		if m.BlockSize < 0 || m.NumGPUBlocks < 0 {
+			t.Fatalf("negative block numbers in %+v", m)
+		}
+	})
+}
