@@ -161,14 +161,14 @@ func TestBadInput(t *testing.T) {
 	gw := startGateway(t, cfg, rdb)
 	auth := map[string]string{"Authorization": "Bearer sk-k"}
 	tests := []struct {
-		name      string
-		method    string
-		path      string
-		body      string
-		header    map[string]string
-		status    int
-		code      string
-		param     string
+		name   string
+		method string
+		path   string
+		body   string
+		header map[string]string
+		status int
+		code   string
+		param  string
 	}{
 		{"no key", "POST", "/v1/chat/completions", `{}`, nil, 401, "invalid_api_key", ""},
 		{"wrong key", "POST", "/v1/chat/completions", `{}`, map[string]string{"Authorization": "Bearer nope"}, 401, "invalid_api_key", ""},

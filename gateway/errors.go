@@ -173,4 +173,3 @@ func codeFor(status int) *string {
 	}
 	return nil
 }
-

@@ -120,4 +120,3 @@ func TestCachedFractionRoundRobinVsWarmpath(t *testing.T) {
 		t.Errorf("warmpath %.3f is not far above round-robin %.3f", wp, rr)
 	}
 }
-

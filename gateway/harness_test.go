@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -63,7 +65,7 @@ type testGateway struct {
 
 func startGateway(t *testing.T, cfg Config, rdb redis.UniversalClient) *testGateway {
 	t.Helper()
-	g, err := New(cfg, Options{Redis: rdb})
+	g, err := New(cfg, Options{Redis: rdb, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatalf("gateway.New: %v", err)
 	}
@@ -187,6 +189,7 @@ type conversation struct {
 	model    string
 	messages []msg
 	header   map[string]string
+	extra    map[string]any // more body fields
 }
 
 func newConversation(system, first string) *conversation {
@@ -197,7 +200,11 @@ func newConversation(system, first string) *conversation {
 // message, and returns the result.
 func (c *conversation) turn(t *testing.T, url string, next string) chatResult {
 	t.Helper()
-	r := chat(t, url, map[string]any{"model": c.model, "messages": c.messages, "max_tokens": 24}, c.header)
+	body := map[string]any{"model": c.model, "messages": c.messages, "max_tokens": 24}
+	for k, v := range c.extra {
+		body[k] = v
+	}
+	r := chat(t, url, body, c.header)
 	if r.Status != http.StatusOK {
 		t.Fatalf("turn %d: status %d: %s", len(c.messages)/2, r.Status, r.Body)
 	}
@@ -255,3 +262,20 @@ func parallel(n int, fn func(i int)) {
 }
 
 func stringsReader(s string) io.Reader { return strings.NewReader(s) }
+
+// testLogger sends the gateway's warnings to the test log, and everything
+// at debug when WARMPATH_TEST_LOG=debug.
+func testLogger(t *testing.T) *slog.Logger {
+	level := slog.LevelWarn
+	if os.Getenv("WARMPATH_TEST_LOG") == "debug" {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: level}))
+}
+
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}

@@ -17,9 +17,9 @@ type preciseIndex struct {
 	ix        *blockindex.Index
 	blockSize int
 
-	mu        sync.RWMutex // guards sources and models
-	sources   map[string]bool // replicas whose events have arrived
-	models    map[string]string
+	mu      sync.RWMutex    // guards sources and models
+	sources map[string]bool // replicas whose events have arrived
+	models  map[string]string
 }
 
 var _ kvevents.Handler = (*preciseIndex)(nil)

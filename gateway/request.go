@@ -122,9 +122,10 @@ func parseRequest(kind apiKind, h http.Header, body []byte, scope string) (*requ
 		default:
 			return nil, badRequest("prompt", "prompt must be a non-empty string or array")
 		}
-		// Completions carry no roles: the opening is the prompt's start.
-		p := r.prompt.Raw
-		opening = []byte(p[:min(len(p), 1024)])
+		// Completions carry no roles, so no opening can be told from the
+		// rest: keying on the prompt's start would merge every request
+		// that shares a system prompt into one session. They are sessions
+		// only when the client names one; prefix routing still applies.
 	}
 	r.session = session.Identify(scope, h, session.Body{
 		SessionID:        root.Get("session_id").String(),

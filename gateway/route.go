@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
+
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/session"
@@ -41,12 +43,13 @@ const (
 	reasonRaced  = "raced" // another gateway bound the session first
 )
 
-// Rebind reasons, as counted in warmpath_session_rebinds_total.
+// Rebind reasons, as counted in warmpath_session_rebinds_total: those of
+// scoring.Stick, and unhealthy (bound replica still a member, but down).
 const (
-	rebindGone      = "gone"
 	rebindUnhealthy = "unhealthy"
-	rebindSaturated = "saturated"
-	rebindEvicted   = "evicted"
+	rebindDiverged  = "diverged" // the turn does not continue the bound conversation
+	rebindSaturated = scoring.RebindSaturated
+	rebindEvicted   = scoring.RebindEvicted
 )
 
 // route decides where r goes. For sticky policies a session stays on its
@@ -74,25 +77,6 @@ func (g *Gateway) route(ctx context.Context, r *request) (*plan, error) {
 		bind, bound = b, ok
 	}
 
-	if pol.Sticky && bound {
-		rep := findReplica(eligible, bind.Replica)
-		switch {
-		case rep == nil && g.fleet.Replica(bind.Replica) != nil:
-			p.rebind = rebindUnhealthy
-		case rep == nil:
-			p.rebind = rebindGone
-		default:
-			if sat, _ := rep.Saturated(now); sat {
-				p.rebind = rebindSaturated
-			} else if !g.stillHolds(rep, bind) {
-				p.rebind = rebindEvicted
-			} else {
-				g.routeSticky(ctx, p, r, rep, eligible, key, bind, now)
-				return p, nil
-			}
-		}
-	}
-
 	names := make([]string, len(eligible))
 	p.eps = make([]scoring.Endpoint, len(eligible))
 	for i, rep := range eligible {
@@ -109,6 +93,28 @@ func (g *Gateway) route(ctx context.Context, r *request) (*plan, error) {
 			Saturated:             sat,
 		}
 	}
+	var text []byte // the conversation text, for sticky policies
+	if pol.Sticky {
+		text = r.approxText()
+	}
+	if pol.Sticky && bound && !continues(text, bind) {
+		// The key is shared by another conversation (identical openings):
+		// score this one on its own prefix.
+		p.rebind = rebindDiverged
+		bound = false
+	}
+	if pol.Sticky && bound {
+		i, why := scoring.Stick(bind.Replica, p.eps, func(i int) bool { return g.stillHolds(eligible[i], bind) })
+		if i >= 0 {
+			g.routeSticky(ctx, p, r, eligible[i], eligible, key, bind, now)
+			return p, nil
+		}
+		p.rebind = why
+		if why == scoring.RebindGone && g.fleet.Replica(bind.Replica) != nil {
+			p.rebind = rebindUnhealthy
+		}
+	}
+
 	sr := &scoring.Request{Model: r.model, SessionKey: key, PromptTokens: p.promptTokens}
 	if bound {
 		sr.Bound = bind.Replica
@@ -151,10 +157,13 @@ func (g *Gateway) route(ctx context.Context, r *request) (*plan, error) {
 	}
 	if key != "" && g.tracksSessions() {
 		nb := session.Binding{Replica: chosen, PromptTokens: p.promptTokens, PromptBytes: r.textBytes, Turns: bind.Turns + 1}
+		if text != nil {
+			nb.TextLen, nb.TextHash = len(text), xxhash.Sum64(text)
+		}
 		if len(keys) > 0 {
 			nb.TipKey, nb.TipDepth = keys[len(keys)-1], len(keys)
 		}
-		won, err := g.sessions.Remember(ctx, key, nb, !bound)
+		won, err := g.sessions.Remember(ctx, key, nb, !bound && p.rebind == "")
 		switch {
 		case err != nil:
 			g.m.redisErrors.WithLabelValues("remember").Inc()
@@ -215,6 +224,16 @@ func (g *Gateway) routeSticky(ctx context.Context, p *plan, r *request, rep *fle
 		}
 	}
 	_ = g.resolveURLs(p)
+}
+
+// continues reports whether text continues the conversation the binding
+// fingerprinted: it starts with the same TextLen bytes. Bindings without a
+// fingerprint continue anything.
+func continues(text []byte, b session.Binding) bool {
+	if b.TextLen == 0 {
+		return true
+	}
+	return len(text) >= b.TextLen && xxhash.Sum64(text[:b.TextLen]) == b.TextHash
 }
 
 // tracksSessions reports whether the policy uses session bindings.

@@ -233,3 +233,34 @@ func TestTwoGatewaysRaceFirstTurn(t *testing.T) {
 		}
 	}
 }
+
+// A session key that spans unrelated conversations (here `user`, which
+// names a person, not a chat) does not glue them together: a turn that does
+// not continue the bound conversation is scored on its own prefix.
+func TestDivergedConversationsSharingAKey(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{Replicas: 4})
+	cfg := fleetConfig(sim)
+	cfg.Debug = true
+	rdb := redisFor(t, &cfg)
+	gw := startGateway(t, cfg, rdb)
+
+	a := newConversation(words("contract", 600), "summarize")
+	b := newConversation(words("recipe", 600), "translate")
+	a.extra = map[string]any{"user": "alice"}
+	b.extra = map[string]any{"user": "alice"}
+	a.turn(t, gw.URL, "more")
+	rb := b.turn(t, gw.URL, "more")
+	if got := rb.Header.Get("X-Warmpath-Rebind"); got != rebindDiverged {
+		t.Errorf("b's first turn: rebind %q; want %q (it does not continue a)", got, rebindDiverged)
+	}
+	if got := rb.Header.Get("X-Warmpath-Reason"); got == reasonSticky {
+		t.Errorf("b's first turn went sticky on a's binding")
+	}
+	// The key now fingerprints b: b continues sticky, a is rescored.
+	if r := b.turn(t, gw.URL, "again"); r.Header.Get("X-Warmpath-Reason") != reasonSticky || r.Usage.CachedTokens < 600 {
+		t.Errorf("b's next turn: reason %q, cached %d; want sticky and cached", r.Header.Get("X-Warmpath-Reason"), r.Usage.CachedTokens)
+	}
+	if r := a.turn(t, gw.URL, "again"); r.Header.Get("X-Warmpath-Rebind") != rebindDiverged || r.Usage.CachedTokens < 600 {
+		t.Errorf("a's next turn: rebind %q, cached %d; want diverged, and its prefix still found", r.Header.Get("X-Warmpath-Rebind"), r.Usage.CachedTokens)
+	}
+}

@@ -28,13 +28,22 @@ func (p *RoundRobin) Pick(_ *Request, eps []Endpoint, _ []float64, _ *rand.Rand)
 // Rendezvous ignores scores and orders endpoints by highest-random-weight
 // hashing of the request's session key with each endpoint's ID: a session
 // always maps to the same endpoint while it is present, and removing an
-// endpoint moves only the sessions that were on it.
+// endpoint moves only the sessions that were on it. Requests without a
+// session key go to a random endpoint (hashing the empty key would send
+// them all to one).
 type Rendezvous struct{}
 
 // Pick implements Picker.
-func (Rendezvous) Pick(r *Request, eps []Endpoint, _ []float64, _ *rand.Rand) []int {
-	weights := make([]uint64, len(eps))
+func (Rendezvous) Pick(r *Request, eps []Endpoint, _ []float64, rng *rand.Rand) []int {
 	order := make([]int, len(eps))
+	if r.SessionKey == "" {
+		for i := range order {
+			order[i] = i
+		}
+		shuffle(order, rng)
+		return order
+	}
+	weights := make([]uint64, len(eps))
 	var buf []byte
 	for i := range eps {
 		buf = append(buf[:0], r.SessionKey...)

@@ -173,6 +173,13 @@ func TestRendezvous(t *testing.T) {
 			}
 		}
 	}
+	keyless := map[string]int{}
+	for range 200 {
+		keyless[pick("", all)]++
+	}
+	if len(keyless) < 4 {
+		t.Errorf("keyless requests went to %d endpoints; want them spread: %v", len(keyless), keyless)
+	}
 	if moved != counts["r2"] {
 		t.Errorf("moved %d sessions; want exactly r2's %d", moved, counts["r2"])
 	}
@@ -242,5 +249,30 @@ func BenchmarkRouteWarmpath64(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		_, _ = p.Route(context.Background(), r, e, rng)
+	}
+}
+
+func TestStick(t *testing.T) {
+	e := []Endpoint{{ID: "a"}, {ID: "b", Saturated: true}, {ID: "c"}}
+	held := func(i int) bool { return i != 2 }
+	tests := []struct {
+		bound  string
+		holds  func(int) bool
+		want   int
+		reason string
+	}{
+		{"", nil, -1, ""},
+		{"a", nil, 0, ""},
+		{"a", held, 0, ""},
+		{"b", nil, -1, RebindSaturated},
+		{"c", held, -1, RebindEvicted},
+		{"c", nil, 2, ""},
+		{"zz", nil, -1, RebindGone},
+	}
+	for _, tt := range tests {
+		i, why := Stick(tt.bound, e, tt.holds)
+		if i != tt.want || why != tt.reason {
+			t.Errorf("Stick(%q) = %d, %q; want %d, %q", tt.bound, i, why, tt.want, tt.reason)
+		}
 	}
 }

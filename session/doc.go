@@ -6,7 +6,9 @@
 // x-session-affinity); the body's session_id or prompt_cache_key; the body's
 // user or safety_identifier; otherwise a hash of the conversation's opening
 // (system and developer messages, tools, first user message), so consecutive
-// turns share a key without any client cooperation.
+// chat turns share a key without any client cooperation. Completions
+// requests have no messages and so no opening: they are sessions only when
+// the client names one.
 //
 // A [Store] keeps each session's binding to a replica in Redis with a TTL,
 // shared by every gateway process, under the key prefix "<prefix>sess:". It

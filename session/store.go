@@ -25,6 +25,12 @@ type Binding struct {
 	// length in tokens and in bytes of text, whose ratio estimates later
 	// turns' lengths without tokenizing.
 	PromptTokens, PromptBytes int
+	// TextLen and TextHash fingerprint the conversation text of the last
+	// scored turn (its length and xxhash64): a later turn of the same
+	// conversation starts with exactly that text. A turn that does not is
+	// another conversation sharing the key, and is not routed as sticky.
+	TextLen  int
+	TextHash uint64
 	// Turns counts turns routed for the session.
 	Turns int
 	// Updated is when the binding was last written.
@@ -39,6 +45,8 @@ func (b Binding) encode() string {
 		strconv.Itoa(b.TipDepth),
 		strconv.Itoa(b.PromptTokens),
 		strconv.Itoa(b.PromptBytes),
+		strconv.Itoa(b.TextLen),
+		strconv.FormatUint(b.TextHash, 16),
 		strconv.Itoa(b.Turns),
 		strconv.FormatInt(b.Updated.UnixMilli(), 10),
 	}, "|")
@@ -46,7 +54,7 @@ func (b Binding) encode() string {
 
 func decode(s string) (Binding, error) {
 	f := strings.Split(s, "|")
-	if len(f) != 8 || f[0] != "1" {
+	if len(f) != 10 || f[0] != "1" {
 		return Binding{}, fmt.Errorf("session: malformed binding %q", s)
 	}
 	var b Binding
@@ -55,13 +63,16 @@ func decode(s string) (Binding, error) {
 	if b.TipKey, err = strconv.ParseUint(f[2], 16, 64); err != nil {
 		return Binding{}, fmt.Errorf("session: binding tip key: %w", err)
 	}
-	ints := []*int{&b.TipDepth, &b.PromptTokens, &b.PromptBytes, &b.Turns}
+	ints := map[int]*int{3: &b.TipDepth, 4: &b.PromptTokens, 5: &b.PromptBytes, 6: &b.TextLen, 8: &b.Turns}
 	for i, p := range ints {
-		if *p, err = strconv.Atoi(f[3+i]); err != nil {
-			return Binding{}, fmt.Errorf("session: binding field %d: %w", 3+i, err)
+		if *p, err = strconv.Atoi(f[i]); err != nil {
+			return Binding{}, fmt.Errorf("session: binding field %d: %w", i, err)
 		}
 	}
-	ms, err := strconv.ParseInt(f[7], 10, 64)
+	if b.TextHash, err = strconv.ParseUint(f[7], 16, 64); err != nil {
+		return Binding{}, fmt.Errorf("session: binding text hash: %w", err)
+	}
+	ms, err := strconv.ParseInt(f[9], 10, 64)
 	if err != nil {
 		return Binding{}, fmt.Errorf("session: binding time: %w", err)
 	}

@@ -33,6 +33,11 @@ type Config struct {
 	// (all interfaces, as vLLM's default tcp://*:5557); 0 binds ephemeral
 	// ports on Host.
 	KVPort int
+	// KVConnect, when set, makes every replica's PUB socket connect to this
+	// endpoint instead of binding one (llm-d's central topology: the router
+	// binds one SUB and the engines name themselves in the topic); KVPort
+	// is then unused and ReplicaInfo.KVEndpoint is empty.
+	KVConnect string
 	// ReplayPort: replica i binds its replay ROUTER at tcp://Host:(ReplayPort+i);
 	// 0 means KVPort+100 (ephemeral when KVPort is 0); -1 means no replay
 	// endpoint.
@@ -247,7 +252,11 @@ func Run(ctx context.Context, cfg Config, out io.Writer) error {
 		if replay == "" {
 			replay = "none"
 		}
-		fmt.Fprintf(out, "replica %d  http=%s  kv=%s  replay=%s  topic=%s\n", in.Index, in.URL, in.KVEndpoint, replay, in.Topic)
+		kv := in.KVEndpoint
+		if cfg.KVConnect != "" {
+			kv = "connect:" + cfg.KVConnect
+		}
+		fmt.Fprintf(out, "replica %d  http=%s  kv=%s  replay=%s  topic=%s\n", in.Index, in.URL, kv, replay, in.Topic)
 	}
 	return f.Run(ctx)
 }
@@ -255,9 +264,12 @@ func Run(ctx context.Context, cfg Config, out io.Writer) error {
 // endpoints computes replica i's listen addresses.
 func endpoints(cfg Config, i int) (httpAddr, pubEP, replayEP string) {
 	httpAddr = net.JoinHostPort(cfg.Host, strconv.Itoa(portOr0(cfg.HTTPPort, i)))
-	if cfg.KVPort == 0 {
+	switch {
+	case cfg.KVConnect != "":
+		pubEP = cfg.KVConnect
+	case cfg.KVPort == 0:
 		pubEP = "tcp://" + net.JoinHostPort(cfg.Host, "*")
-	} else {
+	default:
 		pubEP = "tcp://*:" + strconv.Itoa(cfg.KVPort+i)
 	}
 	switch {

@@ -106,12 +106,16 @@ func newReplica(cfg Config, zctx *zmq.Context, i int) (*Replica, error) {
 		ln.Close()
 		return nil, fmt.Errorf("vllmsim: replica %d: %w", i, err)
 	}
+	kvEndpoint := hostEndpoint(cfg.Host, pub.Endpoint())
+	if cfg.KVConnect != "" {
+		kvEndpoint = "" // the PUB connects; nothing to subscribe to here
+	}
 	r := &Replica{
 		info: ReplicaInfo{
 			Index:          i,
 			Name:           name,
 			URL:            "http://" + name,
-			KVEndpoint:     hostEndpoint(cfg.Host, pub.Endpoint()),
+			KVEndpoint:     kvEndpoint,
 			ReplayEndpoint: hostEndpoint(cfg.Host, pub.ReplayEndpoint()),
 			Topic:          topic,
 			Model:          cfg.Model,

@@ -21,6 +21,7 @@ func runSim(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.Host, "host", vllmsim.DefaultHost, "address to bind")
 	fs.IntVar(&cfg.HTTPPort, "http-port", 8100, "HTTP port of replica 0 (replica i uses port+i; 0 = ephemeral)")
 	fs.IntVar(&cfg.KVPort, "kv-port", 5557, "KV-event PUB port of replica 0 (binds tcp://*:port+i; 0 = ephemeral)")
+	fs.StringVar(&cfg.KVConnect, "kv-connect", "", "connect every replica's KV-event PUB to this endpoint (a gateway's central SUB) instead of binding")
 	fs.IntVar(&cfg.ReplayPort, "replay-port", 0, "replay ROUTER port of replica 0 (0 = kv-port+100, -1 = none)")
 	fs.Float64Var(&cfg.Speed, "speed", 1, "simulated seconds per real second")
 	fs.IntVar(&cfg.KVBlocks, "kv-blocks", 0, "KV-cache blocks per replica (0 = profile default, 19208)")

@@ -357,9 +357,8 @@ func normalizeSpec(s ReplicaSpec) (ReplicaSpec, error) {
 	if err := validateZMQ(s.ReplayEndpoint, s.DataParallelSize); err != nil {
 		return s, fmt.Errorf("replayEndpoint: %w", err)
 	}
-	if s.ReplayEndpoint != "" && s.KVEndpoint == "" {
-		return s, errors.New("replayEndpoint: set without kvEndpoint")
-	}
+	// A replay endpoint without a KV endpoint is the central topology: the
+	// engine's PUB connects to the gateway, its replay ROUTER still binds.
 	if kh, kp, ok := tcpHostPort(s.KVEndpoint); ok {
 		if rh, rp, ok := tcpHostPort(s.ReplayEndpoint); ok && kh == rh && portsOverlap(kp, rp, s.DataParallelSize) {
 			return s, fmt.Errorf("replayEndpoint: %q overlaps the KV endpoints of %d data-parallel ranks", s.ReplayEndpoint, max(s.DataParallelSize, 1))
@@ -443,10 +442,9 @@ func normalizeDNS(d DNSSpec) (DNSSpec, error) {
 	if d.ReplayPort < 0 || d.ReplayPort+span > 65535 {
 		return d, fmt.Errorf("replayPort: %d out of range 0..65535", d.ReplayPort)
 	}
-	if d.ReplayPort != 0 && d.KVPort == 0 {
-		return d, errors.New("replayPort: set without kvPort")
-	}
-	if d.ReplayPort != 0 && portsOverlap(d.KVPort, d.ReplayPort, d.DataParallelSize) {
+	// A replay port without a KV port is the central topology (engines
+	// connect to the gateway's bound SUB; replay still binds per pod).
+	if d.ReplayPort != 0 && d.KVPort != 0 && portsOverlap(d.KVPort, d.ReplayPort, d.DataParallelSize) {
 		return d, fmt.Errorf("replayPort: %d overlaps the KV ports %d..%d of %d data-parallel ranks",
 			d.ReplayPort, d.KVPort, d.KVPort+span, max(d.DataParallelSize, 1))
 	}

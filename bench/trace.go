@@ -1,0 +1,177 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/warmpath/warmpath/scoring/blockindex"
+	"github.com/warmpath/warmpath/vllmsim"
+)
+
+// Trace formats.
+const (
+	// FormatMooncake is the Mooncake trace: one {"timestamp" (ms),
+	// "input_length", "output_length", "hash_ids"} object a line, each hash
+	// id a block of MooncakeBlockTokens tokens.
+	FormatMooncake = "mooncake"
+	// FormatOpenAI is a log of OpenAI chat requests, one a line, each with
+	// a "timestamp" field in milliseconds; prompts are tokenized with the
+	// simulator's tokenizer and chat template.
+	FormatOpenAI = "openai"
+)
+
+// MooncakeBlockTokens is the number of tokens behind one Mooncake hash id.
+const MooncakeBlockTokens = 512
+
+// ChatBlockTokens is the block size used for tokenized chat logs.
+const ChatBlockTokens = 16
+
+// TraceRequest is one request of a trace.
+type TraceRequest struct {
+	// Arrival is the request's arrival time from the start of the trace.
+	Arrival time.Duration
+	// InputTokens and OutputTokens are the prompt and generation lengths.
+	InputTokens, OutputTokens int
+	// Blocks holds one key per full block of the prompt (and the trailing
+	// partial block, for Mooncake, whose hash ids cover it), chained, so two
+	// requests share a prefix of k blocks exactly when their first k keys
+	// are equal.
+	Blocks []uint64
+	// HashIDs are the Mooncake hash ids (nil for chat logs), from which
+	// replay builds deterministic prompt text.
+	HashIDs []int64
+	// Body is the original chat request (nil for Mooncake).
+	Body json.RawMessage
+}
+
+// Trace is a parsed request log.
+type Trace struct {
+	// Format is FormatMooncake or FormatOpenAI.
+	Format string
+	// BlockTokens is the number of tokens per block of Requests[i].Blocks.
+	BlockTokens int
+	// Requests are in arrival order.
+	Requests []TraceRequest
+}
+
+// ReadTraceFile reads a trace file; see ReadTrace.
+func ReadTraceFile(path string) (*Trace, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("bench: trace: %w", err)
+	}
+	defer f.Close()
+	return ReadTrace(f)
+}
+
+// maxTraceLine bounds one JSONL line (a chat request with a long history).
+const maxTraceLine = 64 << 20
+
+// ReadTrace reads a JSONL trace in either format, telling them apart by the
+// first line: a hash_ids field means Mooncake, a messages field a chat
+// log. Requests are sorted by arrival. A malformed line is an error naming
+// its line number.
+func ReadTrace(r io.Reader) (*Trace, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), maxTraceLine)
+	t := &Trace{}
+	line := 0
+	for sc.Scan() {
+		line++
+		raw := bytes.TrimSpace(sc.Bytes())
+		if len(raw) == 0 {
+			continue
+		}
+		var probe struct {
+			Timestamp    *float64        `json:"timestamp"`
+			InputLength  *int            `json:"input_length"`
+			OutputLength int             `json:"output_length"`
+			HashIDs      []int64         `json:"hash_ids"`
+			Messages     json.RawMessage `json:"messages"`
+			Tools        json.RawMessage `json:"tools"`
+			MaxTokens    int             `json:"max_tokens"`
+			MaxComplete  int             `json:"max_completion_tokens"`
+		}
+		if err := json.Unmarshal(raw, &probe); err != nil {
+			return nil, fmt.Errorf("bench: trace line %d: %w", line, err)
+		}
+		if t.Format == "" {
+			switch {
+			case probe.HashIDs != nil || probe.InputLength != nil:
+				t.Format, t.BlockTokens = FormatMooncake, MooncakeBlockTokens
+			case probe.Messages != nil:
+				t.Format, t.BlockTokens = FormatOpenAI, ChatBlockTokens
+			default:
+				return nil, fmt.Errorf("bench: trace line %d: neither a Mooncake record (hash_ids) nor a chat request (messages)", line)
+			}
+		}
+		if probe.Timestamp == nil || *probe.Timestamp < 0 {
+			return nil, fmt.Errorf("bench: trace line %d: missing or negative timestamp", line)
+		}
+		req := TraceRequest{Arrival: time.Duration(*probe.Timestamp * float64(time.Millisecond))}
+		switch t.Format {
+		case FormatMooncake:
+			if probe.InputLength == nil || *probe.InputLength <= 0 || len(probe.HashIDs) == 0 {
+				return nil, fmt.Errorf("bench: trace line %d: a Mooncake record needs input_length > 0 and hash_ids", line)
+			}
+			if want := (*probe.InputLength + MooncakeBlockTokens - 1) / MooncakeBlockTokens; len(probe.HashIDs) != want {
+				return nil, fmt.Errorf("bench: trace line %d: %d hash_ids for %d input tokens; want %d", line, len(probe.HashIDs), *probe.InputLength, want)
+			}
+			req.InputTokens, req.OutputTokens = *probe.InputLength, probe.OutputLength
+			req.HashIDs = probe.HashIDs
+			req.Blocks = chainIDs(probe.HashIDs)
+		case FormatOpenAI:
+			if probe.Messages == nil {
+				return nil, fmt.Errorf("bench: trace line %d: chat request without messages", line)
+			}
+			var msgs []vllmsim.Message
+			if err := json.Unmarshal(probe.Messages, &msgs); err != nil {
+				return nil, fmt.Errorf("bench: trace line %d: messages: %w", line, err)
+			}
+			var tools []vllmsim.Tool
+			if len(probe.Tools) > 0 && string(probe.Tools) != "null" {
+				if err := json.Unmarshal(probe.Tools, &tools); err != nil {
+					return nil, fmt.Errorf("bench: trace line %d: tools: %w", line, err)
+				}
+			}
+			tokens := vllmsim.TokenizeChat(msgs, tools, true)
+			req.InputTokens = len(tokens)
+			req.OutputTokens = max(probe.MaxComplete, probe.MaxTokens)
+			req.Blocks = blockindex.Hasher{BlockSize: ChatBlockTokens}.AppendKeys(nil, tokens, blockindex.Root{})
+			req.Body = slices.Clone(raw)
+		}
+		t.Requests = append(t.Requests, req)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("bench: trace line %d: %w", line+1, err)
+	}
+	if len(t.Requests) == 0 {
+		return nil, errors.New("bench: trace is empty")
+	}
+	slices.SortStableFunc(t.Requests, func(a, b TraceRequest) int { return int(a.Arrival - b.Arrival) })
+	return t, nil
+}
+
+// chainIDs turns Mooncake hash ids into chained block keys.
+func chainIDs(ids []int64) []uint64 {
+	out := make([]uint64, len(ids))
+	var buf [16]byte
+	var parent uint64
+	for i, id := range ids {
+		binary.LittleEndian.PutUint64(buf[:8], parent)
+		binary.LittleEndian.PutUint64(buf[8:], uint64(id))
+		parent = xxhash.Sum64(buf[:])
+		out[i] = parent
+	}
+	return out
+}

@@ -1,0 +1,114 @@
+package gateway
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The example configuration in deploy/ parses, validates and matches the
+// defaults it claims.
+func TestExampleConfig(t *testing.T) {
+	for _, path := range []string{"../deploy/warmpath.example.yaml", "../deploy/compose/warmpath.yaml"} {
+		c, err := LoadConfig(path, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		d := c.withDefaults()
+		if err := d.validate(); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+	}
+	c, _ := LoadConfig("../deploy/warmpath.example.yaml", nil)
+	def := Config{Replicas: c.Replicas}.withDefaults()
+	got := c.withDefaults()
+	if got.Routing.MaxInflightPrefillTokens != def.Routing.MaxInflightPrefillTokens ||
+		got.Routing.SessionTTL != def.Routing.SessionTTL ||
+		got.Routing.SpeculativeTTL != def.Routing.SpeculativeTTL ||
+		got.Health != def.Health ||
+		got.Redis.Timeout != def.Redis.Timeout ||
+		got.MaxBodyBytes != def.MaxBodyBytes ||
+		got.Routing.IndexMaxEntries != def.Routing.IndexMaxEntries {
+		t.Errorf("the example's stated defaults drifted from the code's:\nexample %+v\ncode    %+v", got.Routing, def.Routing)
+	}
+}
+
+func TestLoadConfigEnv(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "c.yaml")
+	if err := os.WriteFile(path, []byte("listen: 0.0.0.0:9000\nrouting:\n  policy: least-load\n  session_ttl: 5m\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{
+		"WARMPATH_POLICY":   "precise-prefix",
+		"WARMPATH_REPLICAS": "http://a:8000|tcp://a:5557|tcp://a:5558, http://b:8000",
+		"WARMPATH_DEBUG":    "true",
+		"WARMPATH_DEV_KEY":  "sk-x",
+	}
+	c, err := LoadConfig(path, func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Listen != "0.0.0.0:9000" || c.Routing.Policy != "precise-prefix" || c.Routing.SessionTTL != 5*time.Minute || !c.Debug || c.DevKey != "sk-x" {
+		t.Errorf("config = %+v", c)
+	}
+	if len(c.Replicas) != 2 || c.Replicas[0].KVEvents != "tcp://a:5557" || c.Replicas[0].KVReplay != "tcp://a:5558" || c.Replicas[1].URL != "http://b:8000" {
+		t.Errorf("replicas = %+v", c.Replicas)
+	}
+	if _, err := LoadConfig(path, func(k string) string {
+		if k == "WARMPATH_DEBUG" {
+			return "maybe"
+		}
+		return ""
+	}); err == nil || !strings.Contains(err.Error(), "WARMPATH_DEBUG") {
+		t.Errorf("bad WARMPATH_DEBUG: err = %v", err)
+	}
+}
+
+// Invalid configuration fails at start with a message naming the field.
+func TestConfigValidationNamesTheField(t *testing.T) {
+	good := ReplicaConfig{URL: "http://a:8000"}
+	tests := []struct {
+		name  string
+		yaml  string
+		cfg   Config
+		field string
+	}{
+		{name: "unknown yaml field", yaml: "listen: x\nroutng: {}\n", field: "routng"},
+		{name: "bad duration", yaml: "routing:\n  session_ttl: soon\n", field: "soon"},
+		{name: "bad listen", cfg: Config{Listen: "nope", Replicas: []ReplicaConfig{good}}, field: "listen"},
+		{name: "bad replica url", cfg: Config{Replicas: []ReplicaConfig{good, {URL: "10.0.0.7:8000"}}}, field: "replicas[1].url"},
+		{name: "duplicate replica", cfg: Config{Replicas: []ReplicaConfig{good, good}}, field: "replicas[1].name"},
+		{name: "bad kv endpoint", cfg: Config{Replicas: []ReplicaConfig{{URL: "http://a:1", KVEvents: "10.0.0.7:5557"}}}, field: "replicas[0].kv_events"},
+		{name: "bad policy", cfg: Config{Replicas: []ReplicaConfig{good}, Routing: RoutingConfig{Policy: "fastest"}}, field: "routing.policy"},
+		{name: "bad weight", cfg: Config{Replicas: []ReplicaConfig{good}, Routing: RoutingConfig{Weights: map[string]float64{"magic": 1}}}, field: "routing.weights"},
+		{name: "bad topology", cfg: Config{Replicas: []ReplicaConfig{good}, KVEvents: KVEventsConfig{Topology: "mesh"}}, field: "kv_events.topology"},
+		{name: "bad redis url", cfg: Config{Replicas: []ReplicaConfig{good}, Redis: RedisConfig{URL: "http://redis"}}, field: "redis.url"},
+		{name: "redis url and addrs", cfg: Config{Replicas: []ReplicaConfig{good}, Redis: RedisConfig{URL: "redis://r:6379", Addrs: []string{"r:6379"}}}, field: "redis"},
+		{name: "discovery without port", cfg: Config{Discovery: []DiscoveryConfig{{DNS: "vllm"}}}, field: "discovery[0].port"},
+		{name: "bad block size", cfg: Config{Replicas: []ReplicaConfig{good}, Routing: RoutingConfig{BlockSize: -1}}, field: "routing.block_size"},
+		{name: "bad kv usage", cfg: Config{Replicas: []ReplicaConfig{good}, Routing: RoutingConfig{MaxKVUsage: 2}}, field: "routing.max_kv_usage"},
+		{name: "bad sim", cfg: Config{Sim: SimConfig{Replicas: 500}}, field: "sim.replicas"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var err error
+			if tt.yaml != "" {
+				path := filepath.Join(t.TempDir(), "c.yaml")
+				os.WriteFile(path, []byte(tt.yaml), 0o600)
+				_, err = LoadConfig(path, nil)
+			} else {
+				c := tt.cfg.withDefaults()
+				err = c.validate()
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.field) {
+				t.Errorf("err = %v; want one naming %q", err, tt.field)
+			}
+		})
+	}
+	if _, err := New(Config{}, Options{}); err == nil {
+		t.Error("New with no fleet succeeded")
+	}
+}
