@@ -64,21 +64,7 @@ func (g *Gateway) runKVEvents(ctx context.Context) error {
 			if g.cfg.KVEvents.Topology != TopologyPerReplica {
 				continue
 			}
-			for _, src := range rep.Spec.KVSources() {
-				sub, err := kvevents.NewSubscriber(zctx, kvevents.SubscriberConfig{
-					Replica:        rep.Spec.Name,
-					Endpoint:       src.Endpoint,
-					ReplayEndpoint: src.ReplayEndpoint,
-					Handler:        g.index,
-					Metrics:        g.kvm,
-					Logger:         g.log.With("component", "kvevents", "replica", rep.Spec.Name, "rank", src.Rank),
-				})
-				if err != nil {
-					g.log.Error("cannot subscribe to KV events; routing to this replica is blind to its cache", "replica", rep.Spec.Name, "endpoint", src.Endpoint, "err", err)
-					continue
-				}
-				wg.Go(func() { g.keepRunning(rctx, rep.Spec.Name, sub.Run) })
-			}
+			wg.Go(func() { g.subscribe(rctx, zctx, rep) })
 		}
 		for rep, cancel := range subs {
 			if !live[rep] {
@@ -95,6 +81,54 @@ func (g *Gateway) runKVEvents(ctx context.Context) error {
 		return fmt.Errorf("gateway: watch fleet: %w", err)
 	}
 	return nil
+}
+
+// subscribe runs the KV-event subscribers of one replica (one per
+// data-parallel rank) until ctx ends. The replica's model roots its block
+// keys, so it is registered first: a replica without a configured model is
+// subscribed once /v1/models has named one.
+func (g *Gateway) subscribe(ctx context.Context, zctx *zmq.Context, rep *fleet.Replica) {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for !g.registerModel(rep) {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for _, src := range rep.Spec.KVSources() {
+		sub, err := kvevents.NewSubscriber(zctx, kvevents.SubscriberConfig{
+			Replica:        rep.Spec.Name,
+			Endpoint:       src.Endpoint,
+			ReplayEndpoint: src.ReplayEndpoint,
+			Handler:        g.index,
+			Metrics:        g.kvm,
+			Logger:         g.log.With("component", "kvevents", "replica", rep.Spec.Name, "rank", src.Rank),
+		})
+		if err != nil {
+			g.log.Error("cannot subscribe to KV events; routing to this replica is blind to its cache", "replica", rep.Spec.Name, "endpoint", src.Endpoint, "err", err)
+			continue
+		}
+		wg.Go(func() { g.keepRunning(ctx, rep.Spec.Name, sub.Run) })
+	}
+}
+
+// registerModel tells the index which model roots rep's block keys: the
+// configured one, or the first /v1/models named. It reports false while
+// neither is known.
+func (g *Gateway) registerModel(rep *fleet.Replica) bool {
+	model := rep.Spec.Model
+	if st := rep.State(); model == "" && len(st.Models) > 0 {
+		model = st.Models[0]
+	}
+	if model == "" {
+		return false
+	}
+	g.index.setModel(rep.Spec.Name, model)
+	return true
 }
 
 // keepRunning runs a subscriber until ctx ends, restarting it after an
@@ -124,14 +158,8 @@ func (g *Gateway) syncReplicas(ctx context.Context) {
 	defer t.Stop()
 	for {
 		for _, rep := range g.fleet.Snapshot().Replicas {
+			g.registerModel(rep) // models discovered later (central topology)
 			st := rep.State()
-			model := rep.Spec.Model
-			if model == "" && len(st.Models) > 0 {
-				model = st.Models[0]
-			}
-			if model != "" {
-				g.index.setModel(rep.Spec.Name, model)
-			}
 			g.approx.sizeTo(rep.Spec.Name, st.NumGPUBlocks*st.BlockSize)
 		}
 		select {

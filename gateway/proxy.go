@@ -245,6 +245,9 @@ func (g *Gateway) modifyResponse(resp *http.Response) error {
 			x.flight.Done()
 			if have {
 				g.m.account(g.tenant(x), x.req.model, got, x.predicted, g.cfg.Routing.BlockSize)
+				if err == nil {
+					g.rememberCompleted(x.plan, x.replica.Spec.Name, got)
+				}
 			}
 			if err != nil && !errors.Is(err, context.Canceled) && resp.Request.Context().Err() == nil {
 				// The stream broke after the first byte: too late to

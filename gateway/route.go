@@ -34,6 +34,10 @@ type plan struct {
 	rebind       string // why the session left its bound replica, "" if it did not
 	eps          []scoring.Endpoint
 	decision     *scoring.Decision
+	// session and binding are the session key and the binding in force
+	// after routing ("" and zero when the policy keeps no bindings).
+	session string
+	binding session.Binding
 }
 
 // Routing reasons, as counted in warmpath_routing_decisions_total.
@@ -164,6 +168,7 @@ func (g *Gateway) route(ctx context.Context, r *request) (*plan, error) {
 			nb.TipKey, nb.TipDepth = keys[len(keys)-1], len(keys)
 		}
 		won, err := g.sessions.Remember(ctx, key, nb, !bound && p.rebind == "")
+		p.session, p.binding = key, nb
 		switch {
 		case err != nil:
 			g.m.redisErrors.WithLabelValues("remember").Inc()
@@ -175,6 +180,7 @@ func (g *Gateway) route(ctx context.Context, r *request) (*plan, error) {
 				c := p.order[i]
 				p.order = slices.Insert(slices.Delete(p.order, i, i+1), 0, c)
 				p.reason = reasonRaced
+				p.binding = won
 			}
 		}
 		switch {
@@ -200,7 +206,12 @@ func (g *Gateway) routeSticky(ctx context.Context, p *plan, r *request, rep *fle
 		// Scale this turn's text by the session's measured tokens per byte.
 		p.promptTokens = max(1, int(int64(r.textBytes)*int64(bind.PromptTokens)/int64(bind.PromptBytes)))
 	}
-	predicted := min(bind.TipDepth*g.cfg.Routing.BlockSize, max(0, p.promptTokens-1))
+	// A continuing turn's prompt holds at least what the replica caches of
+	// the conversation, plus the new message.
+	p.promptTokens = max(p.promptTokens, bind.CachedTokens+1)
+	known := max(bind.TipDepth*g.cfg.Routing.BlockSize, bind.CachedTokens)
+	predicted := min(known/g.cfg.Routing.BlockSize*g.cfg.Routing.BlockSize, max(0, p.promptTokens-1))
+	p.session, p.binding = key, bind
 	p.order = append(p.order, candidate{replica: rep, predicted: predicted})
 	rest := make([]*fleet.Replica, 0, len(eligible)-1)
 	for _, e := range eligible {
@@ -224,6 +235,23 @@ func (g *Gateway) routeSticky(ctx context.Context, p *plan, r *request, rep *fle
 		}
 	}
 	_ = g.resolveURLs(p)
+}
+
+// rememberCompleted records, after a turn completed on replica, what the
+// replica now holds of the session, so the next sticky turn predicts its
+// cache hit without tokenizing. It runs after the response, off the
+// request's context.
+func (g *Gateway) rememberCompleted(p *plan, replica string, u usage) {
+	if p.session == "" || p.binding.Replica != replica || u.PromptTokens == 0 {
+		return
+	}
+	b := p.binding
+	b.CachedTokens = u.PromptTokens + max(0, u.CompletionTokens-1)
+	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Redis.Timeout)
+	defer cancel()
+	if _, err := g.sessions.Remember(ctx, p.session, b, false); err != nil {
+		g.m.redisErrors.WithLabelValues("remember").Inc()
+	}
 }
 
 // continues reports whether text continues the conversation the binding

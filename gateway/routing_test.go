@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strconv"
 	"testing"
 	"time"
 
@@ -39,6 +40,12 @@ func TestSessionSticks(t *testing.T) {
 		}
 		if r.Usage.CachedTokens < 800 {
 			t.Errorf("turn %d cached %d of %d prompt tokens; want the conversation so far", i+1, r.Usage.CachedTokens, r.Usage.PromptTokens)
+		}
+		// Without tokenizing, the prediction still tracks the growing
+		// conversation: the last turn's prompt and reply.
+		predicted, _ := strconv.Atoi(r.Header.Get("X-Warmpath-Predicted-Cached"))
+		if d := predicted - r.Usage.CachedTokens; d < -16 || d > 16 {
+			t.Errorf("turn %d predicted %d cached tokens; the replica reported %d", i+1, predicted, r.Usage.CachedTokens)
 		}
 	}
 	if got := counter(t, gw.reg, "warmpath_tokenizer_avoided_total", nil); got != 5 {

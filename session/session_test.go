@@ -68,7 +68,7 @@ func TestIdentify(t *testing.T) {
 }
 
 func TestBindingEncoding(t *testing.T) {
-	b := Binding{Replica: "10.0.0.7:8000", TipKey: 0xfedcba9876543210, TipDepth: 931, PromptTokens: 15000, PromptBytes: 61000, TextLen: 59000, TextHash: 0xabcdef0123456789, Turns: 12, Updated: time.UnixMilli(1789095808123)}
+	b := Binding{Replica: "10.0.0.7:8000", TipKey: 0xfedcba9876543210, TipDepth: 931, PromptTokens: 15000, PromptBytes: 61000, TextLen: 59000, TextHash: 0xabcdef0123456789, CachedTokens: 15400, Turns: 12, Updated: time.UnixMilli(1789095808123)}
 	got, err := decode(b.encode())
 	if err != nil {
 		t.Fatal(err)
@@ -76,7 +76,7 @@ func TestBindingEncoding(t *testing.T) {
 	if got != b {
 		t.Errorf("round trip = %+v; want %+v", got, b)
 	}
-	for _, bad := range []string{"", "1|a", "2|r|0|0|0|0|0|0|0|0", "1|r|zz|0|0|0|0|0|0|0", "1|r|0|x|0|0|0|0|0|0", "1|r|0|0|0|0|0|q|0|0", "1|r|0|0|0|0|0|0|0|t", "1|r|0|0|0|0|0|0|0"} {
+	for _, bad := range []string{"", "1|a", "2|r|0|0|0|0|0|0|0|0|0", "1|r|zz|0|0|0|0|0|0|0|0", "1|r|0|x|0|0|0|0|0|0|0", "1|r|0|0|0|0|0|q|0|0|0", "1|r|0|0|0|0|0|0|y|0|0", "1|r|0|0|0|0|0|0|0|0|t", "1|r|0|0|0|0|0|0|0|0"} {
 		if _, err := decode(bad); err == nil {
 			t.Errorf("decode(%q) succeeded", bad)
 		}

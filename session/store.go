@@ -31,6 +31,10 @@ type Binding struct {
 	// another conversation sharing the key, and is not routed as sticky.
 	TextLen  int
 	TextHash uint64
+	// CachedTokens is how many tokens of the conversation the replica is
+	// believed to hold after the last completed turn: that turn's prompt
+	// plus all but the last generated token (whose KV was never computed).
+	CachedTokens int
 	// Turns counts turns routed for the session.
 	Turns int
 	// Updated is when the binding was last written.
@@ -47,6 +51,7 @@ func (b Binding) encode() string {
 		strconv.Itoa(b.PromptBytes),
 		strconv.Itoa(b.TextLen),
 		strconv.FormatUint(b.TextHash, 16),
+		strconv.Itoa(b.CachedTokens),
 		strconv.Itoa(b.Turns),
 		strconv.FormatInt(b.Updated.UnixMilli(), 10),
 	}, "|")
@@ -54,7 +59,7 @@ func (b Binding) encode() string {
 
 func decode(s string) (Binding, error) {
 	f := strings.Split(s, "|")
-	if len(f) != 10 || f[0] != "1" {
+	if len(f) != 11 || f[0] != "1" {
 		return Binding{}, fmt.Errorf("session: malformed binding %q", s)
 	}
 	var b Binding
@@ -63,7 +68,7 @@ func decode(s string) (Binding, error) {
 	if b.TipKey, err = strconv.ParseUint(f[2], 16, 64); err != nil {
 		return Binding{}, fmt.Errorf("session: binding tip key: %w", err)
 	}
-	ints := map[int]*int{3: &b.TipDepth, 4: &b.PromptTokens, 5: &b.PromptBytes, 6: &b.TextLen, 8: &b.Turns}
+	ints := map[int]*int{3: &b.TipDepth, 4: &b.PromptTokens, 5: &b.PromptBytes, 6: &b.TextLen, 8: &b.CachedTokens, 9: &b.Turns}
 	for i, p := range ints {
 		if *p, err = strconv.Atoi(f[i]); err != nil {
 			return Binding{}, fmt.Errorf("session: binding field %d: %w", i, err)
@@ -72,7 +77,7 @@ func decode(s string) (Binding, error) {
 	if b.TextHash, err = strconv.ParseUint(f[7], 16, 64); err != nil {
 		return Binding{}, fmt.Errorf("session: binding text hash: %w", err)
 	}
-	ms, err := strconv.ParseInt(f[9], 10, 64)
+	ms, err := strconv.ParseInt(f[10], 10, 64)
 	if err != nil {
 		return Binding{}, fmt.Errorf("session: binding time: %w", err)
 	}

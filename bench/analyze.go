@@ -1,0 +1,1165 @@
+package bench
+
+import (
+	"cmp"
+	"container/heap"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/scoring"
+	"github.com/warmpath/warmpath/scoring/blockindex"
+	"github.com/warmpath/warmpath/session"
+	"github.com/warmpath/warmpath/vllmsim"
+)
+
+// Defaults of AnalyzeConfig.
+const (
+	// DefaultAnalyzeWindow is the ceiling's window when AnalyzeConfig.Window
+	// is nil.
+	DefaultAnalyzeWindow = 10 * time.Minute
+	// DefaultAnalyzeReplicas is the simulated fleet size.
+	DefaultAnalyzeReplicas = 8
+	// DefaultPrefillTokensPerSec is each simulated replica's prefill rate:
+	// that of vllmsim's default profile (Qwen3-32B on 2×H100,
+	// PrefillPerToken = 1s ÷ 15,000).
+	DefaultPrefillTokensPerSec = 15000
+)
+
+// Constants of the simulated fleet, mirrored from the gateway and vllmsim.
+const (
+	// decodeTokenTime is the time a simulated replica spends per generated
+	// token: vllmsim's default profile takes about 15 ms per decode step
+	// with 32 sequences of 4k context (vllmsim/profile.go).
+	decodeTokenTime = 15 * time.Millisecond
+	// satWaiting, satKVUsage and satPrefillTokens are the thresholds at
+	// which the gateway calls a replica saturated: the defaults of
+	// routing.max_waiting and routing.max_kv_usage (fleet.DefaultMaxWaiting
+	// and fleet.DefaultMaxKVUsage) and of
+	// routing.max_inflight_prefill_tokens (65,536, set in
+	// gateway/config.go's withDefaults, not exported).
+	satWaiting       = fleet.DefaultMaxWaiting
+	satKVUsage       = fleet.DefaultMaxKVUsage
+	satPrefillTokens = 65536
+	// sessionTTL is how long a session binding outlives its last refresh:
+	// the default of the gateway's routing.session_ttl.
+	sessionTTL = 30 * time.Minute
+	// analyzeModel is the model name every simulated request asks for.
+	analyzeModel = vllmsim.DefaultModel
+)
+
+// AnalyzeConfig configures Analyze. Only Trace is required; every other
+// field has a default.
+type AnalyzeConfig struct {
+	// Trace is the request log to replay.
+	Trace *Trace
+	// Window is the ceiling's window (see Ceiling): nil means
+	// DefaultAnalyzeWindow (10m), a zero duration means unlimited.
+	Window *time.Duration
+	// Replicas is the simulated fleet size; 0 means DefaultAnalyzeReplicas
+	// (8).
+	Replicas int
+	// CacheBlocks lists the per-replica prefix-cache sizes to sweep, in
+	// trace blocks; nil means ¼×, ½×, 1×, 2× and 4× the KV capacity of
+	// vllmsim's default profile (307,328 tokens: 150, 300, 600, 1,200 and
+	// 2,400 blocks of a Mooncake trace).
+	CacheBlocks []int
+	// Policies lists the routing policies to compare; nil means
+	// scoring.Policies().
+	Policies []string
+	// PrefillTokensPerSec is each replica's prefill rate; 0 means
+	// DefaultPrefillTokensPerSec (15,000).
+	PrefillTokensPerSec float64
+	// TimeScale multiplies arrival times: 0.5 replays the trace twice as
+	// dense, 2 half as dense; 0 means 1 (as recorded). The ceiling's window
+	// applies to the scaled times.
+	TimeScale float64
+	// Seed seeds the random tie-breaks; every policy and cache size gets
+	// the same seed.
+	Seed int64
+}
+
+// AnalyzeReport is the outcome of Analyze.
+type AnalyzeReport struct {
+	// Format and BlockTokens describe the trace.
+	Format      string
+	BlockTokens int
+	// Window is the ceiling's window, 0 for unlimited.
+	Window time.Duration
+	// Ceiling is the prefix-reuse ceiling within Window; CeilingUnlimited
+	// the one with no window, which no cache of any size can beat.
+	Ceiling, CeilingUnlimited CeilingResult
+	// Requests and PromptTokens size the trace.
+	Requests     int
+	PromptTokens int64
+	// Replicas, PrefillTokensPerSec and TimeScale are the simulated fleet's
+	// settings, defaults filled in.
+	Replicas            int
+	PrefillTokensPerSec float64
+	TimeScale           float64
+	// PooledLRU has one entry per cache size: the yardstick for a finite
+	// cache (see PooledLRUResult).
+	PooledLRU []PooledLRUResult
+	// Results has one entry per (policy, cache size), policies in the
+	// configured order, cache sizes ascending within each.
+	Results []AnalyzeResult
+}
+
+// PooledLRUResult is the cached fraction of one LRU cache holding the whole
+// fleet's Replicas × CacheBlocks blocks and seeing every request: what a
+// router could expect if it could make the fleet's caches act as one. It is
+// the yardstick at a finite cache size, where the ceiling (an unbounded
+// cache) is out of reach for any router; it is not a strict bound (LRU is
+// not an optimal eviction policy, and separate caches can occasionally
+// beat a pooled one).
+type PooledLRUResult struct {
+	// CacheBlocks is the per-replica cache size; the pooled LRU holds
+	// Replicas times as many blocks.
+	CacheBlocks int `json:"cache_blocks"`
+	// CachedFraction is the pooled LRU's share of prompt tokens cached.
+	CachedFraction float64 `json:"cached_fraction"`
+}
+
+// AnalyzeResult is one policy's outcome at one cache size.
+type AnalyzeResult struct {
+	// Policy and CacheBlocks identify the run.
+	Policy      string `json:"policy"`
+	CacheBlocks int    `json:"cache_blocks"`
+	// CachedFraction is the share of prompt tokens served from the chosen
+	// replica's cache: Σ cached ÷ Σ prompt tokens.
+	CachedFraction float64 `json:"cached_fraction"`
+	// CeilingShare is CachedFraction ÷ the report's Ceiling.Fraction, and
+	// PooledShare CachedFraction ÷ the pooled LRU's at the same cache size.
+	CeilingShare float64 `json:"ceiling_share"`
+	PooledShare  float64 `json:"pooled_share"`
+	// Imbalance is max ÷ mean over replicas of the prefill tokens each
+	// computed (1 is perfectly even; 8 on 8 replicas is all on one).
+	Imbalance float64 `json:"imbalance"`
+	// CachedTokens is the numerator of CachedFraction.
+	CachedTokens int64 `json:"cached_tokens"`
+	// ReplicaPrefillTokens holds each replica's computed prefill tokens.
+	ReplicaPrefillTokens []int64 `json:"replica_prefill_tokens"`
+	// MeanQueueSeconds, P99QueueSeconds and MaxQueueSeconds describe each
+	// request's wait before its prefill started.
+	MeanQueueSeconds float64 `json:"mean_queue_s"`
+	P99QueueSeconds  float64 `json:"p99_queue_s"`
+	MaxQueueSeconds  float64 `json:"max_queue_s"`
+	// SaturatedShare is the fraction of requests routed to a replica that
+	// was saturated at the time.
+	SaturatedShare float64 `json:"saturated_share"`
+	// StickyShare is the fraction of requests routed by the sticky fast
+	// path (sticky policies only).
+	StickyShare float64 `json:"sticky_share"`
+	// Rebinds counts sessions moved off their bound replica, by reason:
+	// scoring's "saturated" and "evicted", and "rescored" when scoring
+	// chose another replica for a bound session.
+	Rebinds map[string]int64 `json:"rebinds,omitempty"`
+	// PredictedTokens is Σ of what the router believed the chosen replica
+	// held (for policies that predict), to compare with CachedTokens.
+	PredictedTokens int64 `json:"predicted_tokens"`
+}
+
+// Analyze replays cfg.Trace offline through the gateway's own routing code
+// against simulated replicas, once per (policy, cache size), each on a
+// fresh fleet, and reports how much of the prompts each policy served from
+// cache and how evenly it spread the prefill work, against the trace's
+// prefix-reuse ceiling.
+//
+// # Model
+//
+// Each replica holds an LRU of CacheBlocks block keys (vLLM's prefix cache
+// at block granularity). A request hits the longest run of its keys from
+// block 0 held by the replica it is routed to; routing it then touches all
+// its keys, deepest first (vLLM frees a request's blocks tail first, so
+// shared beginnings outlive the conversations hanging from them), evicting
+// the least recently used. Blocks enter the cache at routing time, as if
+// the prefill completed at once, and stay evictable even while a request
+// runs.
+//
+// Each replica is a FIFO queue of uncached prompt tokens drained at
+// PrefillTokensPerSec, followed by a decode phase of OutputTokens × 15 ms
+// that overlaps other requests (decode costs no prefill capacity). The
+// scorers see, per replica: Waiting = routed requests whose prefill has not
+// started (vLLM's waiting queue); Running = those prefilling or decoding;
+// InflightRequests = all unfinished; InflightPrefillTokens = the gateway's
+// estimate (prompt minus predicted hit) of the prefill work routed there
+// that has no first token yet, as gateway/proxy.go counts it; KVUsage =
+// the blocks referenced by running requests (distinct prompt blocks plus
+// each one's output blocks) ÷ CacheBlocks, which is what vLLM and vllmsim
+// report (an LRU prefix cache is always nearly full, so its occupancy
+// would tell replicas apart only during warm-up);
+// Saturated = Waiting ≥ 8, KVUsage ≥ 0.95 or InflightPrefillTokens ≥ 65,536,
+// the gateway's defaults.
+//
+// Routing mirrors gateway/route.go: precise policies see the replicas'
+// LRUs exactly (a perfectly synchronised KV-event index), capped at
+// InputTokens−1; approximate policies use a blockindex.Approx sized to
+// CacheBlocks per replica and fed every decision (trace block keys stand in
+// for its text chunks); sticky policies keep a session on its bound replica
+// while scoring.Stick allows, with the binding's tip (the last full block
+// of the session's last scored turn; sticky turns do not move it) as the
+// evidence the replica still holds the conversation, and predict TipDepth
+// blocks for such turns, as the gateway does. Session keys come from session.Identify over the request body for
+// chat logs; a Mooncake request carries no session, so its key is its
+// block-1 key, the chain over the common system prompt and the
+// conversation's first block. Every request asks for the same model and
+// PromptTokens is exact (the gateway estimates it from text before
+// tokenizing; a trace has no text to estimate from).
+//
+// Not simulated: decode interference with prefill, chunked-prefill
+// batching, preemption, failures and retries, several gateways, metric
+// staleness and KV-event lag.
+func Analyze(ctx context.Context, cfg AnalyzeConfig) (*AnalyzeReport, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	t := cfg.Trace
+	window := *cfg.Window
+	rep := &AnalyzeReport{
+		Format:              t.Format,
+		BlockTokens:         t.BlockTokens,
+		Window:              window,
+		Requests:            len(t.Requests),
+		Replicas:            cfg.Replicas,
+		PrefillTokensPerSec: cfg.PrefillTokensPerSec,
+		TimeScale:           cfg.TimeScale,
+	}
+	// Scaling arrivals by s scales their gaps by s: a window w over scaled
+	// times is a window w/s over recorded ones.
+	scaled := window
+	if window > 0 {
+		scaled = max(1, time.Duration(float64(window)/cfg.TimeScale))
+	}
+	rep.Ceiling = Ceiling(t.Requests, t.BlockTokens, scaled)
+	rep.CeilingUnlimited = Ceiling(t.Requests, t.BlockTokens, 0)
+	rep.PromptTokens = rep.Ceiling.PromptTokens
+
+	in, err := newSimInput(t, cfg)
+	if err != nil {
+		return nil, err
+	}
+	fl := newSimFleet(cfg.Replicas, in.universe, cfg.PrefillTokensPerSec)
+	pooled := map[int]float64{}
+	for _, cb := range cfg.CacheBlocks {
+		pooled[cb] = pooledLRU(in, cfg.Replicas*cb, rep.PromptTokens)
+		rep.PooledLRU = append(rep.PooledLRU, PooledLRUResult{CacheBlocks: cb, CachedFraction: pooled[cb]})
+	}
+	for _, name := range cfg.Policies {
+		for _, cb := range cfg.CacheBlocks {
+			if err := ctx.Err(); err != nil {
+				return nil, fmt.Errorf("bench: analyze: %w", err)
+			}
+			pol, err := scoring.NewPolicy(name, nil)
+			if err != nil {
+				return nil, fmt.Errorf("bench: analyze: %w", err)
+			}
+			res, err := simulate(ctx, pol, cb, in, fl, cfg.Seed)
+			if err != nil {
+				return nil, err
+			}
+			res.CeilingShare = ratioF(res.CachedFraction, rep.Ceiling.Fraction)
+			res.PooledShare = ratioF(res.CachedFraction, pooled[cb])
+			rep.Results = append(rep.Results, res)
+		}
+	}
+	return rep, nil
+}
+
+// withDefaults fills c's zero fields and validates it.
+func (c AnalyzeConfig) withDefaults() (AnalyzeConfig, error) {
+	if c.Trace == nil || len(c.Trace.Requests) == 0 {
+		return c, errors.New("bench: analyze: no trace, or an empty one")
+	}
+	if c.Trace.BlockTokens <= 0 {
+		return c, fmt.Errorf("bench: analyze: trace block size %d is not positive", c.Trace.BlockTokens)
+	}
+	if c.Window == nil {
+		w := DefaultAnalyzeWindow
+		c.Window = &w
+	}
+	if *c.Window < 0 {
+		return c, fmt.Errorf("bench: analyze: negative window %v", *c.Window)
+	}
+	if c.Replicas == 0 {
+		c.Replicas = DefaultAnalyzeReplicas
+	}
+	if c.Replicas < 1 || c.Replicas > 1024 {
+		return c, fmt.Errorf("bench: analyze: %d replicas is not in [1, 1024]", c.Replicas)
+	}
+	if c.CacheBlocks == nil {
+		c.CacheBlocks = DefaultCacheBlocks(c.Trace.BlockTokens)
+	}
+	if len(c.CacheBlocks) == 0 {
+		return c, errors.New("bench: analyze: no cache size to sweep")
+	}
+	c.CacheBlocks = slices.Clone(c.CacheBlocks)
+	slices.Sort(c.CacheBlocks)
+	c.CacheBlocks = slices.Compact(c.CacheBlocks)
+	if c.CacheBlocks[0] < 1 {
+		return c, fmt.Errorf("bench: analyze: cache size %d blocks is not positive", c.CacheBlocks[0])
+	}
+	if c.Policies == nil {
+		c.Policies = scoring.Policies()
+	}
+	if len(c.Policies) == 0 {
+		return c, errors.New("bench: analyze: no policy to compare")
+	}
+	for _, name := range c.Policies {
+		if _, err := scoring.NewPolicy(name, nil); err != nil {
+			return c, fmt.Errorf("bench: analyze: %w", err)
+		}
+	}
+	if c.PrefillTokensPerSec == 0 {
+		c.PrefillTokensPerSec = DefaultPrefillTokensPerSec
+	}
+	if !(c.PrefillTokensPerSec > 0) || math.IsInf(c.PrefillTokensPerSec, 0) {
+		return c, fmt.Errorf("bench: analyze: prefill rate %v is not a positive number", c.PrefillTokensPerSec)
+	}
+	if c.TimeScale == 0 {
+		c.TimeScale = 1
+	}
+	if !(c.TimeScale > 0) || math.IsInf(c.TimeScale, 0) {
+		return c, fmt.Errorf("bench: analyze: time scale %v is not a positive number", c.TimeScale)
+	}
+	return c, nil
+}
+
+// DefaultCacheBlocks returns the cache sizes Analyze sweeps by default for
+// a trace of blockTokens-token blocks: ¼×, ½×, 1×, 2× and 4× the KV
+// capacity of vllmsim's default profile, in blocks.
+func DefaultCacheBlocks(blockTokens int) []int {
+	p := vllmsim.DefaultProfile()
+	one := max(1, p.KVBlocks*p.BlockSize/max(1, blockTokens))
+	return []int{max(1, one/4), max(1, one/2), one, 2 * one, 4 * one}
+}
+
+// simInput is the trace prepared once for every simulated run.
+type simInput struct {
+	blockTokens int
+	reqs        []TraceRequest
+	// arrival is each request's scaled arrival time in seconds.
+	arrival []float64
+	// ids holds each request's block keys as dense ids in [0, universe),
+	// and approxKeys the same ids as non-zero keys for a
+	// blockindex.Approx.
+	ids        [][]int32
+	approxKeys [][]uint64
+	universe   int
+	// sessions holds each request's session key, "" for none.
+	sessions []string
+}
+
+func newSimInput(t *Trace, cfg AnalyzeConfig) (*simInput, error) {
+	n := len(t.Requests)
+	in := &simInput{
+		blockTokens: t.BlockTokens,
+		reqs:        t.Requests,
+		arrival:     make([]float64, n),
+		ids:         make([][]int32, n),
+		approxKeys:  make([][]uint64, n),
+		sessions:    make([]string, n),
+	}
+	total := 0
+	for i := range t.Requests {
+		total += len(t.Requests[i].Blocks)
+	}
+	flat := make([]int32, 0, total)
+	flatKeys := make([]uint64, 0, total)
+	dense := make(map[uint64]int32, total/2)
+	for i := range t.Requests {
+		r := &t.Requests[i]
+		if r.InputTokens <= 0 {
+			return nil, fmt.Errorf("bench: analyze: request %d has no prompt", i)
+		}
+		in.arrival[i] = r.Arrival.Seconds() * cfg.TimeScale
+		start := len(flat)
+		for _, k := range r.Blocks {
+			id, ok := dense[k]
+			if !ok {
+				if in.universe >= math.MaxInt32-1 {
+					return nil, errors.New("bench: analyze: too many distinct blocks")
+				}
+				id = int32(in.universe)
+				dense[k] = id
+				in.universe++
+			}
+			flat = append(flat, id)
+			// Dense ids, not the trace's 64-bit keys, so that every key
+			// is a valid non-zero blockindex key.
+			flatKeys = append(flatKeys, uint64(id)+1)
+		}
+		in.ids[i] = flat[start:len(flat):len(flat)]
+		in.approxKeys[i] = flatKeys[start:len(flatKeys):len(flatKeys)]
+		in.sessions[i] = sessionKey(t.Format, r)
+	}
+	return in, nil
+}
+
+// sessionKey derives a request's session key as the gateway would: with
+// session.Identify over a chat request's body, and, for a Mooncake record
+// (no body, no roles), from its block-1 key: the chain over the shared
+// system prompt and the conversation's first block, which every later
+// turn of the conversation repeats. A one-block Mooncake request has no
+// session.
+func sessionKey(format string, r *TraceRequest) string {
+	if format != FormatOpenAI {
+		if len(r.Blocks) < 2 {
+			return ""
+		}
+		return "m:" + strconv.FormatUint(r.Blocks[1], 16)
+	}
+	root := gjson.ParseBytes(r.Body)
+	// The opening, rendered as gateway/request.go's scanMessages does:
+	// system and developer messages and the first user message, then the
+	// tools.
+	var opening []byte
+	root.Get("messages").ForEach(func(_, msg gjson.Result) bool {
+		role := msg.Get("role").String()
+		switch role {
+		case "system", "developer", "user":
+			opening = append(opening, role...)
+			opening = append(opening, 0)
+			opening = append(opening, msg.Get("content").Raw...)
+			opening = append(opening, 0)
+		}
+		return role != "user"
+	})
+	if tools := root.Get("tools"); tools.IsArray() {
+		opening = append(opening, tools.Raw...)
+	}
+	k := session.Identify("", http.Header{}, session.Body{
+		SessionID:        root.Get("session_id").String(),
+		PromptCacheKey:   root.Get("prompt_cache_key").String(),
+		User:             root.Get("user").String(),
+		SafetyIdentifier: root.Get("safety_identifier").String(),
+		Opening:          opening,
+	})
+	return k.Value
+}
+
+// pooledLRU returns the cached fraction of one LRU of capacity blocks that
+// sees every request of in; prompt is their total prompt tokens.
+func pooledLRU(in *simInput, capacity int, prompt int64) float64 {
+	l := newBlockLRU(in.universe, capacity)
+	var cached int64
+	for i := range in.reqs {
+		cached += int64(min(l.prefix(in.ids[i])*in.blockTokens, in.reqs[i].InputTokens))
+		l.touch(in.ids[i])
+	}
+	return ratio(cached, prompt)
+}
+
+// binding is a sticky session's state, as session.Binding holds it.
+type binding struct {
+	replica  int
+	tip      int32 // dense id of the last full block of the last scored turn
+	tipDepth int
+	updated  float64 // seconds
+}
+
+// simulate replays in through pol on a fresh fleet whose replicas cache
+// cacheBlocks blocks each.
+func simulate(ctx context.Context, pol *scoring.Policy, cacheBlocks int, in *simInput, fl *simFleet, seed int64) (AnalyzeResult, error) {
+	res := AnalyzeResult{Policy: pol.Name, CacheBlocks: cacheBlocks}
+	fl.reset(cacheBlocks)
+	n := len(fl.reps)
+	names := make([]string, n)
+	for j := range names {
+		names[j] = "replica-" + strconv.Itoa(j)
+	}
+	rng := rand.New(rand.NewPCG(uint64(seed), 0x7761726d70617468)) // "warmpath"
+	var approx *blockindex.Approx
+	if pol.UsesApprox {
+		a, err := blockindex.NewApprox(blockindex.ApproxConfig{Capacity: cacheBlocks})
+		if err != nil {
+			return res, fmt.Errorf("bench: analyze: %w", err)
+		}
+		approx = a
+	}
+	tracks := pol.Sticky || slices.ContainsFunc(pol.Scorers, func(w scoring.Weighted) bool { return w.Name == scoring.ScorerSession })
+	bindings := map[string]binding{}
+	eps := make([]scoring.Endpoint, n)
+	matched := make([]int, n)
+	var hits []blockindex.Hit
+	delays := make([]float64, len(in.reqs))
+	bt := in.blockTokens
+	ttl := sessionTTL.Seconds()
+	var sticky, saturated int64
+	for i := range in.reqs {
+		if i%1024 == 0 {
+			if err := ctx.Err(); err != nil {
+				return res, fmt.Errorf("bench: analyze: %w", err)
+			}
+		}
+		r := &in.reqs[i]
+		now := in.arrival[i]
+		ids := in.ids[i]
+		for j, rp := range fl.reps {
+			rp.advance(now)
+			eps[j] = rp.endpoint(names[j])
+		}
+		key := in.sessions[i]
+		var b binding
+		bound := false
+		if tracks && key != "" {
+			b, bound = bindings[key]
+			if bound && now-b.updated > ttl {
+				delete(bindings, key)
+				bound = false
+			}
+		}
+		chosen, predicted, rebind := -1, 0, ""
+		if pol.Sticky && bound {
+			j, why := scoring.Stick(names[b.replica], eps, func(j int) bool {
+				return b.tipDepth == 0 || fl.reps[j].cache.contains(b.tip)
+			})
+			if j >= 0 {
+				chosen = j
+				predicted = min(b.tipDepth*bt, max(0, r.InputTokens-1))
+				sticky++
+				if now-b.updated > ttl/8 {
+					b.updated = now
+					bindings[key] = b
+				}
+			}
+			rebind = why
+		}
+		if chosen < 0 {
+			sr := scoring.Request{Model: analyzeModel, SessionKey: key, PromptTokens: r.InputTokens}
+			if bound {
+				sr.Bound = names[b.replica]
+			}
+			switch {
+			case pol.UsesPrecise:
+				for j, rp := range fl.reps {
+					matched[j] = min(rp.cache.prefix(ids)*bt, max(0, r.InputTokens-1))
+				}
+				sr.Matched = matched
+			case pol.UsesApprox:
+				hits = approx.Match(in.approxKeys[i], names, hits)
+				for j, h := range hits {
+					matched[j] = min(h.Blocks*bt, max(0, r.InputTokens-1))
+				}
+				sr.Matched = matched
+			}
+			d, err := pol.Route(ctx, &sr, eps, rng)
+			if err != nil {
+				return res, fmt.Errorf("bench: analyze: route request %d: %w", i, err)
+			}
+			chosen = d.Chosen()
+			if sr.Matched != nil {
+				predicted = sr.Matched[chosen]
+			}
+			if approx != nil {
+				approx.Record(names[chosen], in.approxKeys[i])
+			}
+			if tracks && key != "" {
+				switch {
+				case rebind != "":
+					res.addRebind(rebind)
+				case bound && b.replica != chosen:
+					res.addRebind("rescored")
+				}
+				nb := binding{replica: chosen, updated: now}
+				// The gateway's keys cover full blocks only, so its tip is
+				// the last full block: a partial last block (Mooncake) is
+				// not repeated by the conversation's next turn.
+				if full := min(len(ids), r.InputTokens/bt); full > 0 {
+					nb.tip, nb.tipDepth = ids[full-1], full
+				}
+				bindings[key] = nb
+			}
+		}
+		if eps[chosen].Saturated {
+			saturated++
+		}
+		rp := fl.reps[chosen]
+		cached := min(rp.cache.prefix(ids)*bt, r.InputTokens)
+		rp.cache.touch(ids)
+		delays[i] = rp.admit(now, ids, r.InputTokens-cached, max(0, r.InputTokens-predicted), (r.OutputTokens+bt-1)/bt, float64(r.OutputTokens)*decodeTokenTime.Seconds())
+		rp.advance(now)
+		res.CachedTokens += int64(cached)
+		res.PredictedTokens += int64(predicted)
+	}
+
+	var prompt int64
+	for i := range in.reqs {
+		prompt += int64(in.reqs[i].InputTokens)
+	}
+	res.CachedFraction = ratio(res.CachedTokens, prompt)
+	res.ReplicaPrefillTokens = make([]int64, n)
+	var sum, hi int64
+	for j, rp := range fl.reps {
+		res.ReplicaPrefillTokens[j] = rp.computed
+		sum += rp.computed
+		hi = max(hi, rp.computed)
+	}
+	res.Imbalance = 1
+	if sum > 0 {
+		res.Imbalance = float64(hi) * float64(n) / float64(sum)
+	}
+	slices.Sort(delays)
+	var total float64
+	for _, d := range delays {
+		total += d
+	}
+	res.MeanQueueSeconds = total / float64(len(delays))
+	res.P99QueueSeconds = delays[int(math.Ceil(0.99*float64(len(delays))))-1]
+	res.MaxQueueSeconds = delays[len(delays)-1]
+	res.SaturatedShare = float64(saturated) / float64(len(in.reqs))
+	res.StickyShare = float64(sticky) / float64(len(in.reqs))
+	return res, nil
+}
+
+func (r *AnalyzeResult) addRebind(reason string) {
+	if r.Rebinds == nil {
+		r.Rebinds = map[string]int64{}
+	}
+	r.Rebinds[reason]++
+}
+
+// ratioF returns a ÷ b, or 0 when b is 0.
+func ratioF(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
+}
+
+// simFleet is the simulated replicas, reused across runs.
+type simFleet struct {
+	reps []*simReplica
+}
+
+func newSimFleet(n, universe int, rate float64) *simFleet {
+	fl := &simFleet{reps: make([]*simReplica, n)}
+	for j := range fl.reps {
+		fl.reps[j] = &simReplica{rate: rate, cache: newBlockLRU(universe, 1), refs: make([]int32, universe)}
+	}
+	return fl
+}
+
+// reset empties every replica and sizes its cache to capacity blocks.
+func (fl *simFleet) reset(capacity int) {
+	for _, rp := range fl.reps {
+		rp.reset(capacity)
+	}
+}
+
+// simReplica is one simulated engine: a prefix cache, a FIFO prefill queue
+// drained at rate tokens per second, and the requests decoding.
+type simReplica struct {
+	cache *blockLRU
+	rate  float64
+	// busyUntil is when the queued prefill work will be done.
+	busyUntil float64
+	// prefill holds the requests whose prefill has not finished, in order
+	// (their start and end times are non-decreasing), from index head;
+	// headStarted reports that prefill[head] has started and holds its
+	// blocks.
+	prefill     []prefillEntry
+	head        int
+	headStarted bool
+	// decoding holds the requests past prefill, by finish time.
+	decoding decodeHeap
+	// estPrefill is the gateway's InflightPrefillTokens: Σ est of prefill.
+	estPrefill int64
+	// refs counts, per block id, the running requests using the block;
+	// used is the number of blocks with a reference, and outBlocks the
+	// blocks running requests hold for their output. Shared prompt blocks
+	// count once, as in vLLM's paged KV cache.
+	refs      []int32
+	used      int
+	outBlocks int
+	// computed is the prefill tokens computed so far.
+	computed int64
+}
+
+// prefillEntry is a request queued or prefilling on a replica.
+type prefillEntry struct {
+	start, end, decode float64
+	est                int64
+	ids                []int32
+	out                int
+}
+
+// decodeEntry is a request decoding on a replica.
+type decodeEntry struct {
+	finish float64
+	ids    []int32
+	out    int
+}
+
+// decodeHeap is a min-heap of decodeEntry by finish time.
+type decodeHeap []decodeEntry
+
+func (h decodeHeap) Len() int           { return len(h) }
+func (h decodeHeap) Less(i, j int) bool { return h[i].finish < h[j].finish }
+func (h decodeHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *decodeHeap) Push(x any)        { *h = append(*h, x.(decodeEntry)) }
+func (h *decodeHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+func (rp *simReplica) reset(capacity int) {
+	rp.cache.reset(capacity)
+	clear(rp.refs)
+	rp.busyUntil, rp.head, rp.headStarted, rp.estPrefill, rp.computed = 0, 0, false, 0, 0
+	rp.used, rp.outBlocks = 0, 0
+	rp.prefill = rp.prefill[:0]
+	rp.decoding = rp.decoding[:0]
+}
+
+// advance moves the replica's clock to now: queued requests whose prefill
+// started take their blocks, those whose prefill ended move to decode, and
+// those whose decode ended release their blocks.
+func (rp *simReplica) advance(now float64) {
+	for rp.head < len(rp.prefill) && rp.prefill[rp.head].start <= now {
+		e := &rp.prefill[rp.head]
+		if !rp.headStarted {
+			rp.hold(e.ids, e.out)
+			rp.headStarted = true
+		}
+		if e.end > now {
+			break
+		}
+		rp.head++
+		rp.headStarted = false
+		rp.estPrefill -= e.est
+		if fin := e.end + e.decode; fin > now {
+			heap.Push(&rp.decoding, decodeEntry{finish: fin, ids: e.ids, out: e.out})
+		} else {
+			rp.release(e.ids, e.out)
+		}
+	}
+	if rp.head == len(rp.prefill) {
+		rp.prefill, rp.head = rp.prefill[:0], 0
+	} else if rp.head > 1024 && rp.head > len(rp.prefill)/2 {
+		rp.prefill = rp.prefill[:copy(rp.prefill, rp.prefill[rp.head:])]
+		rp.head = 0
+	}
+	for len(rp.decoding) > 0 && rp.decoding[0].finish <= now {
+		e := heap.Pop(&rp.decoding).(decodeEntry)
+		rp.release(e.ids, e.out)
+	}
+}
+
+// hold references a starting request's prompt blocks and output blocks.
+func (rp *simReplica) hold(ids []int32, out int) {
+	for _, id := range ids {
+		if rp.refs[id] == 0 {
+			rp.used++
+		}
+		rp.refs[id]++
+	}
+	rp.outBlocks += out
+}
+
+// release drops a finished request's references.
+func (rp *simReplica) release(ids []int32, out int) {
+	for _, id := range ids {
+		if rp.refs[id]--; rp.refs[id] == 0 {
+			rp.used--
+		}
+	}
+	rp.outBlocks -= out
+}
+
+// queued returns the uncached prompt tokens waiting or prefilling at now.
+func (rp *simReplica) queued(now float64) float64 {
+	return max(0, rp.busyUntil-now) * rp.rate
+}
+
+// kvUsage returns the fraction of the replica's cache referenced by
+// running requests, at most 1.
+func (rp *simReplica) kvUsage() float64 {
+	return min(1, float64(rp.used+rp.outBlocks)/float64(rp.cache.capacity))
+}
+
+// endpoint describes the replica (after advance) as the gateway would see
+// it.
+func (rp *simReplica) endpoint(id string) scoring.Endpoint {
+	pending := len(rp.prefill) - rp.head
+	waiting, running := pending, len(rp.decoding)
+	if rp.headStarted {
+		waiting--
+		running++
+	}
+	kv := rp.kvUsage()
+	return scoring.Endpoint{
+		ID:                    id,
+		Waiting:               waiting,
+		Running:               running,
+		KVUsage:               kv,
+		InflightRequests:      int64(pending + len(rp.decoding)),
+		InflightPrefillTokens: rp.estPrefill,
+		Saturated:             waiting >= satWaiting || kv >= satKVUsage || rp.estPrefill >= satPrefillTokens,
+	}
+}
+
+// admit queues a request arriving at now with prompt blocks ids, work
+// uncached prompt tokens (est by the gateway's reckoning) and out output
+// blocks, decoding for decode seconds after its prefill; it returns how
+// long the request waits before its prefill starts. Call advance(now)
+// after it, so that a request starting at once takes its blocks.
+func (rp *simReplica) admit(now float64, ids []int32, work, est, out int, decode float64) float64 {
+	start := max(now, rp.busyUntil)
+	end := start + float64(work)/rp.rate
+	rp.busyUntil = end
+	rp.prefill = append(rp.prefill, prefillEntry{start: start, end: end, decode: decode, est: int64(est), ids: ids, out: out})
+	rp.estPrefill += int64(est)
+	rp.computed += int64(work)
+	return start - now
+}
+
+// blockLRU is an exact LRU set of dense block ids in [0, universe): a
+// doubly linked list threaded through arrays indexed by id, with a
+// sentinel at index universe whose next is the most recent id and whose
+// prev the least recent.
+type blockLRU struct {
+	capacity, n int
+	sentinel    int32
+	prev, next  []int32
+	in          []bool
+}
+
+// newBlockLRU returns an empty LRU of capacity ids from [0, universe).
+func newBlockLRU(universe, capacity int) *blockLRU {
+	l := &blockLRU{
+		sentinel: int32(universe),
+		prev:     make([]int32, universe+1),
+		next:     make([]int32, universe+1),
+		in:       make([]bool, universe),
+	}
+	l.reset(capacity)
+	return l
+}
+
+// reset empties the LRU and sets its capacity (at least 1).
+func (l *blockLRU) reset(capacity int) {
+	clear(l.in)
+	l.n, l.capacity = 0, max(1, capacity)
+	l.prev[l.sentinel], l.next[l.sentinel] = l.sentinel, l.sentinel
+}
+
+// contains reports whether id is cached.
+func (l *blockLRU) contains(id int32) bool { return l.in[id] }
+
+// prefix returns the length of the longest run of ids, from ids[0], that
+// is cached.
+func (l *blockLRU) prefix(ids []int32) int {
+	for k, id := range ids {
+		if !l.in[id] {
+			return k
+		}
+	}
+	return len(ids)
+}
+
+// touch makes ids the most recent entries, deepest first so that ids[0]
+// ends up most recent, adding the absent ones and evicting the least
+// recent beyond capacity.
+func (l *blockLRU) touch(ids []int32) {
+	for k := len(ids) - 1; k >= 0; k-- {
+		id := ids[k]
+		if l.in[id] {
+			l.unlink(id)
+		} else {
+			l.in[id] = true
+			l.n++
+		}
+		l.pushFront(id)
+		if l.n > l.capacity {
+			l.evict()
+		}
+	}
+}
+
+func (l *blockLRU) unlink(id int32) {
+	p, n := l.prev[id], l.next[id]
+	l.next[p], l.prev[n] = n, p
+}
+
+func (l *blockLRU) pushFront(id int32) {
+	s := l.sentinel
+	first := l.next[s]
+	l.prev[id], l.next[id] = s, first
+	l.prev[first], l.next[s] = id, id
+}
+
+// evict drops the least recent id.
+func (l *blockLRU) evict() {
+	id := l.prev[l.sentinel]
+	l.unlink(id)
+	l.in[id] = false
+	l.n--
+}
+
+// oldest returns the ids from least to most recent (for tests).
+func (l *blockLRU) oldest() []int32 {
+	var out []int32
+	for id := l.prev[l.sentinel]; id != l.sentinel; id = l.prev[id] {
+		out = append(out, id)
+	}
+	return out
+}
+
+// MarshalJSON encodes the report as
+//
+//	{"ceiling": f, "requests": n, "prompt_tokens": n, "results": [{"policy": s,
+//	 "cache_blocks": n, "cached_fraction": f, "imbalance": f, …}], …}
+//
+// with the ceiling as a fraction of prompt tokens, plus further fields
+// describing the ceiling and the simulated fleet.
+func (r *AnalyzeReport) MarshalJSON() ([]byte, error) {
+	type out struct {
+		Ceiling             float64           `json:"ceiling"`
+		Requests            int               `json:"requests"`
+		PromptTokens        int64             `json:"prompt_tokens"`
+		Results             []AnalyzeResult   `json:"results"`
+		PooledLRU           []PooledLRUResult `json:"pooled_lru"`
+		Format              string            `json:"format"`
+		BlockTokens         int               `json:"block_tokens"`
+		WindowSeconds       float64           `json:"window_s"`
+		CeilingDetail       CeilingResult     `json:"ceiling_detail"`
+		CeilingUnlimited    CeilingResult     `json:"ceiling_unlimited"`
+		Replicas            int               `json:"replicas"`
+		PrefillTokensPerSec float64           `json:"prefill_tokens_per_s"`
+		TimeScale           float64           `json:"time_scale"`
+	}
+	results := r.Results
+	if results == nil {
+		results = []AnalyzeResult{}
+	}
+	return json.Marshal(out{
+		Ceiling:             r.Ceiling.Fraction,
+		Requests:            r.Requests,
+		PromptTokens:        r.PromptTokens,
+		Results:             results,
+		PooledLRU:           r.PooledLRU,
+		Format:              r.Format,
+		BlockTokens:         r.BlockTokens,
+		WindowSeconds:       r.Window.Seconds(),
+		CeilingDetail:       r.Ceiling,
+		CeilingUnlimited:    r.CeilingUnlimited,
+		Replicas:            r.Replicas,
+		PrefillTokensPerSec: r.PrefillTokensPerSec,
+		TimeScale:           r.TimeScale,
+	})
+}
+
+// policies returns the report's policies in result order.
+func (r *AnalyzeReport) policies() []string {
+	var out []string
+	for _, res := range r.Results {
+		if !slices.Contains(out, res.Policy) {
+			out = append(out, res.Policy)
+		}
+	}
+	return out
+}
+
+// cacheSizes returns the report's cache sizes, ascending.
+func (r *AnalyzeReport) cacheSizes() []int {
+	var out []int
+	for _, res := range r.Results {
+		out = append(out, res.CacheBlocks)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// result returns the result for policy at cache size cb.
+func (r *AnalyzeReport) result(policy string, cb int) (AnalyzeResult, bool) {
+	i := slices.IndexFunc(r.Results, func(res AnalyzeResult) bool { return res.Policy == policy && res.CacheBlocks == cb })
+	if i < 0 {
+		return AnalyzeResult{}, false
+	}
+	return r.Results[i], true
+}
+
+// windowString renders the ceiling's window.
+func (r *AnalyzeReport) windowString() string {
+	if r.Window == 0 {
+		return "unlimited"
+	}
+	return shortDuration(r.Window)
+}
+
+// shortDuration renders d without zero trailing units: 10m, 1h30m, 90s.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+// WriteTable writes the report as text tables: the trace and the ceiling,
+// then one row per cache size with, per policy, the cached fraction, its
+// share of the ceiling and the imbalance; then the prefill queueing and,
+// for sticky policies, the sticky share and rebinds.
+func (r *AnalyzeReport) WriteTable(w io.Writer) error {
+	ew := &errWriter{w: w}
+	ew.printf("trace: %s, %d requests, %d prompt tokens, %d-token blocks; %d replicas at %.0f prefill tokens/s each, time scale %g\n",
+		r.Format, r.Requests, r.PromptTokens, r.BlockTokens, r.Replicas, r.PrefillTokensPerSec, r.TimeScale)
+	ew.printf("ceiling (window %s): %.1f%% of prompt tokens (%.1f%% of blocks); unlimited window: %.1f%% (%.1f%% of blocks)\n\n",
+		r.windowString(), 100*r.Ceiling.Fraction, 100*r.Ceiling.BlockFraction, 100*r.CeilingUnlimited.Fraction, 100*r.CeilingUnlimited.BlockFraction)
+	pols, sizes := r.policies(), r.cacheSizes()
+
+	table := func(title string, withPooled bool, cell func(AnalyzeResult) string) {
+		ew.printf("%s\n", title)
+		tw := tabwriter.NewWriter(ew, 0, 0, 2, ' ', tabwriter.AlignRight)
+		var hdr strings.Builder
+		hdr.WriteString("cache blocks\t")
+		if withPooled {
+			hdr.WriteString("pooled LRU\t")
+		}
+		for _, p := range pols {
+			hdr.WriteString(p + "\t")
+		}
+		fmt.Fprintln(tw, hdr.String())
+		for _, cb := range sizes {
+			var row strings.Builder
+			row.WriteString(strconv.Itoa(cb) + "\t")
+			if withPooled {
+				i := slices.IndexFunc(r.PooledLRU, func(p PooledLRUResult) bool { return p.CacheBlocks == cb })
+				if i >= 0 {
+					row.WriteString(fmt.Sprintf("%.1f%% (%3.0f%%)", 100*r.PooledLRU[i].CachedFraction, 100*ratioF(r.PooledLRU[i].CachedFraction, r.Ceiling.Fraction)))
+				}
+				row.WriteString("\t")
+			}
+			for _, p := range pols {
+				if res, ok := r.result(p, cb); ok {
+					row.WriteString(cell(res))
+				}
+				row.WriteString("\t")
+			}
+			fmt.Fprintln(tw, row.String())
+		}
+		if err := tw.Flush(); err != nil && ew.err == nil {
+			ew.err = err
+		}
+		ew.printf("\n")
+	}
+	table("cached fraction (share of ceiling) ×imbalance; pooled LRU = one LRU of replicas × cache blocks", true, func(res AnalyzeResult) string {
+		return fmt.Sprintf("%.1f%% (%3.0f%%) ×%.2f", 100*res.CachedFraction, 100*res.CeilingShare, res.Imbalance)
+	})
+	table("prefill queue wait, mean / p99 (s)", false, func(res AnalyzeResult) string {
+		return fmt.Sprintf("%.2f / %.2f", res.MeanQueueSeconds, res.P99QueueSeconds)
+	})
+	if slices.ContainsFunc(r.Results, func(res AnalyzeResult) bool { return res.StickyShare > 0 || len(res.Rebinds) > 0 }) {
+		table("sticky share, rebinds evicted/saturated/rescored (sticky policies); sat = share of requests routed to a saturated replica", false, func(res AnalyzeResult) string {
+			if res.StickyShare == 0 && len(res.Rebinds) == 0 {
+				return fmt.Sprintf("sat %.0f%%", 100*res.SaturatedShare)
+			}
+			return fmt.Sprintf("%.0f%% %d/%d/%d sat %.0f%%", 100*res.StickyShare,
+				res.Rebinds[scoring.RebindEvicted], res.Rebinds[scoring.RebindSaturated], res.Rebinds["rescored"], 100*res.SaturatedShare)
+		})
+	}
+	return ew.err
+}
+
+// errWriter remembers the first write error.
+type errWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (e *errWriter) Write(p []byte) (int, error) {
+	if e.err != nil {
+		return 0, e.err
+	}
+	n, err := e.w.Write(p)
+	e.err = err
+	return n, err
+}
+
+func (e *errWriter) printf(format string, args ...any) { fmt.Fprintf(e, format, args...) }
+
+// Plot returns the chart of cached fraction against cache size, one line
+// per policy, with the ceiling (within the window, and unlimited) as flat
+// lines.
+func (r *AnalyzeReport) Plot() Chart {
+	c := Chart{
+		Title:  fmt.Sprintf("Cached fraction of prompt tokens, %d replicas", r.Replicas),
+		XLabel: fmt.Sprintf("cache per replica (blocks of %d tokens)", r.BlockTokens),
+		YLabel: "cached fraction",
+		LogX:   true,
+	}
+	sizes := r.cacheSizes()
+	for _, p := range r.policies() {
+		c.Series = append(c.Series, r.series(p, func(res AnalyzeResult) float64 { return res.CachedFraction }))
+	}
+	if len(sizes) > 0 {
+		lo, hi := float64(sizes[0]), float64(sizes[len(sizes)-1])
+		c.Series = append(c.Series,
+			Series{Name: "ceiling (" + r.windowString() + ")", X: []float64{lo, hi}, Y: []float64{r.Ceiling.Fraction, r.Ceiling.Fraction}},
+		)
+		if r.Window != 0 {
+			c.Series = append(c.Series,
+				Series{Name: "ceiling (unlimited)", X: []float64{lo, hi}, Y: []float64{r.CeilingUnlimited.Fraction, r.CeilingUnlimited.Fraction}})
+		}
+	}
+	if len(r.PooledLRU) > 0 {
+		s := Series{Name: "pooled LRU"}
+		for _, p := range r.PooledLRU {
+			s.X = append(s.X, float64(p.CacheBlocks))
+			s.Y = append(s.Y, p.CachedFraction)
+		}
+		c.Series = append(c.Series, s)
+	}
+	return c
+}
+
+// ImbalancePlot returns the chart of imbalance (max ÷ mean prefill tokens
+// per replica) against cache size, one line per policy.
+func (r *AnalyzeReport) ImbalancePlot() Chart {
+	c := Chart{
+		Title:  fmt.Sprintf("Prefill imbalance (max ÷ mean per replica), %d replicas", r.Replicas),
+		XLabel: fmt.Sprintf("cache per replica (blocks of %d tokens)", r.BlockTokens),
+		YLabel: "imbalance",
+		LogX:   true,
+	}
+	for _, p := range r.policies() {
+		c.Series = append(c.Series, r.series(p, func(res AnalyzeResult) float64 { return res.Imbalance }))
+	}
+	return c
+}
+
+// series returns policy p's values of v against cache size.
+func (r *AnalyzeReport) series(p string, v func(AnalyzeResult) float64) Series {
+	var rs []AnalyzeResult
+	for _, res := range r.Results {
+		if res.Policy == p {
+			rs = append(rs, res)
+		}
+	}
+	slices.SortFunc(rs, func(a, b AnalyzeResult) int { return cmp.Compare(a.CacheBlocks, b.CacheBlocks) })
+	s := Series{Name: p}
+	for _, res := range rs {
+		s.X = append(s.X, float64(res.CacheBlocks))
+		s.Y = append(s.Y, v(res))
+	}
+	return s
+}

@@ -1,0 +1,106 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"encoding/xml"
+	"errors"
+	"flag"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestAnalyzeCommand(t *testing.T) {
+	dir := t.TempDir()
+	jsonPath, plotPath := filepath.Join(dir, "report.json"), filepath.Join(dir, "chart.svg")
+	var out bytes.Buffer
+	err := analyze(t.Context(), []string{
+		"--window", "0", "--replicas", "4", "--cache-blocks", "300, 600", "--policies", "round-robin,warmpath",
+		"--prefill-rate", "20000", "--time-scale", "0.5", "--seed", "7",
+		"--json", jsonPath, "--plot", plotPath,
+		"../../bench/testdata/mooncake_head400.jsonl",
+	}, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"ceiling (window unlimited)", "4 replicas at 20000 prefill tokens/s", "time scale 0.5", "round-robin", "warmpath"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, out.String())
+		}
+	}
+
+	b, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Ceiling      float64 `json:"ceiling"`
+		Requests     int     `json:"requests"`
+		PromptTokens int64   `json:"prompt_tokens"`
+		Results      []struct {
+			Policy         string  `json:"policy"`
+			CacheBlocks    int     `json:"cache_blocks"`
+			CachedFraction float64 `json:"cached_fraction"`
+			Imbalance      float64 `json:"imbalance"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Requests != 400 || rep.Ceiling <= 0 || rep.PromptTokens <= 0 || len(rep.Results) != 4 {
+		t.Fatalf("report = %+v", rep)
+	}
+	if r := rep.Results[3]; r.Policy != "warmpath" || r.CacheBlocks != 600 || r.CachedFraction <= 0 || r.Imbalance < 1 {
+		t.Errorf("last result = %+v; want warmpath at 600 blocks", r)
+	}
+
+	for _, p := range []string{plotPath, filepath.Join(dir, "chart-imbalance.svg")} {
+		svg, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec := xml.NewDecoder(bytes.NewReader(svg))
+		for {
+			if _, err := dec.Token(); errors.Is(err, io.EOF) {
+				break
+			} else if err != nil {
+				t.Fatalf("%s is not well-formed: %v", p, err)
+			}
+		}
+	}
+}
+
+// TestRunAnalyze runs the subcommand as main does, printing to stdout.
+func TestRunAnalyze(t *testing.T) {
+	if err := runAnalyze(t.Context(), []string{"--cache-blocks", "600", "--policies", "warmpath", "../../bench/testdata/mooncake_head400.jsonl"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAnalyzeCommandErrors(t *testing.T) {
+	trace := "../../bench/testdata/mooncake_head400.jsonl"
+	tests := []struct {
+		name string
+		args []string
+	}{
+		{"no trace", nil},
+		{"two traces", []string{trace, trace}},
+		{"missing file", []string{filepath.Join(t.TempDir(), "none.jsonl")}},
+		{"bad cache size", []string{"--cache-blocks", "600,lots", trace}},
+		{"bad policy", []string{"--policies", "fastest", trace}},
+		{"bad flag", []string{"--nope", trace}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := analyze(t.Context(), tt.args, io.Discard); err == nil {
+				t.Error("analyze succeeded; want an error")
+			}
+		})
+	}
+	if err := analyze(t.Context(), []string{"-h"}, io.Discard); !errors.Is(err, flag.ErrHelp) {
+		t.Errorf("-h: err = %v; want flag.ErrHelp", err)
+	}
+}

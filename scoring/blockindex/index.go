@@ -1,0 +1,681 @@
+package blockindex
+
+import (
+	"fmt"
+	"math"
+	"math/bits"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/warmpath/warmpath/scoring/kvevents"
+)
+
+// DefaultMaxEntries is the default bound on (key, replica) entries: 16 Mi,
+// about 256 M tokens of KV cache at 16-token blocks, and roughly 0.8 GiB at
+// the measured cost per entry (see the package benchmarks).
+const DefaultMaxEntries = 1 << 24
+
+// Config configures an Index. The zero value is valid: every field has a
+// default.
+type Config struct {
+	// BlockSize is the number of tokens per block of the index's own keys;
+	// default DefaultBlockSize (16). It need not equal the engines' block
+	// size, which arrives with each event, but costs least when it divides
+	// it (see the package doc).
+	BlockSize int
+	// MaxEntries bounds the (key, replica) entries the index holds,
+	// speculative ones included; default DefaultMaxEntries. Beyond it, keys
+	// are evicted by an approximate LRU (CLOCK). It must not be negative.
+	MaxEntries int
+	// Now returns the current time, for speculative TTLs; nil means
+	// time.Now.
+	Now func() time.Time
+}
+
+// SkipReason says why an event, or part of one, was not applied.
+type SkipReason string
+
+// Reasons for skipping events. Stats reports a count for each.
+const (
+	// SkipUnknownParent: a BlockStored whose parent hash is neither nil nor
+	// a block the replica is known to hold; the chain is broken.
+	SkipUnknownParent SkipReason = "unknown_parent"
+	// SkipTokenCount: len(TokenIDs) ≠ BlockSize × len(BlockHashes), or a
+	// BlockSize ≤ 0 (sliding-window and other sparse groups).
+	SkipTokenCount SkipReason = "token_count"
+	// SkipAttentionKind: a KV-cache group other than full attention
+	// ("", "full_attention", "mla_attention", "sink_full").
+	SkipAttentionKind SkipReason = "attention_kind"
+	// SkipNoTokens: a BlockStored without token ids (an offload tier update).
+	SkipNoTokens SkipReason = "no_tokens"
+	// SkipMedium: an event for a medium other than GPU (CPU or storage
+	// offload); only GPU residency is indexed.
+	SkipMedium SkipReason = "medium"
+	// SkipExtraKeys: blocks with multimodal or prompt-embeds extra keys,
+	// whose content the token ids alone do not identify.
+	SkipExtraKeys SkipReason = "extra_keys"
+	// SkipLoRAID: a chain root naming its LoRA adapter only by the
+	// deprecated integer lora_id, which cannot be matched to a name.
+	SkipLoRAID SkipReason = "lora_id"
+	// SkipZeroHash: a block hash of 0, which the index reserves (a parent
+	// hash of 0 means the root, as llm-d-inference-sim sends it).
+	SkipZeroHash SkipReason = "zero_hash"
+	// SkipReplicaLimit: a batch or speculative add for a new replica beyond
+	// the number of replica names an index can hold (about a million).
+	SkipReplicaLimit SkipReason = "replica_limit"
+	// SkipUnknownEvent: an event of a type the index does not know.
+	SkipUnknownEvent SkipReason = "unknown_event"
+)
+
+// numSkipReasons is the number of SkipReason values.
+const numSkipReasons = 10
+
+// skipReasons lists the reasons in the order of Index.skipped.
+func skipReasons() [numSkipReasons]SkipReason {
+	return [numSkipReasons]SkipReason{
+		SkipUnknownParent, SkipTokenCount, SkipAttentionKind, SkipNoTokens, SkipMedium,
+		SkipExtraKeys, SkipLoRAID, SkipZeroHash, SkipReplicaLimit, SkipUnknownEvent,
+	}
+}
+
+// Stats is a snapshot of an Index's size and counters, for metrics.
+type Stats struct {
+	// Keys is the number of distinct keys held by at least one replica.
+	Keys int64
+	// Entries is the number of (key, replica) entries, speculative included.
+	Entries int64
+	// Speculative is the number of speculative entries.
+	Speculative int64
+	// Evictions counts entries evicted because the index was full.
+	Evictions int64
+	// Expired counts speculative entries that reached their TTL unconfirmed.
+	Expired int64
+	// Confirmed counts speculative entries confirmed by a KV event.
+	Confirmed int64
+	// Events counts events received through Apply, skipped ones included.
+	Events int64
+	// UnknownRemovals counts BlockRemoved hashes the replica was not known
+	// to hold (normal after a skipped BlockStored).
+	UnknownRemovals int64
+	// Skipped counts skipped events by reason; every reason is present.
+	Skipped map[SkipReason]int64
+	// Replicas has one entry per replica the index has seen.
+	Replicas map[string]ReplicaStats
+}
+
+// ReplicaStats describes one replica in Stats.
+type ReplicaStats struct {
+	// Model is the model registered with SetReplicaModel ("" if none).
+	Model string
+	// Entries is the number of keys the replica holds, speculative included.
+	Entries int64
+	// Speculative is the number of keys it holds only speculatively.
+	Speculative int64
+	// EngineBlocks is the number of engine block hashes tracked for it.
+	EngineBlocks int64
+}
+
+// Index is the precise prefix index: for each own block key, the replicas
+// whose KV cache holds that block, kept up to date by vLLM KV events. The
+// zero value is not valid; use New. An Index is safe for concurrent use.
+type Index struct {
+	hasher Hasher
+	now    func() time.Time
+	kt     *keyTable
+	reg    *registry[replica]
+	spec   specState
+	pool   sync.Pool // *matchScratch
+
+	skipped         [numSkipReasons]atomic.Int64
+	events          atomic.Int64
+	expired         atomic.Int64
+	confirmed       atomic.Int64
+	unknownRemovals atomic.Int64
+}
+
+// replica is the per-replica state of an Index.
+type replica struct {
+	name string
+	id   uint32
+
+	entries atomic.Int64 // pairs held, speculative included
+	spec    atomic.Int64 // speculative pairs held
+	engN    atomic.Int64 // mirror of eng.len(), for Stats
+
+	mu       sync.Mutex // guards the fields below; held for a whole batch
+	model    string
+	eng      engTable           // engine hash → chain state
+	aux      map[uint64]*engAux // engine hash → extra state, for auxFlag values
+	dup      map[uint64]int32   // own key → extra engine blocks that map to it
+	purgedAt int64              // kt.evictions at the last purge
+	keys     []uint64           // scratch: own keys of one engine block
+	part     []uint32           // scratch: tokens of the current partial own block
+	join     []uint32           // scratch for blockKey2
+}
+
+// New returns an empty Index.
+func New(cfg Config) (*Index, error) {
+	if cfg.BlockSize < 0 || cfg.BlockSize > MaxBlockSize {
+		return nil, fmt.Errorf("blockindex: block size %d outside [1, %d]", cfg.BlockSize, MaxBlockSize)
+	}
+	if cfg.MaxEntries < 0 {
+		return nil, fmt.Errorf("blockindex: negative MaxEntries %d", cfg.MaxEntries)
+	}
+	if cfg.MaxEntries == 0 {
+		cfg.MaxEntries = DefaultMaxEntries
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	ix := &Index{
+		hasher: Hasher{BlockSize: cfg.BlockSize},
+		now:    cfg.Now,
+	}
+	ix.spec.deadlines = map[specKey]int64{}
+	ix.spec.next.Store(math.MaxInt64)
+	ix.reg = newRegistry(func(name string, id uint32) *replica { return &replica{name: name, id: id} })
+	ix.kt = newKeyTable(shardBitsFor(cfg.MaxEntries), cfg.MaxEntries, ix.evicted)
+	return ix, nil
+}
+
+// shardBitsFor picks the shard count for a bound of maxEntries: about 4096
+// entries a shard at the bound, at most 256 shards, so that small indexes
+// keep an exact bound and large ones spread their locks.
+func shardBitsFor(maxEntries int) uint {
+	b := uint(bits.Len(uint(maxEntries / 4096)))
+	return min(b, 8)
+}
+
+// evicted is the keyTable's eviction callback.
+func (ix *Index) evicted(id uint32, spec bool) {
+	if r := ix.reg.byID(id); r != nil {
+		r.entries.Add(-1)
+		if spec {
+			r.spec.Add(-1)
+		}
+	}
+}
+
+func (ix *Index) skip(why SkipReason, n int) {
+	for i, r := range skipReasons() {
+		if r == why {
+			ix.skipped[i].Add(int64(n))
+			return
+		}
+	}
+}
+
+// BlockSize returns the number of tokens per block of the index's keys.
+func (ix *Index) BlockSize() int { return ix.hasher.size() }
+
+// AppendKeys appends the keys of tokens' full blocks, rooted at root, to dst
+// and returns the extended slice; see Hasher. It is the request-side half of
+// the key computation the event path uses, and allocates only when dst is
+// too small.
+func (ix *Index) AppendKeys(dst []uint64, tokens []uint32, root Root) []uint64 {
+	return ix.hasher.AppendKeys(dst, tokens, root)
+}
+
+// Keys returns the keys of tokens' full blocks, rooted at root.
+func (ix *Index) Keys(tokens []uint32, root Root) []uint64 {
+	return ix.hasher.AppendKeys(nil, tokens, root)
+}
+
+// SetReplicaModel registers replica as serving model, which becomes
+// Root.Model for the chains its events start. Call it before the replica's
+// events arrive; requests must use the same name in their Root. Changing a
+// replica's model clears the replica. It fails only when the index already
+// holds the maximum number of replicas.
+func (ix *Index) SetReplicaModel(replica, model string) error {
+	r, err := ix.reg.intern(replica)
+	if err != nil {
+		return fmt.Errorf("blockindex: set model: %w", err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.model == model {
+		return nil
+	}
+	ix.clearLocked(r)
+	r.model = model
+	return nil
+}
+
+// Match reports, for each candidate replica, the longest run of keys from
+// keys[0] that it holds. The result is dst[:0] grown to len(candidates) and
+// aligned with candidates; unknown names get a zero Hit. The walk stops at
+// the first key no still-matching candidate holds, so its cost is about one
+// lock-free table read per matched key plus one, whatever the number of
+// replicas. Match does not allocate once dst has the capacity.
+func (ix *Index) Match(keys []uint64, candidates []string, dst []Hit) []Hit {
+	ix.maybeExpire()
+	return match(ix.kt, ix.reg, &ix.pool, keys, candidates, dst)
+}
+
+// Apply applies one batch of replica's KV events, in order. It implements
+// kvevents.Handler: batches of one replica must come in sequence order;
+// batches of different replicas may be applied concurrently with each other
+// and with lookups. Events the index cannot use are skipped and counted (see
+// SkipReason).
+func (ix *Index) Apply(replica string, b kvevents.Batch) {
+	if len(b.Events) == 0 {
+		return
+	}
+	ix.events.Add(int64(len(b.Events)))
+	r, err := ix.reg.intern(replica)
+	if err != nil {
+		ix.skip(SkipReplicaLimit, len(b.Events))
+		return
+	}
+	ix.maybeExpire()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, ev := range b.Events {
+		switch e := ev.(type) {
+		case *kvevents.BlockStored:
+			if e != nil {
+				ix.applyStored(r, e)
+			}
+		case *kvevents.BlockRemoved:
+			if e != nil {
+				ix.applyRemoved(r, e)
+			}
+		case *kvevents.AllBlocksCleared:
+			ix.clearLocked(r)
+		default:
+			ix.skip(SkipUnknownEvent, 1)
+		}
+	}
+}
+
+// Clear drops everything the index holds for replica, speculative entries
+// included, keeping its registered model. It implements kvevents.Handler:
+// the subscriber calls it when the engine restarts or the event stream has
+// a gap it cannot repair. Call it too when a replica leaves the fleet.
+func (ix *Index) Clear(replica string) {
+	r, ok := ix.reg.get(replica)
+	if !ok {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ix.clearLocked(r)
+}
+
+// clearLocked drops r's entries and engine state. The caller holds r.mu.
+func (ix *Index) clearLocked(r *replica) {
+	r.eng.all(func(k, v uint64) {
+		if v&auxFlag == 0 {
+			ix.drop(r, v)
+			return
+		}
+		for _, o := range r.aux[k].own {
+			ix.drop(r, o)
+		}
+	})
+	r.eng = engTable{}
+	r.aux = nil
+	r.dup = nil
+	r.engN.Store(0)
+	ix.clearSpeculative(r)
+}
+
+// drop removes the pair (k, r) from the key table, whatever references it.
+func (ix *Index) drop(r *replica, k uint64) {
+	if removed, spec := ix.kt.remove(k, r.id, false); removed {
+		r.entries.Add(-1)
+		if spec {
+			r.spec.Add(-1)
+		}
+	}
+}
+
+// release removes one engine block's reference to own key k: the pair
+// itself goes when no other engine block of r maps to k.
+func (ix *Index) release(r *replica, k uint64) {
+	if d := r.dup[k]; d > 0 {
+		if d == 1 {
+			delete(r.dup, k)
+		} else {
+			r.dup[k] = d - 1
+		}
+		return
+	}
+	ix.drop(r, k)
+}
+
+// isGPU reports whether medium is the GPU; vLLM sends "GPU", and an empty
+// medium means GPU (as llm-d treats it).
+func isGPU(medium string) bool {
+	return medium == "" || strings.EqualFold(medium, kvevents.MediumGPU)
+}
+
+func fullAttention(kind string) bool {
+	switch kind {
+	case "", "full_attention", "mla_attention", "sink_full":
+		return true
+	}
+	return false
+}
+
+// groupMix is folded into engine hashes so that KV-cache groups of one
+// replica keep separate engine-hash spaces. Group 0 (and none) leaves the
+// hashes as they are.
+func groupMix(g *int) uint64 {
+	if g == nil || *g == 0 {
+		return 0
+	}
+	return uint64(*g+1) * fib
+}
+
+func unsupportedExtras(extra [][]kvevents.ExtraKey) bool {
+	for _, blk := range extra {
+		for _, x := range blk {
+			if x.Kind == kvevents.ExtraMultimodal || x.Kind == kvevents.ExtraPromptEmbeds {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// rootOf returns the Root of a chain that e starts (its parent is the root),
+// falling back to block 0's extra keys for the LoRA name and the salt.
+func rootOf(r *replica, e *kvevents.BlockStored) (Root, bool) {
+	root := Root{Model: r.model, LoRA: e.LoRAName, CacheSalt: e.CacheSalt}
+	if (root.LoRA == "" || root.CacheSalt == "") && len(e.ExtraKeys) > 0 {
+		for _, x := range e.ExtraKeys[0] {
+			switch {
+			case x.Kind == kvevents.ExtraLoRA && root.LoRA == "":
+				root.LoRA = x.Value
+			case x.Kind == kvevents.ExtraCacheSalt && root.CacheSalt == "":
+				root.CacheSalt = x.Value
+			}
+		}
+	}
+	if root.LoRA == "" && e.LoRAID != nil && *e.LoRAID != 0 {
+		return root, false
+	}
+	return root, true
+}
+
+// applyStored applies one BlockStored. The caller holds r.mu.
+//
+// The engine's blocks are a run of tokens continuing the chain at the
+// parent; own blocks are cut from that run at multiples of the index's block
+// size, carrying an unfinished own block over in the engine block's entry
+// (engAux.partial), so any ratio of the two block sizes works.
+func (ix *Index) applyStored(r *replica, e *kvevents.BlockStored) {
+	n := len(e.BlockHashes)
+	switch {
+	case !isGPU(e.Medium):
+		ix.skip(SkipMedium, 1)
+		return
+	case !fullAttention(e.KVCacheSpecKind):
+		ix.skip(SkipAttentionKind, 1)
+		return
+	case n == 0:
+		return
+	case len(e.TokenIDs) == 0:
+		ix.skip(SkipNoTokens, 1)
+		return
+	case e.BlockSize <= 0 || len(e.TokenIDs) != e.BlockSize*n:
+		ix.skip(SkipTokenCount, 1)
+		return
+	case unsupportedExtras(e.ExtraKeys):
+		ix.skip(SkipExtraKeys, 1)
+		return
+	}
+	g := groupMix(e.GroupIdx)
+	for _, h := range e.BlockHashes {
+		if h^g == 0 {
+			ix.skip(SkipZeroHash, 1)
+			return
+		}
+	}
+	var state uint64
+	part := r.part[:0]
+	atRoot := false
+	if p := e.ParentBlockHash; p == nil || *p == 0 {
+		root, ok := rootOf(r, e)
+		if !ok {
+			ix.skip(SkipLoRAID, 1)
+			return
+		}
+		state, atRoot = root.Seed(), true
+	} else {
+		v, ok := r.eng.get(*p ^ g)
+		if !ok {
+			ix.skip(SkipUnknownParent, 1)
+			return
+		}
+		state = v &^ auxFlag
+		if v&auxFlag != 0 {
+			a := r.aux[*p^g]
+			part = append(part, a.partial...)
+			atRoot = a.root
+		}
+	}
+	bs, es := ix.hasher.size(), e.BlockSize
+	for j, h := range e.BlockHashes {
+		toks := e.TokenIDs[j*es : (j+1)*es]
+		keys := r.keys[:0]
+		if len(part) > 0 {
+			if need := bs - len(part); len(toks) >= need {
+				state = blockKey2(state, part, toks[:need], &r.join)
+				keys = append(keys, state)
+				toks = toks[need:]
+				part = part[:0]
+			}
+		}
+		for len(toks) >= bs {
+			state = blockKey(state, toks[:bs])
+			keys = append(keys, state)
+			toks = toks[bs:]
+		}
+		part = append(part, toks...)
+		if len(keys) > 0 {
+			atRoot = false
+		}
+		ix.record(r, h^g, state, keys, part, atRoot)
+		r.keys = keys
+	}
+	r.part = part
+}
+
+// record stores engine block eh of r: its chain state, the own keys it
+// completes and its trailing partial own block. Storing a block again is
+// idempotent. The caller holds r.mu.
+func (ix *Index) record(r *replica, eh, state uint64, keys []uint64, part []uint32, atRoot bool) {
+	old, existed := r.eng.get(eh)
+	var oldKeys []uint64
+	var one [1]uint64
+	if existed {
+		if old&auxFlag == 0 {
+			one[0] = old
+			oldKeys = one[:]
+		} else {
+			oldKeys = r.aux[eh].own
+		}
+		for _, k := range oldKeys {
+			if !contains(keys, k) {
+				ix.release(r, k) // the block changed content: rare, but keep pairs exact
+			}
+		}
+	}
+	for _, k := range keys {
+		switch ix.kt.add(k, r.id, false) {
+		case addedNew:
+			r.entries.Add(1)
+		case addedConfirm:
+			r.spec.Add(-1)
+			ix.confirmed.Add(1)
+		case addedExisting:
+			// Another engine block of r already maps to k (a re-stored
+			// block maps to its own keys and is not counted).
+			if !contains(oldKeys, k) {
+				if r.dup == nil {
+					r.dup = map[uint64]int32{}
+				}
+				r.dup[k]++
+			}
+		}
+	}
+	v := state
+	if len(keys) != 1 || len(part) > 0 {
+		v |= auxFlag
+		if r.aux == nil {
+			r.aux = map[uint64]*engAux{}
+		}
+		a := r.aux[eh]
+		if a == nil {
+			a = new(engAux)
+			r.aux[eh] = a
+		}
+		a.own = append(a.own[:0], keys...)
+		a.partial = append(a.partial[:0], part...)
+		a.root = atRoot && len(keys) == 0
+	} else if existed && old&auxFlag != 0 {
+		delete(r.aux, eh)
+	}
+	if !existed && r.eng.full() {
+		ix.purge(r)
+	}
+	r.eng.put(eh, v)
+	r.engN.Store(int64(r.eng.len()))
+}
+
+func contains(s []uint64, k uint64) bool {
+	for _, x := range s {
+		if x == k {
+			return true
+		}
+	}
+	return false
+}
+
+// purge drops, before r's engine table grows, the engine blocks none of whose
+// own keys r still holds: their entries were evicted for capacity, so the
+// chain is broken there anyway. This bounds engine tables by the entries the
+// index keeps rather than by what the engines hold. It runs only when
+// evictions happened since the last purge, and forces growth when it freed
+// little, so its cost stays amortized O(1) per stored block. The caller holds
+// r.mu.
+func (ix *Index) purge(r *replica) {
+	ev := ix.kt.evictions.Load()
+	if ev == r.purgedAt {
+		return
+	}
+	r.purgedAt = ev
+	var stale []uint64
+	r.eng.all(func(k, v uint64) {
+		if v&auxFlag == 0 {
+			if !ix.kt.holds(v, r.id) {
+				stale = append(stale, k)
+			}
+			return
+		}
+		a := r.aux[k]
+		if len(a.own) == 0 {
+			if !a.root && !ix.kt.holds(v&^auxFlag, r.id) {
+				stale = append(stale, k)
+			}
+			return
+		}
+		for _, o := range a.own {
+			if ix.kt.holds(o, r.id) {
+				return
+			}
+		}
+		stale = append(stale, k)
+	})
+	for _, k := range stale {
+		v, _ := r.eng.del(k)
+		own := []uint64{v}
+		if v&auxFlag != 0 {
+			own = r.aux[k].own
+			delete(r.aux, k)
+		}
+		for _, o := range own {
+			if d := r.dup[o]; d > 1 {
+				r.dup[o] = d - 1
+			} else if d == 1 {
+				delete(r.dup, o)
+			}
+		}
+	}
+	if r.eng.len()*2*loadDen > len(r.eng.s)*loadNum {
+		r.eng.resize(len(r.eng.s) + len(r.eng.s)/2)
+	}
+}
+
+// applyRemoved applies one BlockRemoved. The caller holds r.mu.
+func (ix *Index) applyRemoved(r *replica, e *kvevents.BlockRemoved) {
+	if !isGPU(e.Medium) {
+		ix.skip(SkipMedium, 1)
+		return
+	}
+	g := groupMix(e.GroupIdx)
+	for _, h := range e.BlockHashes {
+		eh := h ^ g
+		if eh == 0 {
+			continue
+		}
+		v, ok := r.eng.del(eh)
+		if !ok {
+			ix.unknownRemovals.Add(1)
+			continue
+		}
+		if v&auxFlag == 0 {
+			ix.release(r, v)
+			continue
+		}
+		for _, o := range r.aux[eh].own {
+			ix.release(r, o)
+		}
+		delete(r.aux, eh)
+	}
+	r.engN.Store(int64(r.eng.len()))
+}
+
+// Stats returns the index's current size and counters. It takes each
+// replica's lock briefly and is meant for metrics scrapes, not hot paths.
+func (ix *Index) Stats() Stats {
+	ix.spec.mu.Lock()
+	ix.expireLocked(ix.now().UnixNano(), -1)
+	ix.spec.mu.Unlock()
+	keys, pairs := ix.kt.counts()
+	st := Stats{
+		Keys:            keys,
+		Entries:         pairs,
+		Evictions:       ix.kt.evictions.Load(),
+		Expired:         ix.expired.Load(),
+		Confirmed:       ix.confirmed.Load(),
+		Events:          ix.events.Load(),
+		UnknownRemovals: ix.unknownRemovals.Load(),
+		Skipped:         map[SkipReason]int64{},
+		Replicas:        map[string]ReplicaStats{},
+	}
+	for i, why := range skipReasons() {
+		st.Skipped[why] = ix.skipped[i].Load()
+	}
+	for _, r := range ix.reg.all() {
+		r.mu.Lock()
+		model := r.model
+		r.mu.Unlock()
+		rs := ReplicaStats{
+			Model:        model,
+			Entries:      r.entries.Load(),
+			Speculative:  r.spec.Load(),
+			EngineBlocks: r.engN.Load(),
+		}
+		st.Speculative += rs.Speculative
+		st.Replicas[r.name] = rs
+	}
+	return st
+}
+
+// Index is what the KV-event subscriber feeds.
+var _ kvevents.Handler = (*Index)(nil)

@@ -1,0 +1,198 @@
+package blockindex
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// expireBatch bounds the speculative entries one lookup or one Apply call
+// expires, so that a burst of expiries cannot stall a request.
+const expireBatch = 4096
+
+// specKey names one speculative (key, replica) pair.
+type specKey struct {
+	key uint64
+	id  uint32
+}
+
+// specItem is a deadline in the expiry heap. Items are never updated in
+// place: a refresh pushes a new item, and an item whose pair has a later
+// deadline in specState.deadlines is dropped when it surfaces.
+type specItem struct {
+	deadline int64 // Unix nanoseconds
+	key      uint64
+	id       uint32
+}
+
+// specState tracks the deadlines of speculative pairs. Lock order:
+// replica.mu, then specState.mu, then shard locks.
+type specState struct {
+	mu        sync.Mutex
+	deadlines map[specKey]int64 // guarded by mu; latest deadline per pair
+	heap      []specItem        // guarded by mu; min-heap on deadline
+	// next is the earliest deadline in heap, math.MaxInt64 when empty, so
+	// that lookups can skip expiry (and the clock) with one atomic load.
+	next atomic.Int64
+}
+
+func (sp *specState) push(it specItem) {
+	h := append(sp.heap, it)
+	i := len(h) - 1
+	for i > 0 {
+		p := (i - 1) / 2
+		if h[p].deadline <= h[i].deadline {
+			break
+		}
+		h[p], h[i] = h[i], h[p]
+		i = p
+	}
+	sp.heap = h
+}
+
+func (sp *specState) pop() specItem {
+	h := sp.heap
+	top := h[0]
+	last := len(h) - 1
+	h[0] = h[last]
+	h = h[:last]
+	i := 0
+	for {
+		l, r, m := 2*i+1, 2*i+2, i
+		if l < len(h) && h[l].deadline < h[m].deadline {
+			m = l
+		}
+		if r < len(h) && h[r].deadline < h[m].deadline {
+			m = r
+		}
+		if m == i {
+			break
+		}
+		h[i], h[m] = h[m], h[i]
+		i = m
+	}
+	sp.heap = h
+	if len(h) == 0 && cap(h) > 1024 {
+		sp.heap = nil // let a burst's backing array go
+	}
+	return top
+}
+
+// publishNext updates next from the heap. The caller holds mu.
+func (sp *specState) publishNext() {
+	if len(sp.heap) == 0 {
+		sp.next.Store(math.MaxInt64)
+		return
+	}
+	sp.next.Store(sp.heap[0].deadline)
+}
+
+// AddSpeculative marks keys as held by replica until a KV event confirms
+// them (they then become ordinary entries) or ttl passes (they then vanish).
+// Call it after routing a request, with the request's keys, to cover the lag
+// between routing and the engine's BlockStored events. A key the replica
+// already holds for real is left as it is; adding a speculative key again
+// extends its deadline. Lookups count speculative entries and report them in
+// Hit.Speculative. A ttl ≤ 0 adds nothing.
+//
+// Expired entries are dropped by the next call to AddSpeculative, Apply,
+// Match or Stats; a Match that runs concurrently with an AddSpeculative may
+// still count entries that expired while that call held the expiry lock.
+func (ix *Index) AddSpeculative(replica string, keys []uint64, ttl time.Duration) {
+	if ttl <= 0 || len(keys) == 0 {
+		return
+	}
+	r, err := ix.reg.intern(replica)
+	if err != nil {
+		ix.skip(SkipReplicaLimit, 1)
+		return
+	}
+	now := ix.now().UnixNano()
+	deadline := now + int64(ttl)
+	if deadline < now {
+		deadline = math.MaxInt64
+	}
+	sp := &ix.spec
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	ix.expireLocked(now, -1)
+	for _, k := range keys {
+		if k = k & keyMask; k == 0 {
+			continue
+		}
+		switch ix.kt.add(k, r.id, true) {
+		case addedNew:
+			r.entries.Add(1)
+			r.spec.Add(1)
+		case addedRefused:
+			continue // held for real: nothing to expire
+		}
+		sk := specKey{k, r.id}
+		if d, ok := sp.deadlines[sk]; ok && d >= deadline {
+			continue
+		}
+		sp.deadlines[sk] = deadline
+		sp.push(specItem{deadline: deadline, key: k, id: r.id})
+	}
+	sp.publishNext()
+}
+
+// maybeExpire drops due speculative entries, at most expireBatch of them,
+// unless another goroutine holds the expiry lock (it then does the work).
+func (ix *Index) maybeExpire() {
+	next := ix.spec.next.Load()
+	if next == math.MaxInt64 {
+		return
+	}
+	now := ix.now().UnixNano()
+	if now < next || !ix.spec.mu.TryLock() {
+		return
+	}
+	ix.expireLocked(now, expireBatch)
+	ix.spec.mu.Unlock()
+}
+
+// expireLocked drops speculative pairs whose deadline is ≤ now, at most limit
+// heap items (limit < 0: all). The caller holds ix.spec.mu.
+func (ix *Index) expireLocked(now int64, limit int) {
+	sp := &ix.spec
+	for len(sp.heap) > 0 && sp.heap[0].deadline <= now && limit != 0 {
+		limit--
+		it := sp.pop()
+		sk := specKey{it.key, it.id}
+		d, ok := sp.deadlines[sk]
+		if !ok || d > now {
+			continue // confirmed and cleared, or refreshed
+		}
+		delete(sp.deadlines, sk)
+		if removed, _ := ix.kt.remove(it.key, it.id, true); removed {
+			ix.expired.Add(1)
+			if r := ix.reg.byID(it.id); r != nil {
+				r.entries.Add(-1)
+				r.spec.Add(-1)
+			}
+		}
+	}
+	sp.publishNext()
+}
+
+// clearSpeculative drops every speculative pair of r. The caller holds r.mu
+// (not ix.spec.mu).
+func (ix *Index) clearSpeculative(r *replica) {
+	sp := &ix.spec
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	for sk := range sp.deadlines {
+		if sk.id != r.id {
+			continue
+		}
+		delete(sp.deadlines, sk)
+		if removed, spec := ix.kt.remove(sk.key, r.id, true); removed {
+			r.entries.Add(-1)
+			if spec {
+				r.spec.Add(-1)
+			}
+		}
+	}
+}
