@@ -127,7 +127,35 @@ func submitWait(t testing.TB, e *engine, s *seq) *seq {
 	if s.err != nil {
 		t.Fatalf("request failed: %v", s.err)
 	}
+	settle(t, e)
 	return s
+}
+
+// settle waits until the engine is idle and has published the events of its
+// last step: a request is reported done during a step, and that step's
+// batch is published when the step ends.
+func settle(t testing.TB, e *engine) {
+	t.Helper()
+	sink, _ := e.cfg.sink.(*recordSink)
+	deadline := time.Now().Add(20 * time.Second)
+	last, stable := -1, 0
+	for stable < 4 {
+		if time.Now().After(deadline) {
+			t.Fatal("engine did not settle")
+		}
+		time.Sleep(2 * time.Millisecond)
+		st, _ := e.snapshot()
+		n := 0
+		if sink != nil {
+			n = len(sink.events())
+		}
+		if st.Running == 0 && st.Waiting == 0 && n == last {
+			stable++
+		} else {
+			stable = 0
+		}
+		last = n
+	}
 }
 
 func TestEnginePrefixHit(t *testing.T) {
