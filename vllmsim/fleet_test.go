@@ -577,6 +577,18 @@ func TestFaults(t *testing.T) {
 	waitFor(t, "first stream bytes", func() bool { return bytesSoFar() > 0 })
 	rep.SetFaults(Faults{Hang: true})
 	waitFor(t, "stream held", func() bool { return rep.hung.Load() == 1 })
+	// Bytes written before the hang may still be in flight: wait until
+	// the count stops moving, then nothing more may arrive.
+	prev, stable := -1, 0
+	waitFor(t, "stream bytes to settle", func() bool {
+		n := bytesSoFar()
+		if n == prev {
+			stable++
+		} else {
+			prev, stable = n, 0
+		}
+		return stable >= 25 // 25 ms without a byte
+	})
 	before := bytesSoFar()
 
 	client := &http.Client{Timeout: 300 * time.Millisecond}
