@@ -112,7 +112,10 @@ func writeError(w http.ResponseWriter, err error) *httpError {
 // unwrapped {"object":"error",…} object, and a dead proxy plain text. It
 // returns nil when body is already a proper envelope.
 func normalizeErrorBody(status int, body []byte) []byte {
-	root := gjson.ParseBytes(body)
+	var root gjson.Result
+	if gjson.ValidBytes(body) {
+		root = gjson.ParseBytes(body)
+	}
 	e := root.Get("error")
 	wrapped := e.IsObject()
 	if !wrapped && root.Get("object").String() == "error" {
@@ -131,7 +134,7 @@ func normalizeErrorBody(status int, body []byte) []byte {
 			eb.Code = strOrNil(c.String())
 		}
 		if wrapped && e.Get("message").Type == gjson.String && e.Get("type").Type == gjson.String &&
-			e.Get("param").Exists() && e.Get("code").Exists() && e.Get("code").Type != gjson.Number {
+			stringOrNull(e.Get("param")) && stringOrNull(e.Get("code")) {
 			return nil // already OpenAI-shaped
 		}
 	} else {
@@ -151,6 +154,10 @@ func normalizeErrorBody(status int, body []byte) []byte {
 	}
 	out, _ := json.Marshal(errorEnvelope{Error: eb})
 	return out
+}
+
+func stringOrNull(r gjson.Result) bool {
+	return r.Exists() && (r.Type == gjson.String || r.Type == gjson.Null)
 }
 
 func errorTypeFor(status int) string {

@@ -1,0 +1,133 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// FuzzParseRequest feeds client bodies to the request parser: it must never
+// panic, and what it accepts must yield a valid upstream body and bodies
+// for the tokenizer that are JSON.
+func FuzzParseRequest(f *testing.F) {
+	for _, seed := range []string{
+		`{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"m","stream":true,"stream_options":{"include_usage":false},"messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"x"}]}],"tools":[{"type":"function","function":{"name":"f"}}]}`,
+		`{"model":"m","messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"r"}],"session_id":"s","user":"u"}`,
+		`{"model":"m","prompt":"once upon"}`,
+		`{"model":"m","prompt":[1,2,3]}`,
+		`{"model":"m","prompt":[[1,2],[3]]}`,
+		`{"model":"m","prompt":["a","b"],"cache_salt":"x"}`,
+		`{"model":1}`, `[]`, `{`, ``, `{"model":"m","messages":[{}]}`,
+	} {
+		f.Add(seed, true)
+		f.Add(seed, false)
+	}
+	f.Fuzz(func(t *testing.T, body string, chat bool) {
+		kind := apiCompletions
+		if chat {
+			kind = apiChat
+		}
+		r, err := parseRequest(kind, http.Header{}, []byte(body), "")
+		if err != nil {
+			if _, ok := err.(*httpError); !ok {
+				t.Fatalf("parse error is not an httpError: %T %v", err, err)
+			}
+			return
+		}
+		ub, err := r.upstreamBody()
+		if err != nil {
+			t.Fatalf("accepted body has no upstream form: %v", err)
+		}
+		if !json.Valid(ub) {
+			t.Fatalf("upstream body is not JSON: %s", ub)
+		}
+		if tb := r.tokenizeBody(); tb != nil && !json.Valid(tb) {
+			t.Fatalf("tokenize body is not JSON: %s", tb)
+		}
+		_ = r.approxText()
+		_, _ = r.promptTokenIDs()
+		if r.estimatedTokens() < 1 {
+			t.Fatal("estimate below 1")
+		}
+	})
+}
+
+// FuzzSSEFilter feeds arbitrary upstream streams through the SSE filter,
+// read in random-sized pieces: it must never panic, must report done
+// exactly once, and with usage dropping off must pass the bytes through
+// unchanged except for error events it rewrites.
+func FuzzSSEFilter(f *testing.F) {
+	for _, seed := range []string{
+		"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1,\"prompt_tokens_details\":{\"cached_tokens\":0}}}\n\ndata: [DONE]\n\n",
+		"data: {\"error\":{\"message\":\"boom\",\"type\":\"x\",\"param\":null,\"code\":500}}\n\ndata: [DONE]\n\n",
+		"event: x\r\ndata: a\r\ndata: b\r\n\r\n",
+		"data: {\"usage\":null}\n\n",
+		": comment\n\ndata: {\n",
+		"data:" + strings.Repeat("x", 70000) + "\n\n",
+	} {
+		f.Add(seed, uint8(7), false)
+		f.Add(seed, uint8(200), true)
+	}
+	f.Fuzz(func(t *testing.T, stream string, chunk uint8, drop bool) {
+		dones := 0
+		filter := newSSEFilter(io.NopCloser(strings.NewReader(stream)), drop, observer{
+			usage: func(usage) {},
+			done:  func(error) { dones++ },
+		})
+		var out bytes.Buffer
+		buf := make([]byte, int(chunk)+1)
+		for {
+			n, err := filter.Read(buf)
+			out.Write(buf[:n])
+			if err != nil {
+				break
+			}
+		}
+		filter.Close()
+		if dones != 1 {
+			t.Fatalf("done called %d times", dones)
+		}
+		if !drop && !strings.Contains(stream, `"error"`) && out.String() != stream && len(stream) < maxEventBytes {
+			t.Fatalf("stream changed in transit:\nin  %q\nout %q", stream, out.String())
+		}
+	})
+}
+
+// FuzzNormalizeErrorBody: any upstream error body becomes OpenAI's
+// envelope with all four keys, code and param strings or null.
+func FuzzNormalizeErrorBody(f *testing.F) {
+	for _, seed := range []string{
+		`{"error":{"message":"m","type":"BadRequestError","param":null,"code":400}}`,
+		`{"object":"error","message":"m","type":"t","param":"p","code":404}`,
+		`{"error":{"message":"ok","type":"t","param":null,"code":"c"}}`,
+		`Internal Server Error`, ``, `{"error":"string"}`, `{"error":{"message":5}}`,
+	} {
+		f.Add(seed, 500)
+		f.Add(seed, 400)
+	}
+	f.Fuzz(func(t *testing.T, body string, status int) {
+		out := normalizeErrorBody(status, []byte(body))
+		if out == nil {
+			out = []byte(body) // already an envelope: check that claim
+		}
+		var env struct {
+			Error map[string]json.RawMessage `json:"error"`
+		}
+		if err := json.Unmarshal(out, &env); err != nil || env.Error == nil {
+			t.Fatalf("not an envelope: %s (from %q)", out, body)
+		}
+		for _, k := range []string{"message", "type", "param", "code"} {
+			v, ok := env.Error[k]
+			if !ok {
+				t.Fatalf("envelope lacks %q: %s", k, out)
+			}
+			if (k == "param" || k == "code") && string(v) != "null" && (len(v) == 0 || v[0] != '"') {
+				t.Fatalf("%s is %s; want a string or null (from %q)", k, v, body)
+			}
+		}
+	})
+}
