@@ -19,7 +19,7 @@ import (
 
 	"github.com/tidwall/gjson"
 
-	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/gateway"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/scoring/blockindex"
 	"github.com/warmpath/warmpath/session"
@@ -46,17 +46,12 @@ const (
 	// with 32 sequences of 4k context (vllmsim/profile.go).
 	decodeTokenTime = 15 * time.Millisecond
 	// satWaiting, satKVUsage and satPrefillTokens are the thresholds at
-	// which the gateway calls a replica saturated: the defaults of
-	// routing.max_waiting and routing.max_kv_usage (fleet.DefaultMaxWaiting
-	// and fleet.DefaultMaxKVUsage) and of
-	// routing.max_inflight_prefill_tokens (65,536, set in
-	// gateway/config.go's withDefaults, not exported).
-	satWaiting       = fleet.DefaultMaxWaiting
-	satKVUsage       = fleet.DefaultMaxKVUsage
-	satPrefillTokens = 65536
-	// sessionTTL is how long a session binding outlives its last refresh:
-	// the default of the gateway's routing.session_ttl.
-	sessionTTL = 30 * time.Minute
+	// which the gateway calls a replica saturated, at their defaults.
+	satWaiting       = gateway.DefaultMaxWaiting
+	satKVUsage       = gateway.DefaultMaxKVUsage
+	satPrefillTokens = gateway.DefaultMaxInflightPrefillTokens
+	// sessionTTL is how long a session binding outlives its last refresh.
+	sessionTTL = gateway.DefaultSessionTTL
 	// analyzeModel is the model name every simulated request asks for.
 	analyzeModel = vllmsim.DefaultModel
 )

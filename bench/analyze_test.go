@@ -111,14 +111,15 @@ func TestSimReplicaSaturation(t *testing.T) {
 		name string
 		n    int   // requests admitted at once
 		est  int   // gateway estimate each
-		ids  int32 // distinct blocks each
+		ids  int32 // distinct blocks each, of a 100-block cache
 		want bool
 	}{
 		{"idle", 0, 0, 0, false},
-		{"seven waiting", 8, 100, 0, false},
-		{"eight waiting", 9, 100, 0, true},
-		{"prefill tokens", 2, 40000, 0, true},
-		{"kv", 1, 100, 96, true},
+		// One request runs; the rest wait.
+		{"waiting below the threshold", satWaiting, 100, 0, false},
+		{"waiting at the threshold", satWaiting + 1, 100, 0, true},
+		{"prefill tokens", 2, satPrefillTokens/2 + 1, 0, true},
+		{"kv", 1, 100, int32(satKVUsage * 100), true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -3,4 +3,73 @@
 // replica caches (Analyze), and live, by driving workloads through the real
 // gateway in front of an in-process simulated fleet, once per routing policy
 // on a fresh fleet (Run).
+//
+// # Live benchmark
+//
+// Run plans a Workload (shared-prefix, agentic or trace; see Workloads) and,
+// for each policy in turn, builds a fresh simulated fleet (vllmsim, same
+// configuration and seed), a fresh in-process Redis (miniredis) and a fresh
+// gateway with that policy, drives the workload through the gateway with
+// streamed chat completions, collects the figures and tears everything
+// down. Every policy faces the same requests at the same times. Instead of
+// the simulated fleet, Run can route to external OpenAI-compatible replicas
+// (Config.Fleet, their prefix caches reset between policies) or benchmark
+// one running endpoint (Config.Target).
+//
+// A workload is a list of sessions, each a Script of turns: one request for
+// the open-loop workloads, an agent run whose next turn carries the reply
+// of the previous one for agentic. Sessions carry a class, a tenant and
+// headers for workloads that need them.
+//
+// # Scale and speed
+//
+// Everything runs in one process, so the benchmark shrinks the work without
+// changing its queueing shape. Config.Scale s multiplies every token count
+// (prompts, outputs, KV capacity, the step's token budget) and
+// ScaledProfile dilates the simulated engine's costs to match: prefill per
+// token ÷ s, step base and per-sequence cost ÷ s, per-context-token
+// attention cost ÷ s². A request then spends as long in prefill, in decode
+// and in the queue as at full size, so request rates, pauses and stage
+// lengths are left at full size and every simulated time is a full-size
+// time; only the number of engine steps and streamed tokens drops by s.
+// The gateway's one token-denominated threshold
+// (routing.max_inflight_prefill_tokens) is scaled by s as well. Two things
+// do not scale: a dilated step is 1/s times longer, so a request that
+// arrives mid-step waits 1/s times longer for it (this adds roughly half a
+// scaled step, ~50 ms at s = 0.25, to every TTFT), and the warmpath
+// prefill-cost scorer's constants (1,024 tokens per waiting request, 256
+// tokens of smoothing) are in tokens and so weigh 1/s times more. The
+// latter visibly changes warmpath's behaviour under load at s = 0.1 but not
+// at 0.25, whose results match full size; hence DefaultScale.
+//
+// Config.Speed runs simulated time that many times faster than real time.
+// All reported times are simulated: wall-clock durations multiplied by
+// Speed. The gateway's and the load generator's own wall-clock overhead
+// (a few milliseconds per request on a loaded 2-core host) is multiplied
+// too; Result.EngineTTFT* report the replicas' own TTFT on their simulated
+// clocks for comparison. The gateway's periodic work (metrics scrapes,
+// health checks, speculative-entry lifetime) is scheduled at its defaults
+// divided by Speed, so that it behaves in simulated time as deployed, and
+// streams are coalesced to at most two chunks per simulated second
+// (Config.StreamInterval), which delays only a stream's last chunk.
+//
+// # Figures
+//
+// TTFT is the time to the first content-bearing chunk of the stream;
+// output tokens per second and requests per second divide by the makespan
+// (first send to last completion); the cached fraction is Σ
+// usage.prompt_tokens_details.cached_tokens ÷ Σ usage.prompt_tokens over
+// the responses; the ceiling is Ceiling over the prompts actually sent
+// (tokenized with the simulator's tokenizer and chat template, 16-token
+// blocks, unlimited cache), and the LRU ceiling the same through one LRU
+// cache the size of the whole fleet's; the imbalance is max ÷ mean of
+// the prefill tokens each replica computed. Warm-up requests are left out
+// of latency and throughput, not of the cache figures.
+//
+// # Goroutines
+//
+// Run is blocking. Per policy it runs the fleet (Fleet.Run), the gateway
+// (Gateway.Run), miniredis's server, the driver's scheduler (in Run's
+// goroutine), one goroutine per active session, and a progress redrawer
+// when Config.Progress is set; all are joined before the next policy.
 package bench

@@ -14,6 +14,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/vllmsim"
 )
 
@@ -303,5 +304,38 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 	}, "in-flight count back to 0")
 	if got := counter(t, gw.reg, "warmpath_requests_total", map[string]string{"code": "499"}); got != 1 {
 		t.Errorf("499s counted = %v; want 1", got)
+	}
+}
+
+// Every policy serves requests, streaming and not, with debug headers on.
+func TestEveryPolicyServes(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{Replicas: 2})
+	for _, policy := range scoring.Policies() {
+		t.Run(policy, func(t *testing.T) {
+			cfg := fleetConfig(sim)
+			cfg.Debug = true
+			cfg.Routing.Policy = policy
+			rdb := redisFor(t, &cfg)
+			gw := startGateway(t, cfg, rdb)
+			c := newConversation(words("p", 100), "hello")
+			for range 3 {
+				if r := c.turn(t, gw.URL, "next"); r.replica() == "" {
+					t.Fatalf("no X-Warmpath-Replica header: %v", r.Header)
+				}
+			}
+			resp, err := http.Post(gw.URL+"/v1/chat/completions", "application/json",
+				strings.NewReader(`{"model":"qwen3-32b","stream":true,"max_tokens":4,"messages":[{"role":"user","content":"stream"}]}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			events := sseEvents(t, resp.Body)
+			resp.Body.Close()
+			if len(events) < 2 || events[len(events)-1] != "[DONE]" {
+				t.Fatalf("stream: %v", events)
+			}
+			if got := counter(t, gw.reg, "warmpath_requests_total", map[string]string{"policy": policy, "code": "200"}); got != 4 {
+				t.Errorf("requests_total{policy=%q,code=200} = %v; want 4", policy, got)
+			}
+		})
 	}
 }

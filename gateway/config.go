@@ -15,6 +15,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/scoring"
 )
 
@@ -141,13 +142,14 @@ type RoutingConfig struct {
 	// negative disables speculative entries.
 	SpeculativeTTL time.Duration `yaml:"speculative_ttl"`
 	// MaxWaiting and MaxKVUsage mark a replica saturated: a sticky session
-	// moves off it and affinity scores on it are zeroed. Defaults 8 and
-	// 0.95.
+	// moves off it and affinity scores on it are zeroed (unless every
+	// replica is saturated). Defaults DefaultMaxWaiting (32) and
+	// DefaultMaxKVUsage (1.0, a completely full cache).
 	MaxWaiting int     `yaml:"max_waiting"`
 	MaxKVUsage float64 `yaml:"max_kv_usage"`
 	// MaxInflightPrefillTokens marks a replica saturated when this gateway
-	// has that many uncached prompt tokens in flight to it; default 65536,
-	// negative disables.
+	// has that many uncached prompt tokens in flight to it; default
+	// DefaultMaxInflightPrefillTokens (262,144), negative disables.
 	MaxInflightPrefillTokens int64 `yaml:"max_inflight_prefill_tokens"`
 	// TokenizeCacheSize bounds the cache of tokenized prompts; default 4096.
 	TokenizeCacheSize int `yaml:"tokenize_cache_size"`
@@ -272,6 +274,20 @@ func splitList(s string) []string {
 	return out
 }
 
+// Saturation defaults. A busy vLLM keeps its KV cache nearly full of running
+// sequences and a short queue, so lower thresholds trip on every replica
+// during a burst (bench, shared-prefix, tuned on seeds 2 and 3: p99 TTFT
+// 35–41 s at 8 waiting and 0.95 KV use, about 1 s at these).
+const (
+	DefaultMaxWaiting = fleet.DefaultMaxWaiting
+	DefaultMaxKVUsage = fleet.DefaultMaxKVUsage
+	// DefaultMaxInflightPrefillTokens is about 17 s of prefill at 15,000
+	// tokens/s.
+	DefaultMaxInflightPrefillTokens = 262144
+	// DefaultSessionTTL is how long a session binding outlives its turn.
+	DefaultSessionTTL = 30 * time.Minute
+)
+
 // withDefaults returns c with every unset field at its default.
 func (c Config) withDefaults() Config {
 	def := func(p *time.Duration, d time.Duration) {
@@ -299,16 +315,16 @@ func (c Config) withDefaults() Config {
 	if r.BlockSize == 0 {
 		r.BlockSize = 16
 	}
-	def(&r.SessionTTL, 30*time.Minute)
+	def(&r.SessionTTL, DefaultSessionTTL)
 	def(&r.SpeculativeTTL, 2*time.Second)
 	if r.MaxWaiting == 0 {
-		r.MaxWaiting = 8
+		r.MaxWaiting = DefaultMaxWaiting
 	}
 	if r.MaxKVUsage == 0 {
-		r.MaxKVUsage = 0.95
+		r.MaxKVUsage = DefaultMaxKVUsage
 	}
 	if r.MaxInflightPrefillTokens == 0 {
-		r.MaxInflightPrefillTokens = 65536
+		r.MaxInflightPrefillTokens = DefaultMaxInflightPrefillTokens
 	}
 	if r.TokenizeCacheSize == 0 {
 		r.TokenizeCacheSize = 4096

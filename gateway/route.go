@@ -358,7 +358,8 @@ func (g *Gateway) debugHeaders(h interface{ Set(string, string) }, x *exchange) 
 	if p.rebind != "" {
 		h.Set("X-Warmpath-Rebind", p.rebind)
 	}
-	if d := p.decision; d != nil {
+	// Pure pickers (round-robin, session-hash) leave no scores.
+	if d := p.decision; d != nil && d.Totals != nil {
 		var parts []string
 		for i, e := range p.eps {
 			s := fmt.Sprintf("%s=%.3f", e.ID, d.Totals[i])

@@ -103,7 +103,9 @@ type Policy struct {
 	Scorers []Weighted
 	// Picker chooses among scored endpoints; nil means MaxScore.
 	Picker Picker
-	// GuardSaturated zeroes affinity scores on saturated endpoints.
+	// GuardSaturated zeroes affinity scores on saturated endpoints, while
+	// at least one endpoint is not saturated: when every replica is, moving
+	// work only makes routing cache-blind.
 	GuardSaturated bool
 	// UsesPrecise and UsesApprox say which prefix index fills
 	// Request.Matched for this policy.
@@ -121,6 +123,7 @@ func (p *Policy) Route(ctx context.Context, r *Request, eps []Endpoint, rng *ran
 		return Decision{}, ErrNoEndpoint
 	}
 	var d Decision
+	guard := p.GuardSaturated && !allSaturated(eps)
 	if len(p.Scorers) > 0 {
 		d.Totals = make([]float64, len(eps))
 		d.Breakdown = make(map[string][]float64, len(p.Scorers))
@@ -129,7 +132,7 @@ func (p *Policy) Route(ctx context.Context, r *Request, eps []Endpoint, rng *ran
 			contrib := make([]float64, len(eps))
 			for i := range eps {
 				s := clamp01(scores[i])
-				if p.GuardSaturated && w.Category == Affinity && eps[i].Saturated {
+				if guard && w.Category == Affinity && eps[i].Saturated {
 					s = 0
 				}
 				contrib[i] = w.Weight * s
@@ -144,6 +147,16 @@ func (p *Policy) Route(ctx context.Context, r *Request, eps []Endpoint, rng *ran
 	}
 	d.Order = picker.Pick(r, eps, d.Totals, rng)
 	return d, nil
+}
+
+// allSaturated reports whether every endpoint is saturated.
+func allSaturated(eps []Endpoint) bool {
+	for i := range eps {
+		if !eps[i].Saturated {
+			return false
+		}
+	}
+	return true
 }
 
 func clamp01(v float64) float64 {

@@ -90,7 +90,14 @@ func TestRouteWeightsAndGuard(t *testing.T) {
 	if got := d.Breakdown["prefix"]; !near(got, []float64{0, 0}) {
 		t.Errorf("prefix breakdown = %v; want [0 0]", got)
 	}
-	endpoints[0].Saturated = false
+	// When every endpoint is saturated, the guard stands down: moving work
+	// would only make routing cache-blind.
+	endpoints[1].Saturated = true
+	d, _ = p.Route(ctx, r, endpoints, nil)
+	if got := endpoints[d.Chosen()].ID; got != "hot" {
+		t.Errorf("all saturated: chose %s; want the holder", got)
+	}
+	endpoints[0].Saturated, endpoints[1].Saturated = false, false
 	d, _ = p.Route(ctx, r, endpoints, nil)
 	if got := endpoints[d.Chosen()].ID; got != "hot" {
 		t.Errorf("unsaturated holder: chose %s; want hot", got)
@@ -268,6 +275,10 @@ func TestStick(t *testing.T) {
 		{"c", held, -1, RebindEvicted},
 		{"c", nil, 2, ""},
 		{"zz", nil, -1, RebindGone},
+	}
+	all := []Endpoint{{ID: "a", Saturated: true}, {ID: "b", Saturated: true}}
+	if i, why := Stick("a", all, nil); i != 0 || why != "" {
+		t.Errorf("every endpoint saturated: Stick = %d, %q; want to stay", i, why)
 	}
 	for _, tt := range tests {
 		i, why := Stick(tt.bound, e, tt.holds)

@@ -8,8 +8,9 @@ const (
 )
 
 // Stick decides whether a sticky session stays on its bound endpoint: it
-// does while the endpoint is eligible, unsaturated and still holds the
-// session's prefix. It returns the endpoint's index, or -1 and why the
+// does while the endpoint is eligible, unsaturated (or every endpoint is
+// saturated, when moving would only trade a warm queue for a cold one) and
+// still holds the session's prefix. It returns the endpoint's index, or -1 and why the
 // session must be rebound ("" when it was not bound). holds reports whether
 // eps[i] still holds the session's prefix; nil means it does.
 func Stick(bound string, eps []Endpoint, holds func(i int) bool) (int, string) {
@@ -21,7 +22,7 @@ func Stick(bound string, eps []Endpoint, holds func(i int) bool) (int, string) {
 			continue
 		}
 		switch {
-		case eps[i].Saturated:
+		case eps[i].Saturated && !allSaturated(eps):
 			return -1, RebindSaturated
 		case holds != nil && !holds(i):
 			return -1, RebindEvicted

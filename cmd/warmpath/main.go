@@ -23,6 +23,8 @@ func commands() []command {
 	return []command{
 		{"serve", "run the gateway (embedded dev setup when nothing is configured)", runServe},
 		{"sim", "run a simulated vLLM fleet", runSim},
+		{"bench", "benchmark routing policies live on a simulated (or given) fleet", runBench},
+		{"analyze", "replay a request log offline through every routing policy", runAnalyze},
 	}
 }
 

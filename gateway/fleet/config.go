@@ -26,8 +26,8 @@ const (
 	DefaultStaleAfter        = time.Second            // Config.StaleAfter (and ScrapeTimeout)
 	DefaultModelsInterval    = 30 * time.Second       // Config.ModelsInterval
 	DefaultDNSInterval       = 10 * time.Second       // DNSSpec.Interval
-	DefaultMaxWaiting        = 8                      // Saturation.MaxWaiting
-	DefaultMaxKVUsage        = 0.95                   // Saturation.MaxKVUsage
+	DefaultMaxWaiting        = 32                     // Saturation.MaxWaiting
+	DefaultMaxKVUsage        = 1.0                    // Saturation.MaxKVUsage: a completely full cache
 	DefaultQueueRoof         = 5                      // Saturation.QueueRoof
 	DefaultKVRoof            = 0.8                    // Saturation.KVRoof
 )

@@ -93,7 +93,7 @@ func TestNewDefaults(t *testing.T) {
 		c.ScrapeTimeout != DefaultStaleAfter || c.ModelsInterval != DefaultModelsInterval {
 		t.Errorf("defaults not applied: %+v", c)
 	}
-	if c.Saturation != (Saturation{MaxWaiting: 8, MaxKVUsage: 0.95, QueueRoof: 5, KVRoof: 0.8}) {
+	if c.Saturation != (Saturation{MaxWaiting: 32, MaxKVUsage: 1.0, QueueRoof: 5, KVRoof: 0.8}) {
 		t.Errorf("saturation defaults = %+v", c.Saturation)
 	}
 	if c.Client == nil || c.Resolver == nil || c.Now == nil || c.Logger == nil {

@@ -1,0 +1,154 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warmpath/warmpath/vllmsim"
+)
+
+// smokeConfig is the CI smoke configuration: the shared-prefix workload on
+// two replicas (38 groups × 5 users, rates × 2/8) at 3 % of full size, its
+// warm-up and first four ladder stages at half length (about 270 requests,
+// 85 simulated seconds, under the fleet's capacity), at 20× speed, for
+// round-robin and warmpath: a few seconds of wall-clock time per policy.
+// With short set it keeps the first 100 requests.
+func smokeConfig(short bool) Config {
+	c := Config{
+		Workload:   "shared-prefix",
+		Policies:   []string{"round-robin", "warmpath"},
+		Replicas:   2,
+		Scale:      0.03,
+		StageScale: 0.5,
+		Duration:   85 * time.Second,
+		Speed:      20,
+	}
+	if short {
+		c.Limit = 100
+	}
+	return c
+}
+
+func TestRunSmoke(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, smokeConfig(testing.Short()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table bytes.Buffer
+	if err := rep.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", table.String())
+	if len(rep.Results) != 2 || rep.Results[0].Policy != "round-robin" || rep.Results[1].Policy != "warmpath" {
+		t.Fatalf("results = %+v", rep.Results)
+	}
+	rr, wp := rep.Results[0], rep.Results[1]
+	for _, r := range rep.Results {
+		switch {
+		case r.Requests == 0 || r.Errors != 0:
+			t.Errorf("%s: %d requests, %d errors (%s)", r.Policy, r.Requests, r.Errors, r.FirstError)
+		case r.TTFTP50Ms <= 0 || r.TTFTP90Ms < r.TTFTP50Ms || r.TTFTP99Ms < r.TTFTP90Ms || r.EngineTTFTP50Ms <= 0:
+			t.Errorf("%s: TTFT p50 %v p90 %v p99 %v engine %v", r.Policy, r.TTFTP50Ms, r.TTFTP90Ms, r.TTFTP99Ms, r.EngineTTFTP50Ms)
+		case r.OutputTokensPerS <= 0 || r.RequestsPerS <= 0:
+			t.Errorf("%s: %v output tokens/s, %v requests/s", r.Policy, r.OutputTokensPerS, r.RequestsPerS)
+		case r.Ceiling <= 0 || r.Ceiling > 1 || r.CachedFraction <= 0 || r.CachedFraction > r.Ceiling*1.05:
+			t.Errorf("%s: cached %v, ceiling %v", r.Policy, r.CachedFraction, r.Ceiling)
+		case r.Imbalance < 1 || len(r.PrefillTokens) != 2 || r.ImbalanceSource != "engine":
+			t.Errorf("%s: imbalance %v over %v (%s)", r.Policy, r.Imbalance, r.PrefillTokens, r.ImbalanceSource)
+		}
+	}
+	if rr.Requests != wp.Requests {
+		t.Errorf("policies saw different workloads: %d and %d requests", rr.Requests, wp.Requests)
+	}
+	if wp.CachedFraction <= rr.CachedFraction {
+		t.Errorf("warmpath cached %v ≤ round-robin's %v", wp.CachedFraction, rr.CachedFraction)
+	}
+	if wp.TokenizerAvoided+wp.TokenizerCalls == 0 || wp.Gateway["warmpath_routing_decisions_total"] == 0 {
+		t.Errorf("warmpath gateway counters: %v", wp.Gateway)
+	}
+	var html bytes.Buffer
+	// TTFT CDFs, cached fraction and engine queues over time.
+	if err := rep.WriteHTML(&html); err != nil || strings.Count(html.String(), "<svg") != 3 {
+		t.Errorf("HTML report: %v, %d charts; want 3", err, strings.Count(html.String(), "<svg"))
+	}
+	if len(wp.Load) == 0 || len(wp.Load[0].Waiting) != 2 {
+		t.Errorf("warmpath load samples: %d", len(wp.Load))
+	}
+}
+
+// TestRunExternal drives the external-fleet and target paths against a
+// simulated fleet served in the test.
+func TestRunExternal(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow")
+	}
+	t.Parallel()
+	fl, err := vllmsim.NewFleet(vllmsim.Config{Replicas: 2, Speed: 10, Profile: ScaledProfile(vllmsim.DefaultProfile(), 0.05), Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- fl.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("fleet: %v", err)
+		}
+	})
+	var urls, kv []string
+	for _, r := range fl.Replicas() {
+		urls, kv = append(urls, r.Info().URL), append(kv, r.Info().KVEndpoint)
+	}
+	base := Config{Workload: "shared-prefix", Scale: 0.05, StageScale: 0.04, Speed: 10, Limit: 60}
+
+	c := base
+	c.Fleet, c.KVEvents, c.Policies = urls, kv, []string{"precise-prefix", "warmpath"}
+	rep, err := Run(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rep.Results {
+		if r.Requests == 0 || r.Errors != 0 || r.ImbalanceSource != "responses" || len(r.PrefillTokens) != 2 || r.CachedFraction <= 0 {
+			t.Errorf("fleet %s: %+v", r.Policy, r)
+		}
+	}
+	// Both policies start cold: the caches were reset in between, so the
+	// second run's cached fraction is not inflated by the first.
+	if a, b := rep.Results[0].CachedFraction, rep.Results[1].CachedFraction; b > a+0.15 {
+		t.Errorf("cached fraction %v then %v: caches not reset?", a, b)
+	}
+
+	c = base
+	c.Target, c.Fleet = urls[0], urls
+	rep, err = Run(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Results) != 1 || rep.Results[0].Policy != TargetPolicy || rep.Results[0].Requests == 0 || rep.Results[0].Errors != 0 {
+		t.Errorf("target: %+v", rep.Results)
+	}
+}
+
+func TestProgressDraw(t *testing.T) {
+	var b bytes.Buffer
+	d := newDriver("http://x", "m", "", 4, time.Minute)
+	d.t0.Store(time.Now().Add(-10 * time.Second).UnixNano()) // 40 simulated seconds ago
+	d.sent.Store(12)
+	d.finished.Store(10)
+	p := &progress{w: &b, policy: "warmpath", index: 1, total: 6, planned: 80 * time.Second}
+	p.draw(d)
+	got := b.String()
+	for _, want := range []string{"\r", "[2/6] warmpath", " 50%", "sent 12", "done 10", "err 0"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("progress line %q lacks %q", got, want)
+		}
+	}
+	p.finish() // not started: a no-op
+}
