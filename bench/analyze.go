@@ -68,9 +68,10 @@ type AnalyzeConfig struct {
 	// (8).
 	Replicas int
 	// CacheBlocks lists the per-replica prefix-cache sizes to sweep, in
-	// trace blocks; nil means ¼×, ½×, 1×, 2× and 4× the KV capacity of
-	// vllmsim's default profile (307,328 tokens: 150, 300, 600, 1,200 and
-	// 2,400 blocks of a Mooncake trace).
+	// trace blocks; nil means ¼×, ½×, 1×, 2×, 4× and 8× the KV capacity of
+	// vllmsim's default profile (307,328 tokens: 150, 300, 600, 1,200,
+	// 2,400 and 4,800 blocks of a Mooncake trace; the larger sizes stand
+	// for a CPU or SSD tier behind the GPU cache).
 	CacheBlocks []int
 	// Policies lists the routing policies to compare; nil means
 	// scoring.Policies().
@@ -334,12 +335,12 @@ func (c AnalyzeConfig) withDefaults() (AnalyzeConfig, error) {
 }
 
 // DefaultCacheBlocks returns the cache sizes Analyze sweeps by default for
-// a trace of blockTokens-token blocks: ¼×, ½×, 1×, 2× and 4× the KV
+// a trace of blockTokens-token blocks: ¼×, ½×, 1×, 2×, 4× and 8× the KV
 // capacity of vllmsim's default profile, in blocks.
 func DefaultCacheBlocks(blockTokens int) []int {
 	p := vllmsim.DefaultProfile()
 	one := max(1, p.KVBlocks*p.BlockSize/max(1, blockTokens))
-	return []int{max(1, one/4), max(1, one/2), one, 2 * one, 4 * one}
+	return []int{max(1, one/4), max(1, one/2), one, 2 * one, 4 * one, 8 * one}
 }
 
 // simInput is the trace prepared once for every simulated run.

@@ -162,8 +162,8 @@ func TestAnalyzeHead(t *testing.T) {
 	t.Logf("\n%s", table.String())
 
 	pols, sizes := scoring.Policies(), DefaultCacheBlocks(MooncakeBlockTokens)
-	if !slices.Equal(sizes, []int{150, 300, 600, 1200, 2400}) {
-		t.Errorf("default cache sizes = %v; want 150…2400", sizes)
+	if !slices.Equal(sizes, []int{150, 300, 600, 1200, 2400, 4800}) {
+		t.Errorf("default cache sizes = %v; want 150…4800", sizes)
 	}
 	if len(rep.Results) != len(pols)*len(sizes) {
 		t.Fatalf("got %d results; want %d", len(rep.Results), len(pols)*len(sizes))
@@ -354,7 +354,7 @@ func TestAnalyzeChatLog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(rep.cacheSizes(), []int{4802, 9604, 19208, 38416, 76832}) {
+	if !slices.Equal(rep.cacheSizes(), []int{4802, 9604, 19208, 38416, 76832, 153664}) {
 		t.Errorf("chat-log cache sizes = %v; want the 16-token-block sizes", rep.cacheSizes())
 	}
 	for _, r := range rep.Results {

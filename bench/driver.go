@@ -53,8 +53,10 @@ func (s *sample) ok() bool { return s.err == "" }
 // driver plays a Plan's sessions against an OpenAI-compatible endpoint and
 // records every request. A driver is used for one run.
 type driver struct {
-	// url is the endpoint's base URL, e.g. http://127.0.0.1:8080.
-	url    string
+	// urls are the endpoints' base URLs, e.g. http://127.0.0.1:8080;
+	// requests take them in turn.
+	urls   []string
+	next   atomic.Uint64
 	model  string
 	apiKey string
 	// speed converts wall-clock to simulated time.
@@ -71,9 +73,9 @@ type driver struct {
 	samples []sample
 }
 
-func newDriver(url, model, apiKey string, speed float64, drain time.Duration) *driver {
+func newDriver(urls []string, model, apiKey string, speed float64, drain time.Duration) *driver {
 	return &driver{
-		url: url, model: model, apiKey: apiKey, speed: speed, drain: drain,
+		urls: urls, model: model, apiKey: apiKey, speed: speed, drain: drain,
 		client: &http.Client{Transport: &http.Transport{
 			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 			MaxIdleConnsPerHost: 1 << 16,
@@ -197,7 +199,8 @@ func (d *driver) send(ctx context.Context, s *Session, t *Turn, t0 time.Time) (s
 		smp.err = "encode: " + err.Error()
 		return smp, out
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.url+"/v1/chat/completions", bytes.NewReader(body))
+	url := d.urls[(d.next.Add(1)-1)%uint64(len(d.urls))]
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", bytes.NewReader(body))
 	if err != nil {
 		smp.err = err.Error()
 		return smp, out

@@ -118,8 +118,11 @@ type Result struct {
 	// (sticky, scored, …).
 	Reasons map[string]int `json:"reasons,omitempty"`
 	// Gateway holds every warmpath_* counter and gauge of the gateway's
-	// registry at the end of the run.
+	// registry at the end of the run, summed over the gateways.
 	Gateway map[string]float64 `json:"gateway,omitempty"`
+	// GatewayDecisions counts each gateway's routing decisions, when
+	// several shared the run.
+	GatewayDecisions []float64 `json:"gateway_decisions,omitempty"`
 	// Load samples the simulated engines once a simulated second (empty
 	// for external fleets).
 	Load []LoadSample `json:"load,omitempty"`
@@ -473,6 +476,9 @@ func reportConfig(cfg Config, p vllmsim.Profile, external bool) []Param {
 			Param{"profile", fmt.Sprintf("%s: step %v + %v/prefill token + %v/seq + %v/context token; %d batched tokens, %d seqs",
 				p.Name, p.StepBase, p.PrefillPerToken, p.DecodePerSeq, p.DecodePerContextToken, p.MaxNumBatchedTokens, p.MaxNumSeqs)})
 	}
+	if cfg.Target == "" {
+		ps = append(ps, Param{"gateways", fmt.Sprintf("%d (sharing one Redis; requests spread over them in turn)", cfg.Gateways)})
+	}
 	ps = append(ps,
 		Param{"scale", strconv.FormatFloat(cfg.Scale, 'g', -1, 64)},
 		Param{"speed", fmt.Sprintf("%g (times are simulated: wall-clock × speed)", cfg.Speed)},
@@ -538,6 +544,10 @@ func (rep *Report) WriteTable(w io.Writer) error {
 			fmt.Fprintf(&b, " · %s %s", p.Name, p.Value)
 		case "speed":
 			fmt.Fprintf(&b, " · speed %s", strings.Fields(p.Value)[0])
+		case "gateways":
+			if g := strings.Fields(p.Value)[0]; g != "1" {
+				fmt.Fprintf(&b, " · %s gateways", g)
+			}
 		}
 	}
 	fmt.Fprintf(&b, " · wall %v\n", rep.Wall.Round(time.Second))

@@ -63,6 +63,11 @@ type Config struct {
 	// Replicas is the simulated fleet's size; default 8. Ignored with
 	// Fleet.
 	Replicas int
+	// Gateways is how many gateway processes (in-process instances) share
+	// one Redis in front of the fleet, as a highly available deployment
+	// runs them; the load generator spreads requests over them in turn,
+	// as an L7 load balancer would. Default 1; ignored with Target.
+	Gateways int
 	// Speed is simulated seconds per real second; default DefaultSpeed
 	// for the simulated fleet, 1 for Fleet and Target (set it to an
 	// external simulator's --speed). Every reported time is simulated:
@@ -140,6 +145,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Replicas == 0 {
 		c.Replicas = DefaultReplicas
 	}
+	if c.Gateways == 0 {
+		c.Gateways = 1
+	}
 	if len(c.Fleet) > 0 {
 		c.Replicas = len(c.Fleet)
 	}
@@ -173,6 +181,8 @@ func (c Config) withDefaults() (Config, error) {
 	switch {
 	case c.Replicas < 1 || c.Replicas > 64:
 		return c, fmt.Errorf("bench: %d replicas (want 1–64)", c.Replicas)
+	case c.Gateways < 1 || c.Gateways > 8:
+		return c, fmt.Errorf("bench: %d gateways (want 1–8)", c.Gateways)
 	case c.Speed <= 0 || c.Scale <= 0 || c.Scale > 1 || c.StageScale <= 0 || c.TimeScale <= 0:
 		return c, fmt.Errorf("bench: speed %g, scale %g, stage scale %g and time scale %g must be positive (scale at most 1)",
 			c.Speed, c.Scale, c.StageScale, c.TimeScale)
@@ -394,7 +404,7 @@ func runTarget(ctx context.Context, cfg Config, plan *Plan, pr *progress) (*Resu
 	if err := resetCaches(ctx, cfg.Fleet); err != nil {
 		return nil, err
 	}
-	d := newDriver(strings.TrimRight(cfg.Target, "/"), cfg.Model, cfg.APIKey, cfg.Speed, cfg.Drain)
+	d := newDriver([]string{strings.TrimRight(cfg.Target, "/")}, cfg.Model, cfg.APIKey, cfg.Speed, cfg.Drain)
 	pr.start(d)
 	samples, err := d.run(ctx, plan.Sessions)
 	if err != nil {
@@ -405,8 +415,9 @@ func runTarget(ctx context.Context, cfg Config, plan *Plan, pr *progress) (*Resu
 	return res, nil
 }
 
-// runGateway starts a fresh in-process Redis and gateway with the policy in
-// front of the replicas, drives the plan through it and stops both.
+// runGateway starts a fresh in-process Redis and cfg.Gateways gateways with
+// the policy in front of the replicas, drives the plan through them and
+// stops them.
 func runGateway(ctx context.Context, cfg Config, policy string, urls, kv, replay []string, plan *Plan, pr *progress) (*Result, error) {
 	mr := miniredis.NewMiniRedis()
 	if err := mr.Start(); err != nil {
@@ -417,11 +428,8 @@ func runGateway(ctx context.Context, cfg Config, policy string, urls, kv, replay
 	defer rdb.Close()
 
 	// Debug headers name the replica, the reason and the predicted hit of
-	// each request. The gateway's debugHeaders indexes Decision.Totals,
-	// which pure pickers (round-robin, session-hash) leave nil, and panics
-	// (gateway/route.go), so they are only asked of scoring policies; the
-	// simulator's X-Sim-Replica names the replica either way.
-	gc := gateway.Config{Listen: "127.0.0.1:0", Debug: scores(policy)}
+	// each request, for every policy alike.
+	gc := gateway.Config{Listen: "127.0.0.1:0", Debug: true}
 	for i, u := range urls {
 		gc.Replicas = append(gc.Replicas, gateway.ReplicaConfig{URL: u, Model: cfg.Model, KVEvents: kv[i], KVReplay: replay[i]})
 	}
@@ -444,20 +452,31 @@ func runGateway(ctx context.Context, cfg Config, policy string, urls, kv, replay
 	if cfg.tweak != nil {
 		cfg.tweak(&gc)
 	}
-	gw, err := gateway.New(gc, gateway.Options{Redis: rdb, Logger: cfg.Logger.With("component", "gateway")})
-	if err != nil {
-		return nil, err
-	}
+
 	gctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() { stop(); wg.Wait() }()
-	var gwErr error
-	wg.Go(func() { gwErr = gw.Run(gctx) })
-	if err := waitFleet(gctx, gw.Registry(), len(urls)); err != nil {
-		return nil, err
+	gws := make([]*gateway.Gateway, cfg.Gateways)
+	gwErrs := make([]error, cfg.Gateways)
+	var addrs []string
+	for i := range gws {
+		logger := cfg.Logger.With("component", "gateway")
+		if cfg.Gateways > 1 {
+			logger = logger.With("gateway", i)
+		}
+		gw, err := gateway.New(gc, gateway.Options{Redis: rdb, Logger: logger})
+		if err != nil {
+			return nil, err
+		}
+		gws[i] = gw
+		wg.Go(func() { gwErrs[i] = gw.Run(gctx) })
+		if err := waitFleet(gctx, gw.Registry(), len(urls)); err != nil {
+			return nil, err
+		}
+		addrs = append(addrs, "http://"+gw.Addr())
 	}
 
-	d := newDriver("http://"+gw.Addr(), cfg.Model, "", cfg.Speed, cfg.Drain)
+	d := newDriver(addrs, cfg.Model, "", cfg.Speed, cfg.Drain)
 	pr.start(d)
 	samples, err := d.run(ctx, plan.Sessions)
 	if err != nil {
@@ -465,23 +484,25 @@ func runGateway(ctx context.Context, cfg Config, policy string, urls, kv, replay
 	}
 	res := summarize(policy, samples, cfg.Scale)
 	res.t0, res.speed = time.Unix(0, d.t0.Load()), cfg.Speed
-	res.Gateway = gatherCounters(gw.Registry())
+	res.Gateway = map[string]float64{}
+	for _, gw := range gws {
+		c := gatherCounters(gw.Registry())
+		for k, v := range c {
+			res.Gateway[k] += v
+		}
+		if len(gws) > 1 {
+			res.GatewayDecisions = append(res.GatewayDecisions, c["warmpath_routing_decisions_total"])
+		}
+	}
 	res.Mispredicted = res.Gateway["warmpath_mispredicted_hits_total"]
 	res.TokenizerAvoided = res.Gateway["warmpath_tokenizer_avoided_total"]
 	res.TokenizerCalls = res.Gateway[`warmpath_tokenizer_calls_total{result="ok"}`]
 	stop()
 	wg.Wait()
-	if gwErr != nil {
-		return nil, gwErr
+	if err := errors.Join(gwErrs...); err != nil {
+		return nil, err
 	}
 	return res, nil
-}
-
-// scores reports whether the named policy scores endpoints (rather than
-// only picking them).
-func scores(policy string) bool {
-	p, err := scoring.NewPolicy(policy, nil)
-	return err == nil && p.Picker == nil
 }
 
 // waitFleet waits until the gateway reports every replica healthy and

@@ -84,6 +84,44 @@ func TestRunSmoke(t *testing.T) {
 
 // TestRunExternal drives the external-fleet and target paths against a
 // simulated fleet served in the test.
+// TestRunGateways runs warmpath as an HA pair: two gateways sharing one
+// Redis, requests alternating between them. Both must route, and the pair
+// must keep one gateway's cached fraction: every gateway sees every KV
+// event, and session bindings live in Redis.
+func TestRunGateways(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	cfg := smokeConfig(true)
+	cfg.Policies = []string{"round-robin", "warmpath"}
+	cfg.Gateways = 2
+	rep, err := Run(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table bytes.Buffer
+	if err := rep.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", table.String())
+	if !strings.Contains(table.String(), "· 2 gateways") {
+		t.Errorf("table header does not name the two gateways")
+	}
+	rr, wp := rep.Results[0], rep.Results[1]
+	for _, r := range rep.Results {
+		if r.Requests == 0 || r.Errors != 0 {
+			t.Errorf("%s: %d requests, %d errors (%s)", r.Policy, r.Requests, r.Errors, r.FirstError)
+		}
+		if len(r.GatewayDecisions) != 2 || r.GatewayDecisions[0] == 0 || r.GatewayDecisions[1] == 0 ||
+			r.GatewayDecisions[0]+r.GatewayDecisions[1] < float64(r.Requests) {
+			t.Errorf("%s: decisions per gateway %v for %d requests; want both routing", r.Policy, r.GatewayDecisions, r.Requests)
+		}
+	}
+	if wp.CachedFraction <= rr.CachedFraction {
+		t.Errorf("two warmpath gateways cached %v ≤ round-robin's %v", wp.CachedFraction, rr.CachedFraction)
+	}
+}
+
 func TestRunExternal(t *testing.T) {
 	if testing.Short() {
 		t.Skip("slow")
@@ -138,7 +176,7 @@ func TestRunExternal(t *testing.T) {
 
 func TestProgressDraw(t *testing.T) {
 	var b bytes.Buffer
-	d := newDriver("http://x", "m", "", 4, time.Minute)
+	d := newDriver([]string{"http://x"}, "m", "", 4, time.Minute)
 	d.t0.Store(time.Now().Add(-10 * time.Second).UnixNano()) // 40 simulated seconds ago
 	d.sent.Store(12)
 	d.finished.Store(10)

@@ -15,7 +15,7 @@ import (
 
 // runAnalyze replays a request log offline through the routing policies:
 // `warmpath analyze [--window 10m] [--replicas 8] [--cache-blocks
-// 150,300,600,1200,2400] [--policies a,b] [--prefill-rate 15000]
+// 150,300,600,1200,2400,4800] [--policies a,b] [--prefill-rate 15000]
 // [--time-scale 1] [--seed 1] [--json FILE] [--plot FILE.svg] TRACE.jsonl`.
 // It prints the tables; --plot writes the cached-fraction chart to FILE.svg
 // and the imbalance chart to FILE-imbalance.svg.
@@ -27,7 +27,7 @@ func analyze(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("analyze", flag.ContinueOnError)
 	window := fs.Duration("window", bench.DefaultAnalyzeWindow, "ceiling window: reuse counts only within it (0 = unlimited)")
 	replicas := fs.Int("replicas", bench.DefaultAnalyzeReplicas, "simulated replicas")
-	cacheBlocks := fs.String("cache-blocks", "", "comma-separated per-replica cache sizes in trace blocks (default ¼×…4× the simulator's KV capacity: 150,300,600,1200,2400 for Mooncake)")
+	cacheBlocks := fs.String("cache-blocks", "", "comma-separated per-replica cache sizes in trace blocks (default ¼×…8× the simulator's KV capacity: 150,300,600,1200,2400,4800 for Mooncake)")
 	policies := fs.String("policies", "", "comma-separated routing policies (default all)")
 	rate := fs.Float64("prefill-rate", bench.DefaultPrefillTokensPerSec, "prefill tokens per second per replica")
 	scale := fs.Float64("time-scale", 1, "multiply arrival times (0.5 = twice as dense)")
