@@ -118,7 +118,8 @@ type Result struct {
 	// (sticky, scored, …).
 	Reasons map[string]int `json:"reasons,omitempty"`
 	// Gateway holds every warmpath_* counter and gauge of the gateway's
-	// registry at the end of the run, summed over the gateways.
+	// registry at the end of the run; with several gateways, counters are
+	// summed and gauges averaged over them.
 	Gateway map[string]float64 `json:"gateway,omitempty"`
 	// GatewayDecisions counts each gateway's routing decisions, when
 	// several shared the run.

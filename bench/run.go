@@ -484,11 +484,17 @@ func runGateway(ctx context.Context, cfg Config, policy string, urls, kv, replay
 	}
 	res := summarize(policy, samples, cfg.Scale)
 	res.t0, res.speed = time.Unix(0, d.t0.Load()), cfg.Speed
+	// Counters add up over the gateways; gauges (index sizes, replica
+	// state, fractions) are each gateway's view of the same thing, and
+	// are averaged.
 	res.Gateway = map[string]float64{}
 	for _, gw := range gws {
-		c := gatherCounters(gw.Registry())
+		c, g := gatherMetrics(gw.Registry())
 		for k, v := range c {
 			res.Gateway[k] += v
+		}
+		for k, v := range g {
+			res.Gateway[k] += v / float64(len(gws))
 		}
 		if len(gws) > 1 {
 			res.GatewayDecisions = append(res.GatewayDecisions, c["warmpath_routing_decisions_total"])
@@ -541,14 +547,14 @@ func waitFleet(ctx context.Context, reg *prometheus.Registry, n int) error {
 	return nil
 }
 
-// gatherCounters sums each counter and gauge of reg by name, and also by
-// name and label value for series with one label besides "policy", keyed
-// like name{label="value"}.
-func gatherCounters(reg *prometheus.Registry) map[string]float64 {
-	out := map[string]float64{}
+// gatherMetrics sums each counter and each gauge of reg by name, and also
+// by name and label value for series with one label besides "policy",
+// keyed like name{label="value"}.
+func gatherMetrics(reg *prometheus.Registry) (counters, gauges map[string]float64) {
+	counters, gauges = map[string]float64{}, map[string]float64{}
 	mfs, err := reg.Gather()
 	if err != nil {
-		return out
+		return counters, gauges
 	}
 	for _, mf := range mfs {
 		name := mf.GetName()
@@ -557,11 +563,12 @@ func gatherCounters(reg *prometheus.Registry) map[string]float64 {
 		}
 		for _, m := range mf.GetMetric() {
 			var v float64
+			out := counters
 			switch {
 			case m.Counter != nil:
 				v = m.Counter.GetValue()
 			case m.Gauge != nil:
-				v = m.Gauge.GetValue()
+				v, out = m.Gauge.GetValue(), gauges
 			default:
 				continue
 			}
@@ -577,7 +584,7 @@ func gatherCounters(reg *prometheus.Registry) map[string]float64 {
 			}
 		}
 	}
-	return out
+	return counters, gauges
 }
 
 // resetCaches asks every replica to drop its prefix cache, so that each

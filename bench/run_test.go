@@ -32,11 +32,12 @@ func smokeConfig(short bool) Config {
 	return c
 }
 
-func TestRunSmoke(t *testing.T) {
-	t.Parallel()
+// runLogged runs cfg, logs its table and returns the report and the table.
+func runLogged(t *testing.T, cfg Config) (*Report, string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	rep, err := Run(ctx, smokeConfig(testing.Short()))
+	rep, err := Run(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,6 +46,12 @@ func TestRunSmoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("\n%s", table.String())
+	return rep, table.String()
+}
+
+func TestRunSmoke(t *testing.T) {
+	t.Parallel()
+	rep, _ := runLogged(t, smokeConfig(testing.Short()))
 	if len(rep.Results) != 2 || rep.Results[0].Policy != "round-robin" || rep.Results[1].Policy != "warmpath" {
 		t.Fatalf("results = %+v", rep.Results)
 	}
@@ -86,25 +93,14 @@ func TestRunSmoke(t *testing.T) {
 // simulated fleet served in the test.
 // TestRunGateways runs warmpath as an HA pair: two gateways sharing one
 // Redis, requests alternating between them. Both must route, and the pair
-// must keep one gateway's cached fraction: every gateway sees every KV
+// must still cache more than round-robin: every gateway sees every KV
 // event, and session bindings live in Redis.
 func TestRunGateways(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-	defer cancel()
 	cfg := smokeConfig(true)
-	cfg.Policies = []string{"round-robin", "warmpath"}
 	cfg.Gateways = 2
-	rep, err := Run(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var table bytes.Buffer
-	if err := rep.WriteTable(&table); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("\n%s", table.String())
-	if !strings.Contains(table.String(), "· 2 gateways") {
+	rep, table := runLogged(t, cfg)
+	if !strings.Contains(table, "· 2 gateways") {
 		t.Errorf("table header does not name the two gateways")
 	}
 	rr, wp := rep.Results[0], rep.Results[1]
@@ -115,6 +111,11 @@ func TestRunGateways(t *testing.T) {
 		if len(r.GatewayDecisions) != 2 || r.GatewayDecisions[0] == 0 || r.GatewayDecisions[1] == 0 ||
 			r.GatewayDecisions[0]+r.GatewayDecisions[1] < float64(r.Requests) {
 			t.Errorf("%s: decisions per gateway %v for %d requests; want both routing", r.Policy, r.GatewayDecisions, r.Requests)
+		}
+		// Gauges are each gateway's view of the same fleet: averaged, not
+		// added up (two replicas, healthy in both gateways' eyes).
+		if h := r.Gateway["warmpath_replica_healthy"]; h != 2 {
+			t.Errorf("%s: warmpath_replica_healthy = %v over two gateways; want 2", r.Policy, h)
 		}
 	}
 	if wp.CachedFraction <= rr.CachedFraction {
