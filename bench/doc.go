@@ -14,7 +14,9 @@
 // down. Every policy faces the same requests at the same times. Instead of
 // the simulated fleet, Run can route to external OpenAI-compatible replicas
 // (Config.Fleet, their prefix caches reset between policies) or benchmark
-// one running endpoint (Config.Target).
+// one running endpoint (Config.Target). Config.Gateways > 1 puts several
+// gateways sharing the one Redis in front of the fleet, as a highly
+// available deployment runs them, and spreads requests over them in turn.
 //
 // A workload is a list of sessions, each a Script of turns: one request for
 // the open-loop workloads, an agent run whose next turn carries the reply

@@ -3,6 +3,7 @@ package bench
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -77,6 +78,10 @@ func ReadTraceFile(path string) (*Trace, error) {
 // maxTraceLine bounds one JSONL line (a chat request with a long history).
 const maxTraceLine = 64 << 20
 
+// maxTraceTimestamp bounds arrival times: a year in milliseconds, far
+// beyond any trace and far inside time.Duration.
+const maxTraceTimestamp = 365 * 24 * 3600 * 1000
+
 // ReadTrace reads a JSONL trace in either format, telling them apart by the
 // first line: a hash_ids field means Mooncake, a messages field a chat
 // log. Requests are sorted by arrival. A malformed line is an error naming
@@ -115,8 +120,11 @@ func ReadTrace(r io.Reader) (*Trace, error) {
 				return nil, fmt.Errorf("bench: trace line %d: neither a Mooncake record (hash_ids) nor a chat request (messages)", line)
 			}
 		}
-		if probe.Timestamp == nil || *probe.Timestamp < 0 {
-			return nil, fmt.Errorf("bench: trace line %d: missing or negative timestamp", line)
+		if probe.Timestamp == nil || !(*probe.Timestamp >= 0 && *probe.Timestamp <= maxTraceTimestamp) {
+			return nil, fmt.Errorf("bench: trace line %d: missing timestamp, or not within 0…%g ms", line, float64(maxTraceTimestamp))
+		}
+		if probe.OutputLength < 0 || probe.MaxTokens < 0 || probe.MaxComplete < 0 {
+			return nil, fmt.Errorf("bench: trace line %d: negative output length", line)
 		}
 		req := TraceRequest{Arrival: time.Duration(*probe.Timestamp * float64(time.Millisecond))}
 		switch t.Format {
@@ -158,7 +166,7 @@ func ReadTrace(r io.Reader) (*Trace, error) {
 	if len(t.Requests) == 0 {
 		return nil, errors.New("bench: trace is empty")
 	}
-	slices.SortStableFunc(t.Requests, func(a, b TraceRequest) int { return int(a.Arrival - b.Arrival) })
+	slices.SortStableFunc(t.Requests, func(a, b TraceRequest) int { return cmp.Compare(a.Arrival, b.Arrival) })
 	return t, nil
 }
 

@@ -1,6 +1,8 @@
 package bench
 
 import (
+	"bufio"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -65,9 +67,60 @@ func TestReadTraceErrors(t *testing.T) {
 		`{"timestamp": 0, "input_length": 1000, "hash_ids": [1]}`,
 		`{"timestamp": -5, "input_length": 10, "hash_ids": [1]}`,
 		`{"timestamp": 0, "messages": "nope"}`,
+		`{"timestamp": 1e300, "input_length": 10, "hash_ids": [1]}`,
+		`{"timestamp": 0, "input_length": 10, "output_length": -1, "hash_ids": [1]}`,
+		`{"timestamp": 0, "max_tokens": -3, "messages": [{"role":"user","content":"hi"}]}`,
 	} {
 		if _, err := ReadTrace(strings.NewReader(bad)); err == nil {
 			t.Errorf("ReadTrace(%q) succeeded", bad)
 		}
 	}
+}
+
+// FuzzReadTrace feeds arbitrary logs to the trace reader, a trust boundary
+// (users point analyze and bench at their own logs): it must return a
+// trace or an error, never panic, and a trace it returns must hold what
+// the replay and the analysis rely on.
+func FuzzReadTrace(f *testing.F) {
+	fh, err := os.Open("testdata/mooncake_head400.jsonl")
+	if err != nil {
+		f.Fatal(err)
+	}
+	sc := bufio.NewScanner(fh)
+	for i := 0; i < 4 && sc.Scan(); i++ {
+		f.Add(sc.Text())
+	}
+	fh.Close()
+	f.Add(`{"timestamp": 0, "model":"m", "messages":[{"role":"user","content":"hello"}], "max_tokens": 7}` + "\n" +
+		`{"timestamp": 9, "messages":[{"role":"user","content":"hello"},{"role":"assistant","content":"hi"},{"role":"user","content":"more"}], "tools":[{"type":"function","function":{"name":"f"}}]}`)
+	f.Add(`{"timestamp": 5, "input_length": 513, "output_length": 1, "hash_ids": [0, 7]}` + "\n" + `{"timestamp": 1, "input_length": 1, "hash_ids": [0]}`)
+	f.Fuzz(func(t *testing.T, log string) {
+		tr, err := ReadTrace(strings.NewReader(log))
+		if err != nil {
+			return
+		}
+		if len(tr.Requests) == 0 || tr.BlockTokens <= 0 {
+			t.Fatalf("trace without requests or block size: %+v", tr)
+		}
+		for i, r := range tr.Requests {
+			if i > 0 && r.Arrival < tr.Requests[i-1].Arrival {
+				t.Fatalf("request %d arrives before request %d", i, i-1)
+			}
+			if r.Arrival < 0 || r.InputTokens <= 0 || r.OutputTokens < 0 {
+				t.Fatalf("request %d = %+v", i, r)
+			}
+			switch tr.Format {
+			case FormatMooncake:
+				if len(r.Blocks) != len(r.HashIDs) || len(r.Blocks) != (r.InputTokens+MooncakeBlockTokens-1)/MooncakeBlockTokens {
+					t.Fatalf("request %d: %d blocks, %d hash ids for %d tokens", i, len(r.Blocks), len(r.HashIDs), r.InputTokens)
+				}
+			case FormatOpenAI:
+				if len(r.Blocks) != r.InputTokens/ChatBlockTokens || r.Body == nil {
+					t.Fatalf("request %d: %d blocks for %d tokens, body %q", i, len(r.Blocks), r.InputTokens, r.Body)
+				}
+			default:
+				t.Fatalf("format %q", tr.Format)
+			}
+		}
+	})
 }

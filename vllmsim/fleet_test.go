@@ -24,7 +24,7 @@ import (
 )
 
 // startFleet runs a fleet until the test ends.
-func startFleet(t *testing.T, cfg Config) *Fleet {
+func startFleet(t testing.TB, cfg Config) *Fleet {
 	t.Helper()
 	if cfg.Speed == 0 {
 		cfg.Speed = 1000
