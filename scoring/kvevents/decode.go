@@ -130,18 +130,9 @@ func (d *decoder) key() ([]byte, error) {
 }
 
 func (d *decoder) events() ([]Event, error) {
-	if d.r.isNil() {
-		return nil, nil
-	}
-	n, ok, err := d.r.arrayLen()
-	if err != nil {
+	n, err := d.r.optArrayLen("events")
+	if err != nil || n == 0 {
 		return nil, err
-	}
-	if !ok {
-		return nil, d.r.typeErr("events", "array")
-	}
-	if n == 0 {
-		return nil, nil
 	}
 	evs := make([]Event, 0, n)
 	for range n {
@@ -475,18 +466,9 @@ func (d *decoder) str(dst *string, field string) error {
 
 func (d *decoder) hashes(dst *[]uint64) error {
 	*dst = nil
-	if d.r.isNil() {
-		return nil
-	}
-	n, ok, err := d.r.arrayLen()
-	if err != nil {
+	n, err := d.r.optArrayLen("block_hashes")
+	if err != nil || n == 0 {
 		return err
-	}
-	if !ok {
-		return d.r.typeErr("block_hashes", "array")
-	}
-	if n == 0 {
-		return nil
 	}
 	hs := make([]uint64, n)
 	for i := range hs {
@@ -500,18 +482,9 @@ func (d *decoder) hashes(dst *[]uint64) error {
 
 func (d *decoder) tokens(dst *[]uint32) error {
 	*dst = nil
-	if d.r.isNil() {
-		return nil
-	}
-	n, ok, err := d.r.arrayLen()
-	if err != nil {
+	n, err := d.r.optArrayLen("token_ids")
+	if err != nil || n == 0 {
 		return err
-	}
-	if !ok {
-		return d.r.typeErr("token_ids", "array")
-	}
-	if n == 0 {
-		return nil
 	}
 	ts := make([]uint32, n)
 	b := d.r.b
@@ -558,15 +531,9 @@ func (d *decoder) tokens(dst *[]uint32) error {
 // known (map keys may come in any order).
 func (d *decoder) extraKeys(e *BlockStored) error {
 	e.ExtraKeys = nil
-	if d.r.isNil() {
-		return nil
-	}
-	n, ok, err := d.r.arrayLen()
-	if err != nil {
+	n, err := d.r.optArrayLen("extra_keys")
+	if err != nil || n == 0 {
 		return err
-	}
-	if !ok {
-		return d.r.typeErr("extra_keys", "array")
 	}
 	eks := make([][]ExtraKey, n)
 	for i := range eks {

@@ -168,6 +168,19 @@ func (r *reader) arrayLen() (n int, ok bool, err error) {
 	return n, true, nil
 }
 
+// optArrayLen reads a nil (n = 0) or an array header; anything else is a
+// type error naming field.
+func (r *reader) optArrayLen(field string) (int, error) {
+	if r.isNil() {
+		return 0, nil
+	}
+	n, ok, err := r.arrayLen()
+	if err == nil && !ok {
+		err = r.typeErr(field, "array")
+	}
+	return n, err
+}
+
 // mapLen reads a map header. ok is false (and nothing is consumed) when
 // the next value is not a map.
 func (r *reader) mapLen() (n int, ok bool, err error) {
