@@ -73,6 +73,12 @@ type Config struct {
 	// external simulator's --speed). Every reported time is simulated:
 	// wall-clock × Speed.
 	Speed float64
+	// KVBlocks overrides the simulated replicas' full-size KV capacity in
+	// 16-token blocks (the default profile's 19,208), before Scale; a
+	// larger cache stands in for a CPU tier (it also admits larger
+	// batches, which a CPU tier does not). Workloads sized to the fleet's
+	// capacity (agentic) grow with it.
+	KVBlocks int
 	// Scale multiplies token counts and the simulated KV capacity, and
 	// dilates the simulated profile's step costs (see doc.go); default
 	// DefaultScale. 1 is full size.
@@ -181,6 +187,8 @@ func (c Config) withDefaults() (Config, error) {
 	switch {
 	case c.Replicas < 1 || c.Replicas > 64:
 		return c, fmt.Errorf("bench: %d replicas (want 1–64)", c.Replicas)
+	case c.KVBlocks < 0 || c.KVBlocks > 1<<24:
+		return c, fmt.Errorf("bench: %d KV blocks (want 0–%d)", c.KVBlocks, 1<<24)
 	case c.Gateways < 1 || c.Gateways > 8:
 		return c, fmt.Errorf("bench: %d gateways (want 1–8)", c.Gateways)
 	case c.Speed <= 0 || c.Scale <= 0 || c.Scale > 1 || c.StageScale <= 0 || c.TimeScale <= 0:
@@ -240,7 +248,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	profile := ScaledProfile(vllmsim.DefaultProfile(), cfg.Scale)
+	base := vllmsim.DefaultProfile()
+	if cfg.KVBlocks > 0 {
+		base.KVBlocks = cfg.KVBlocks
+	}
+	profile := ScaledProfile(base, cfg.Scale)
 	env := Env{Seed: cfg.Seed, Scale: cfg.Scale, Replicas: cfg.Replicas, StageScale: cfg.StageScale,
 		TracePath: cfg.TracePath, TimeScale: cfg.TimeScale, Duration: cfg.Duration, Limit: cfg.Limit}
 	external := len(cfg.Fleet) > 0 || cfg.Target != ""

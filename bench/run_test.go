@@ -3,6 +3,9 @@ package bench
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -99,9 +102,15 @@ func TestRunGateways(t *testing.T) {
 	t.Parallel()
 	cfg := smokeConfig(true)
 	cfg.Gateways = 2
+	cfg.KVBlocks = 2 * vllmsim.DefaultProfile().KVBlocks
 	rep, table := runLogged(t, cfg)
 	if !strings.Contains(table, "· 2 gateways") {
 		t.Errorf("table header does not name the two gateways")
+	}
+	// Twice the default KV capacity, at scale 0.03.
+	want := fmt.Sprintf("%d KV blocks", int(math.Round(float64(cfg.KVBlocks)*cfg.Scale)))
+	if i := slices.IndexFunc(rep.Config, func(p Param) bool { return p.Name == "fleet" }); i < 0 || !strings.Contains(rep.Config[i].Value, want) {
+		t.Errorf("report config %v; want a fleet of %s", rep.Config, want)
 	}
 	rr, wp := rep.Results[0], rep.Results[1]
 	for _, r := range rep.Results {
@@ -120,6 +129,20 @@ func TestRunGateways(t *testing.T) {
 	}
 	if wp.CachedFraction <= rr.CachedFraction {
 		t.Errorf("two warmpath gateways cached %v ≤ round-robin's %v", wp.CachedFraction, rr.CachedFraction)
+	}
+}
+
+func TestRunRejectsBadConfig(t *testing.T) {
+	for _, c := range []Config{
+		{Workload: "shared-prefix", Gateways: 9},
+		{Workload: "shared-prefix", Gateways: -1},
+		{Workload: "shared-prefix", KVBlocks: -1},
+		{Workload: "shared-prefix", Policies: []string{"nope"}},
+		{Workload: "shared-prefix", Scale: 2},
+	} {
+		if _, err := Run(t.Context(), c); err == nil {
+			t.Errorf("Run(%+v) succeeded", c)
+		}
 	}
 }
 
