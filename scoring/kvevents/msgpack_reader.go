@@ -136,36 +136,8 @@ func (r *reader) isNil() bool {
 // arrayLen reads an array header. ok is false (and nothing is consumed)
 // when the next value is not an array.
 func (r *reader) arrayLen() (n int, ok bool, err error) {
-	c, err := r.peek()
-	if err != nil {
-		return 0, false, err
-	}
-	switch {
-	case c >= cFixArrLow && c <= cFixArrHigh:
-		r.off++
-		n = int(c & cFixArrMask)
-	case c == cArray16:
-		r.off++
-		v, err := r.uintN(2)
-		if err != nil {
-			return 0, false, err
-		}
-		n = int(v)
-	case c == cArray32:
-		r.off++
-		v, err := r.uintN(4)
-		if err != nil {
-			return 0, false, err
-		}
-		n = int(v)
-	default:
-		return 0, false, nil
-	}
 	// Every element takes at least one byte.
-	if n > r.remaining() {
-		return 0, false, r.errAt("array of %d elements with %d bytes left", n, r.remaining())
-	}
-	return n, true, nil
+	return r.containerLen(cFixArrLow, cFixArrHigh, cFixArrMask, cArray16, cArray32, 1, "array")
 }
 
 // optArrayLen reads a nil (n = 0) or an array header; anything else is a
@@ -184,24 +156,29 @@ func (r *reader) optArrayLen(field string) (int, error) {
 // mapLen reads a map header. ok is false (and nothing is consumed) when
 // the next value is not a map.
 func (r *reader) mapLen() (n int, ok bool, err error) {
+	// Every entry takes at least two bytes.
+	return r.containerLen(cFixMapLow, cFixMapHigh, cFixMapMask, cMap16, cMap32, 2, "map")
+}
+
+// containerLen reads an array or map header given its type codes: a fix
+// range with its length mask, and the 16- and 32-bit forms. A length that
+// cannot fit in the bytes left, at minBytes an element, is an error.
+func (r *reader) containerLen(fixLow, fixHigh, fixMask, c16, c32 byte, minBytes int, what string) (n int, ok bool, err error) {
 	c, err := r.peek()
 	if err != nil {
 		return 0, false, err
 	}
 	switch {
-	case c >= cFixMapLow && c <= cFixMapHigh:
+	case c >= fixLow && c <= fixHigh:
 		r.off++
-		n = int(c & cFixMapMask)
-	case c == cMap16:
+		n = int(c & fixMask)
+	case c == c16 || c == c32:
 		r.off++
-		v, err := r.uintN(2)
-		if err != nil {
-			return 0, false, err
+		size := 2
+		if c == c32 {
+			size = 4
 		}
-		n = int(v)
-	case c == cMap32:
-		r.off++
-		v, err := r.uintN(4)
+		v, err := r.uintN(size)
 		if err != nil {
 			return 0, false, err
 		}
@@ -209,9 +186,8 @@ func (r *reader) mapLen() (n int, ok bool, err error) {
 	default:
 		return 0, false, nil
 	}
-	// Every entry takes at least two bytes.
-	if n > r.remaining()/2 {
-		return 0, false, r.errAt("map of %d entries with %d bytes left", n, r.remaining())
+	if n > r.remaining()/minBytes {
+		return 0, false, r.errAt("%s of %d elements with %d bytes left", what, n, r.remaining())
 	}
 	return n, true, nil
 }
