@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/warmpath/warmpath/internal/apierror"
 )
 
 // FuzzParseRequest feeds client bodies to the request parser: it must never
@@ -33,7 +35,7 @@ func FuzzParseRequest(f *testing.F) {
 		}
 		r, err := parseRequest(kind, http.Header{}, []byte(body), "")
 		if err != nil {
-			if _, ok := err.(*httpError); !ok {
+			if _, ok := err.(*apierror.Error); !ok {
 				t.Fatalf("parse error is not an httpError: %T %v", err, err)
 			}
 			return

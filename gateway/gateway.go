@@ -17,8 +17,8 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/kvevents"
 	"github.com/warmpath/warmpath/scoring"
-	"github.com/warmpath/warmpath/scoring/kvevents"
 	"github.com/warmpath/warmpath/session"
 )
 

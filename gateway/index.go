@@ -6,8 +6,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/warmpath/warmpath/kvevents"
 	"github.com/warmpath/warmpath/scoring/blockindex"
-	"github.com/warmpath/warmpath/scoring/kvevents"
 )
 
 // preciseIndex is the gateway's view of the precise prefix index: the

@@ -10,7 +10,7 @@ import (
 	zmq "github.com/pebbe/zmq4"
 
 	"github.com/warmpath/warmpath/gateway/fleet"
-	"github.com/warmpath/warmpath/scoring/kvevents"
+	"github.com/warmpath/warmpath/kvevents"
 )
 
 // runKVEvents owns the KV-event subscribers: in the per-replica topology one

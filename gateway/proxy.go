@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/internal/apierror"
 )
 
 type ctxKey int
@@ -52,7 +53,7 @@ func (g *Gateway) inference(kind apiKind) handler {
 			if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 				return err
 			}
-			return badRequest("", "reading request body: %v", err)
+			return apierror.BadRequest("", "reading request body: %v", err)
 		}
 		// The Content-Type is not checked: a bare `curl -d` sends form
 		// encoding, and the body either parses as JSON or is rejected.
@@ -200,7 +201,7 @@ func (g *Gateway) RoundTrip(out *http.Request) (*http.Response, error) {
 		g.m.retries.WithLabelValues(kind).Inc()
 		g.log.Info("retrying on next-best replica", "failed", rep.Spec.Name, "err", lastErr)
 	}
-	return nil, badGateway(lastErr, "the upstream replica failed before answering; try again")
+	return nil, apierror.BadGateway(lastErr, "the upstream replica failed before answering; try again")
 }
 
 // modifyResponse attaches the stream filter and the accounting to a

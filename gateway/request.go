@@ -9,6 +9,7 @@ import (
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 
+	"github.com/warmpath/warmpath/internal/apierror"
 	"github.com/warmpath/warmpath/session"
 )
 
@@ -54,36 +55,36 @@ func (r *request) estimatedTokens() int { return max(1, r.textBytes/4) }
 // folded into the session key (tenant, once tenancy lands).
 func parseRequest(kind apiKind, h http.Header, body []byte, scope string) (*request, error) {
 	if len(bytes.TrimSpace(body)) == 0 {
-		return nil, badRequest("", "request body is empty; expected a JSON object")
+		return nil, apierror.BadRequest("", "request body is empty; expected a JSON object")
 	}
 	if !gjson.ValidBytes(body) {
-		return nil, badRequest("", "request body is not valid JSON")
+		return nil, apierror.BadRequest("", "request body is not valid JSON")
 	}
 	root := gjson.ParseBytes(body)
 	if !root.IsObject() {
-		return nil, badRequest("", "request body must be a JSON object")
+		return nil, apierror.BadRequest("", "request body must be a JSON object")
 	}
 	r := &request{kind: kind, body: body}
 	m := root.Get("model")
 	if m.Type != gjson.String || m.String() == "" {
-		return nil, badRequest("model", "you must provide a model parameter")
+		return nil, apierror.BadRequest("model", "you must provide a model parameter")
 	}
 	r.model = m.String()
 	if s := root.Get("stream"); s.Exists() && s.Type != gjson.Null {
 		if s.Type != gjson.True && s.Type != gjson.False {
-			return nil, badRequest("stream", "stream must be a boolean")
+			return nil, apierror.BadRequest("stream", "stream must be a boolean")
 		}
 		r.stream = s.Bool()
 	}
 	if so := root.Get("stream_options"); so.Exists() && so.Type != gjson.Null {
 		if !so.IsObject() {
-			return nil, badRequest("stream_options", "stream_options must be an object")
+			return nil, apierror.BadRequest("stream_options", "stream_options must be an object")
 		}
 		r.wantUsage = so.Get("include_usage").Bool()
 	}
 	if cs := root.Get("cache_salt"); cs.Exists() && cs.Type != gjson.Null {
 		if cs.Type != gjson.String || cs.String() == "" {
-			return nil, badRequest("cache_salt", "cache_salt must be a non-empty string")
+			return nil, apierror.BadRequest("cache_salt", "cache_salt must be a non-empty string")
 		}
 		r.cacheSalt = cs.String()
 	}
@@ -92,11 +93,11 @@ func parseRequest(kind apiKind, h http.Header, body []byte, scope string) (*requ
 	case apiChat:
 		r.messages = root.Get("messages")
 		if !r.messages.IsArray() || len(r.messages.Array()) == 0 {
-			return nil, badRequest("messages", "messages must be a non-empty array")
+			return nil, apierror.BadRequest("messages", "messages must be a non-empty array")
 		}
 		r.tools = root.Get("tools")
 		if r.tools.Exists() && r.tools.Type != gjson.Null && !r.tools.IsArray() {
-			return nil, badRequest("tools", "tools must be an array")
+			return nil, apierror.BadRequest("tools", "tools must be an array")
 		}
 		var err error
 		if opening, err = r.scanMessages(); err != nil {
@@ -117,10 +118,10 @@ func parseRequest(kind apiKind, h http.Header, body []byte, scope string) (*requ
 			case first.IsArray():
 				r.textBytes = 4 * len(first.Array())
 			default:
-				return nil, badRequest("prompt", "prompt must be a string, an array of strings, or token ids")
+				return nil, apierror.BadRequest("prompt", "prompt must be a string, an array of strings, or token ids")
 			}
 		default:
-			return nil, badRequest("prompt", "prompt must be a non-empty string or array")
+			return nil, apierror.BadRequest("prompt", "prompt must be a non-empty string or array")
 		}
 		// Completions carry no roles, so no opening can be told from the
 		// rest: keying on the prompt's start would merge every request
@@ -147,19 +148,19 @@ func (r *request) scanMessages() ([]byte, error) {
 	i := 0
 	r.messages.ForEach(func(_, msg gjson.Result) bool {
 		if !msg.IsObject() {
-			bad = badRequest("messages", "messages[%d] must be an object", i)
+			bad = apierror.BadRequest("messages", "messages[%d] must be an object", i)
 			return false
 		}
 		role := msg.Get("role")
 		if role.Type != gjson.String || role.String() == "" {
-			bad = badRequest("messages", "messages[%d].role must be a non-empty string", i)
+			bad = apierror.BadRequest("messages", "messages[%d].role must be a non-empty string", i)
 			return false
 		}
 		content := msg.Get("content")
 		switch {
 		case content.Type == gjson.String, content.Type == gjson.Null, !content.Exists(), content.IsArray():
 		default:
-			bad = badRequest("messages", "messages[%d].content must be a string, an array of parts or null", i)
+			bad = apierror.BadRequest("messages", "messages[%d].content must be a string, an array of parts or null", i)
 			return false
 		}
 		r.textBytes += len(content.Raw) + len(msg.Get("tool_calls").Raw)

@@ -12,6 +12,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/internal/apierror"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/session"
 )
@@ -141,7 +142,7 @@ func (g *Gateway) route(ctx context.Context, r *request) (*plan, error) {
 	}
 	d, err := pol.Route(ctx, sr, p.eps, nil)
 	if err != nil {
-		return nil, unavailable(err, "no replica can take the request")
+		return nil, apierror.Unavailable(err, "no replica can take the request")
 	}
 	p.decision = &d
 	p.reason = reasonScored
@@ -299,9 +300,9 @@ func (g *Gateway) eligible(model string) ([]*fleet.Replica, error) {
 	}
 	switch {
 	case !served:
-		return nil, notFound("model_not_found", "The model `%s` does not exist.", model)
+		return nil, apierror.NotFound("model_not_found", "The model `%s` does not exist.", model)
 	case len(out) == 0:
-		return nil, unavailable(nil, "no healthy replica serves model %s; try again shortly", model)
+		return nil, apierror.Unavailable(nil, "no healthy replica serves model %s; try again shortly", model)
 	}
 	return out, nil
 }

@@ -12,6 +12,8 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/warmpath/warmpath/internal/apierror"
 )
 
 // handler is an http handler that returns its error; serve maps the error
@@ -31,7 +33,7 @@ func (g *Gateway) serve(route string, h handler) http.HandlerFunc {
 			code := rec.code()
 			if p := recover(); p != nil {
 				if r.Context().Err() != nil {
-					code = statusClientClosed
+					code = apierror.StatusClientClosed
 				}
 				g.m.requests.WithLabelValues(route, strconv.Itoa(code)).Inc()
 				panic(p)
@@ -40,11 +42,11 @@ func (g *Gateway) serve(route string, h handler) http.HandlerFunc {
 			g.m.duration.WithLabelValues(route).Observe(time.Since(start).Seconds())
 		}()
 		if err := h(rec, r); err != nil {
-			he := writeError(rec, err)
-			if he.Status == statusClientClosed {
-				rec.status = statusClientClosed
+			he := apierror.Write(rec, err)
+			if he.Status == apierror.StatusClientClosed {
+				rec.status = apierror.StatusClientClosed
 			}
-			if he.Status >= 500 || (he.Err != nil && he.Status != statusClientClosed) {
+			if he.Status >= 500 || (he.Err != nil && he.Status != apierror.StatusClientClosed) {
 				g.log.Warn("request failed", "route", route, "status", he.Status, "msg", he.Msg, "err", he.Err, "request_id", w.Header().Get("X-Request-Id"))
 			}
 		}
@@ -93,10 +95,10 @@ func (g *Gateway) routes() http.Handler {
 	r := chi.NewRouter()
 	r.Use(requestID)
 	r.NotFound(g.serve("not_found", func(w http.ResponseWriter, r *http.Request) error {
-		return notFound("unknown_url", "Unknown request URL: %s %s.", r.Method, r.URL.Path)
+		return apierror.NotFound("unknown_url", "Unknown request URL: %s %s.", r.Method, r.URL.Path)
 	}))
 	r.MethodNotAllowed(g.serve("method_not_allowed", func(w http.ResponseWriter, r *http.Request) error {
-		return &httpError{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Code: "method_not_allowed",
+		return &apierror.Error{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Code: "method_not_allowed",
 			Msg: "Method " + r.Method + " is not allowed for " + r.URL.Path + "."}
 	}))
 	r.Get("/healthz", func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("ok\n")) })
@@ -141,7 +143,7 @@ func (g *Gateway) authenticate(next http.Handler) http.Handler {
 				if ok {
 					msg = "Incorrect API key provided."
 				}
-				return &httpError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key", Msg: msg}
+				return &apierror.Error{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key", Msg: msg}
 			})(w, r)
 			return
 		}
@@ -157,7 +159,7 @@ func (g *Gateway) ready(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	}
-	return unavailable(nil, "no healthy replica")
+	return apierror.Unavailable(nil, "no healthy replica")
 }
 
 type modelObject struct {
@@ -187,7 +189,7 @@ func (g *Gateway) getModel(w http.ResponseWriter, r *http.Request) error {
 			return writeJSON(w, http.StatusOK, g.model(id))
 		}
 	}
-	return notFound("model_not_found", "The model '%s' does not exist.", id)
+	return apierror.NotFound("model_not_found", "The model '%s' does not exist.", id)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) error {

@@ -4,7 +4,8 @@ import (
 	"encoding/binary"
 
 	"github.com/cespare/xxhash/v2"
-	"github.com/warmpath/warmpath/scoring/kvevents"
+
+	"github.com/warmpath/warmpath/kvevents"
 )
 
 // kvCache is a paged KV cache with vLLM's prefix-caching bookkeeping:

@@ -4,7 +4,7 @@
 // with a simulated clock, and KV-cache events published over ZMQ exactly as
 // vLLM publishes them. It lets the gateway and its benchmarks run many
 // replicas on a small machine without GPUs. It owns no routing logic and
-// imports only scoring/kvevents (for the publisher and event types).
+// imports only kvevents (for the publisher and event types).
 //
 // # Fleet and replicas
 //

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warmpath/warmpath/scoring/kvevents"
+	"github.com/warmpath/warmpath/kvevents"
 )
 
 // recordSink records published batches.

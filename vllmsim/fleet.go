@@ -16,7 +16,8 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	zmq "github.com/pebbe/zmq4"
-	"github.com/warmpath/warmpath/scoring/kvevents"
+
+	"github.com/warmpath/warmpath/kvevents"
 )
 
 // Config configures a simulated fleet. The zero value is valid: one replica

@@ -20,7 +20,8 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	zmq "github.com/pebbe/zmq4"
-	"github.com/warmpath/warmpath/scoring/kvevents"
+
+	"github.com/warmpath/warmpath/kvevents"
 )
 
 // startFleet runs a fleet until the test ends.

@@ -16,7 +16,8 @@ import (
 	zmq "github.com/pebbe/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/warmpath/warmpath/scoring/kvevents"
+
+	"github.com/warmpath/warmpath/kvevents"
 )
 
 // ReplicaInfo describes a replica's endpoints.

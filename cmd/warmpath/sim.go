@@ -7,7 +7,7 @@ import (
 	"log/slog"
 	"os"
 
-	"github.com/warmpath/warmpath/scoring/kvevents"
+	"github.com/warmpath/warmpath/kvevents"
 	"github.com/warmpath/warmpath/vllmsim"
 )
 

@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/warmpath/warmpath/scoring/kvevents"
+	"github.com/warmpath/warmpath/kvevents"
 )
 
 // Benchmark workload: a fleet of 64 replicas with engine block size 16 (our

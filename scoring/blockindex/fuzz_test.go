@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warmpath/warmpath/scoring/kvevents"
+	"github.com/warmpath/warmpath/kvevents"
 )
 
 // fuzzDoc is one conversation a fuzzed engine can store.

@@ -9,7 +9,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
-	"github.com/warmpath/warmpath/scoring/kvevents"
+	"github.com/warmpath/warmpath/kvevents"
 )
 
 // fakeClock is a settable clock for speculative TTLs.

@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/warmpath/warmpath/scoring/kvevents"
+	"github.com/warmpath/warmpath/kvevents"
 )
 
 // DefaultMaxEntries is the default bound on (key, replica) entries: 16 Mi,

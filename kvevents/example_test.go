@@ -3,7 +3,7 @@ package kvevents_test
 import (
 	"fmt"
 
-	"github.com/warmpath/warmpath/scoring/kvevents"
+	"github.com/warmpath/warmpath/kvevents"
 )
 
 func ExampleDecode() {
