@@ -17,12 +17,9 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/tidwall/gjson"
-
 	"github.com/warmpath/warmpath/gateway"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/scoring/blockindex"
-	"github.com/warmpath/warmpath/session"
 	"github.com/warmpath/warmpath/vllmsim"
 )
 
@@ -45,11 +42,6 @@ const (
 	// token: vllmsim's default profile takes about 15 ms per decode step
 	// with 32 sequences of 4k context (vllmsim/profile.go).
 	decodeTokenTime = 15 * time.Millisecond
-	// satWaiting, satKVUsage and satPrefillTokens are the thresholds at
-	// which the gateway calls a replica saturated, at their defaults.
-	satWaiting       = gateway.DefaultMaxWaiting
-	satKVUsage       = gateway.DefaultMaxKVUsage
-	satPrefillTokens = gateway.DefaultMaxInflightPrefillTokens
 	// sessionTTL is how long a session binding outlives its last refresh.
 	sessionTTL = gateway.DefaultSessionTTL
 	// analyzeModel is the model name every simulated request asks for.
@@ -200,20 +192,20 @@ type AnalyzeResult struct {
 // Saturated = Waiting ≥ 8, KVUsage ≥ 0.95 or InflightPrefillTokens ≥ 65,536,
 // the gateway's defaults.
 //
-// Routing mirrors gateway/route.go: precise policies see the replicas'
-// LRUs exactly (a perfectly synchronised KV-event index), capped at
-// InputTokens−1; approximate policies use a blockindex.Approx sized to
-// CacheBlocks per replica and fed every decision (trace block keys stand in
-// for its text chunks); sticky policies keep a session on its bound replica
-// while scoring.Stick allows, with the binding's tip (the last full block
-// of the session's last scored turn; sticky turns do not move it) as the
-// evidence the replica still holds the conversation, and predict TipDepth
-// blocks for such turns, as the gateway does. Session keys come from session.Identify over the request body for
-// chat logs; a Mooncake request carries no session, so its key is its
-// block-1 key, the chain over the common system prompt and the
-// conversation's first block. Every request asks for the same model and
-// PromptTokens is exact (the gateway estimates it from text before
-// tokenizing; a trace has no text to estimate from).
+// Routing is the gateway's own decision, scoring.Decide, given the
+// simulated replicas as endpoints and the session's binding: precise
+// policies see the replicas' LRUs exactly (a perfectly synchronised
+// KV-event index), capped at InputTokens−1; approximate policies use a
+// blockindex.Approx sized to CacheBlocks per replica and fed every scored
+// decision (trace block keys stand in for its text chunks); sticky
+// sessions keep the binding's tip (the last full block of the session's
+// last scored turn; sticky turns do not move it) as the evidence the
+// replica still holds the conversation. Session keys come from the
+// gateway's request parser for chat logs; a Mooncake request carries no
+// session, so its key is its block-1 key, the chain over the common system
+// prompt and the conversation's first block. Every request asks for the
+// same model and PromptTokens is exact (the gateway estimates it from text
+// before tokenizing; a trace has no text to estimate from).
 //
 // Not simulated: decode interference with prefill, chunked-prefill
 // batching, preemption, failures and retries, several gateways, metric
@@ -405,12 +397,12 @@ func newSimInput(t *Trace, cfg AnalyzeConfig) (*simInput, error) {
 	return in, nil
 }
 
-// sessionKey derives a request's session key as the gateway would: with
-// session.Identify over a chat request's body, and, for a Mooncake record
-// (no body, no roles), from its block-1 key: the chain over the shared
-// system prompt and the conversation's first block, which every later
-// turn of the conversation repeats. A one-block Mooncake request has no
-// session.
+// sessionKey derives a request's session key as the gateway does: by
+// parsing a chat request's body with the gateway's own parser (an
+// unparseable body has no session), and, for a Mooncake record (no body,
+// no roles), from its block-1 key: the chain over the shared system prompt
+// and the conversation's first block, which every later turn of the
+// conversation repeats. A one-block Mooncake request has no session.
 func sessionKey(format string, r *TraceRequest) string {
 	if format != FormatOpenAI {
 		if len(r.Blocks) < 2 {
@@ -418,33 +410,11 @@ func sessionKey(format string, r *TraceRequest) string {
 		}
 		return "m:" + strconv.FormatUint(r.Blocks[1], 16)
 	}
-	root := gjson.ParseBytes(r.Body)
-	// The opening, rendered as gateway/request.go's scanMessages does:
-	// system and developer messages and the first user message, then the
-	// tools.
-	var opening []byte
-	root.Get("messages").ForEach(func(_, msg gjson.Result) bool {
-		role := msg.Get("role").String()
-		switch role {
-		case "system", "developer", "user":
-			opening = append(opening, role...)
-			opening = append(opening, 0)
-			opening = append(opening, msg.Get("content").Raw...)
-			opening = append(opening, 0)
-		}
-		return role != "user"
-	})
-	if tools := root.Get("tools"); tools.IsArray() {
-		opening = append(opening, tools.Raw...)
+	req, err := gateway.ParseRequest(gateway.APIChat, http.Header{}, r.Body, "")
+	if err != nil {
+		return ""
 	}
-	k := session.Identify("", http.Header{}, session.Body{
-		SessionID:        root.Get("session_id").String(),
-		PromptCacheKey:   root.Get("prompt_cache_key").String(),
-		User:             root.Get("user").String(),
-		SafetyIdentifier: root.Get("safety_identifier").String(),
-		Opening:          opening,
-	})
-	return k.Value
+	return req.Session().Value
 }
 
 // pooledLRU returns the cached fraction of one LRU of capacity blocks that
@@ -459,16 +429,21 @@ func pooledLRU(in *simInput, capacity int, prompt int64) float64 {
 	return ratio(cached, prompt)
 }
 
-// binding is a sticky session's state, as session.Binding holds it.
+// binding is a session's binding, as session.Binding holds it: the
+// routing part, plus the dense id of the deepest block of the last scored
+// turn (the gateway's tip key).
 type binding struct {
-	replica  int
-	tip      int32 // dense id of the last full block of the last scored turn
-	tipDepth int
-	updated  float64 // seconds
+	scoring.Binding
+	tip int32
 }
 
+// epoch anchors the simulated clock for scoring.Input.Now.
+var epoch = time.Unix(0, 0)
+
 // simulate replays in through pol on a fresh fleet whose replicas cache
-// cacheBlocks blocks each.
+// cacheBlocks blocks each. Each request is routed by the gateway's own
+// decision (scoring.Decide), with the simulated replicas as its
+// endpoints: gather, decide, match the prefix when asked, decide again.
 func simulate(ctx context.Context, pol *scoring.Policy, cacheBlocks int, in *simInput, fl *simFleet, seed int64) (AnalyzeResult, error) {
 	res := AnalyzeResult{Policy: pol.Name, CacheBlocks: cacheBlocks}
 	fl.reset(cacheBlocks)
@@ -486,14 +461,13 @@ func simulate(ctx context.Context, pol *scoring.Policy, cacheBlocks int, in *sim
 		}
 		approx = a
 	}
-	tracks := pol.Sticky || slices.ContainsFunc(pol.Scorers, func(w scoring.Weighted) bool { return w.Name == scoring.ScorerSession })
+	sat := scoring.Saturation{}.WithDefaults()
 	bindings := map[string]binding{}
 	eps := make([]scoring.Endpoint, n)
 	matched := make([]int, n)
 	var hits []blockindex.Hit
 	delays := make([]float64, len(in.reqs))
 	bt := in.blockTokens
-	ttl := sessionTTL.Seconds()
 	var sticky, saturated int64
 	for i := range in.reqs {
 		if i%1024 == 0 {
@@ -506,80 +480,39 @@ func simulate(ctx context.Context, pol *scoring.Policy, cacheBlocks int, in *sim
 		ids := in.ids[i]
 		for j, rp := range fl.reps {
 			rp.advance(now)
-			eps[j] = rp.endpoint(names[j])
+			eps[j] = rp.endpoint(names[j], sat)
 		}
 		key := in.sessions[i]
-		var b binding
-		bound := false
-		if tracks && key != "" {
-			b, bound = bindings[key]
-			if bound && now-b.updated > ttl {
-				delete(bindings, key)
-				bound = false
-			}
+		din := scoring.Input{
+			Now: epoch.Add(time.Duration(now * float64(time.Second))), Model: analyzeModel, SessionKey: key,
+			Endpoints: eps, PromptTokens: r.InputTokens, BlockSize: bt, RefreshAfter: sessionTTL / 8,
+			Continues: true, BoundHolds: true, Rand: rng,
 		}
-		chosen, predicted, rebind := -1, 0, ""
-		if pol.Sticky && bound {
-			j, why := scoring.Stick(names[b.replica], eps, func(j int) bool {
-				return b.tipDepth == 0 || fl.reps[j].cache.contains(b.tip)
-			})
-			if j >= 0 {
-				chosen = j
-				predicted = min(b.tipDepth*bt, max(0, r.InputTokens-1))
-				sticky++
-				if now-b.updated > ttl/8 {
-					b.updated = now
-					bindings[key] = b
-				}
-			}
-			rebind = why
+		b, bound := lookup(bindings, pol, key, din.Now)
+		if bound {
+			din.Binding = &b.Binding
+			j := slices.Index(names, b.Replica)
+			din.BoundHolds = b.TipDepth == 0 || fl.reps[j].cache.contains(b.tip)
 		}
-		if chosen < 0 {
-			sr := scoring.Request{Model: analyzeModel, SessionKey: key, PromptTokens: r.InputTokens}
-			if bound {
-				sr.Bound = names[b.replica]
-			}
-			switch {
-			case pol.UsesPrecise:
-				for j, rp := range fl.reps {
-					matched[j] = min(rp.cache.prefix(ids)*bt, max(0, r.InputTokens-1))
-				}
-				sr.Matched = matched
-			case pol.UsesApprox:
-				hits = approx.Match(in.approxKeys[i], names, hits)
-				for j, h := range hits {
-					matched[j] = min(h.Blocks*bt, max(0, r.InputTokens-1))
-				}
-				sr.Matched = matched
-			}
-			d, err := pol.Route(ctx, &sr, eps, rng)
-			if err != nil {
-				return res, fmt.Errorf("bench: analyze: route request %d: %w", i, err)
-			}
-			chosen = d.Chosen()
-			if sr.Matched != nil {
-				predicted = sr.Matched[chosen]
-			}
-			if approx != nil {
-				approx.Record(names[chosen], in.approxKeys[i])
-			}
-			if tracks && key != "" {
-				switch {
-				case rebind != "":
-					res.addRebind(rebind)
-				case bound && b.replica != chosen:
-					res.addRebind("rescored")
-				}
-				nb := binding{replica: chosen, updated: now}
-				// The gateway's keys cover full blocks only, so its tip is
-				// the last full block: a partial last block (Mooncake) is
-				// not repeated by the conversation's next turn.
-				if full := min(len(ids), r.InputTokens/bt); full > 0 {
-					nb.tip, nb.tipDepth = ids[full-1], full
-				}
-				bindings[key] = nb
-			}
+		plan, err := pol.Decide(&din)
+		if err == nil && plan.NeedsPrefix {
+			din.Matched = matchPrefix(pol, fl, approx, in, i, names, matched, &hits)
+			plan, err = pol.Decide(&din)
 		}
+		if err != nil {
+			return res, fmt.Errorf("bench: analyze: route request %d: %w", i, err)
+		}
+		chosen, predicted := plan.Chosen(), plan.Predicted[0]
+		if approx != nil && plan.Reason == scoring.ReasonScored {
+			approx.Record(names[chosen], in.approxKeys[i])
+		}
+		if plan.Reason == scoring.ReasonSticky {
+			sticky++
+		}
+		if plan.Rebind != "" {
+			res.addRebind(plan.Rebind)
+		}
+		remember(bindings, key, &plan, b, ids, r.InputTokens/bt, din.Now)
 		if eps[chosen].Saturated {
 			saturated++
 		}
@@ -619,6 +552,61 @@ func simulate(ctx context.Context, pol *scoring.Policy, cacheBlocks int, in *sim
 	res.SaturatedShare = float64(saturated) / float64(len(in.reqs))
 	res.StickyShare = float64(sticky) / float64(len(in.reqs))
 	return res, nil
+}
+
+// lookup returns the session's live binding, as the gateway's session
+// store would (it expires sessionTTL after its last write).
+func lookup(bindings map[string]binding, pol *scoring.Policy, key string, now time.Time) (binding, bool) {
+	if key == "" || !pol.TracksSessions() {
+		return binding{}, false
+	}
+	b, ok := bindings[key]
+	if ok && now.Sub(b.Updated) > sessionTTL {
+		delete(bindings, key)
+		return binding{}, false
+	}
+	return b, ok
+}
+
+// matchPrefix answers the plan's request for prefix information: precise
+// policies see the replicas' LRUs exactly (a perfectly synchronised
+// KV-event index), approximate ones their approximate index; both capped
+// at the prompt's length minus one, as the gateway's indexes are.
+func matchPrefix(pol *scoring.Policy, fl *simFleet, approx *blockindex.Approx, in *simInput, i int, names []string, matched []int, hits *[]blockindex.Hit) []int {
+	r := &in.reqs[i]
+	bt := in.blockTokens
+	switch {
+	case pol.UsesPrecise:
+		for j, rp := range fl.reps {
+			matched[j] = min(rp.cache.prefix(in.ids[i])*bt, max(0, r.InputTokens-1))
+		}
+	case pol.UsesApprox:
+		*hits = approx.Match(in.approxKeys[i], names, *hits)
+		for j, h := range *hits {
+			matched[j] = min(h.Blocks*bt, max(0, r.InputTokens-1))
+		}
+	}
+	return matched
+}
+
+// remember writes the binding the plan leaves behind, as the gateway's
+// commit step does. A scored turn's tip is its last full block: the
+// gateway's keys cover full blocks only, so a partial last block
+// (Mooncake) is not repeated by the conversation's next turn.
+func remember(bindings map[string]binding, key string, plan *scoring.Plan, b binding, ids []int32, fullBlocks int, now time.Time) {
+	switch plan.Bind {
+	case scoring.BindRefresh:
+		b.Binding = plan.Binding
+	case scoring.BindNew, scoring.BindReplace:
+		b = binding{Binding: plan.Binding}
+		if full := min(len(ids), fullBlocks); full > 0 {
+			b.tip, b.TipDepth = ids[full-1], full
+		}
+	default:
+		return
+	}
+	b.Updated = now
+	bindings[key] = b
 }
 
 func (r *AnalyzeResult) addRebind(reason string) {
@@ -791,7 +779,7 @@ func (rp *simReplica) kvUsage() float64 {
 
 // endpoint describes the replica (after advance) as the gateway would see
 // it.
-func (rp *simReplica) endpoint(id string) scoring.Endpoint {
+func (rp *simReplica) endpoint(id string, sat scoring.Saturation) scoring.Endpoint {
 	pending := len(rp.prefill) - rp.head
 	waiting, running := pending, len(rp.decoding)
 	if rp.headStarted {
@@ -799,6 +787,7 @@ func (rp *simReplica) endpoint(id string) scoring.Endpoint {
 		running++
 	}
 	kv := rp.kvUsage()
+	saturated, _ := sat.Judge(waiting, kv, rp.estPrefill)
 	return scoring.Endpoint{
 		ID:                    id,
 		Waiting:               waiting,
@@ -806,7 +795,7 @@ func (rp *simReplica) endpoint(id string) scoring.Endpoint {
 		KVUsage:               kv,
 		InflightRequests:      int64(pending + len(rp.decoding)),
 		InflightPrefillTokens: rp.estPrefill,
-		Saturated:             waiting >= satWaiting || kv >= satKVUsage || rp.estPrefill >= satPrefillTokens,
+		Saturated:             saturated,
 	}
 }
 

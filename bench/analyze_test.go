@@ -92,7 +92,7 @@ func TestSimReplicaDrains(t *testing.T) {
 	}
 	for _, s := range steps {
 		rp.advance(s.at)
-		e := rp.endpoint("r")
+		e := rp.endpoint("r", scoring.Saturation{}.WithDefaults())
 		got := state{e.Waiting, e.Running, e.InflightRequests, e.InflightPrefillTokens, rp.queued(s.at), e.KVUsage}
 		if math.Abs(got.kv-s.want.kv) < 1e-9 {
 			got.kv = s.want.kv
@@ -116,10 +116,10 @@ func TestSimReplicaSaturation(t *testing.T) {
 	}{
 		{"idle", 0, 0, 0, false},
 		// One request runs; the rest wait.
-		{"waiting below the threshold", satWaiting, 100, 0, false},
-		{"waiting at the threshold", satWaiting + 1, 100, 0, true},
-		{"prefill tokens", 2, satPrefillTokens/2 + 1, 0, true},
-		{"kv", 1, 100, int32(satKVUsage * 100), true},
+		{"waiting below the threshold", scoring.DefaultMaxWaiting, 100, 0, false},
+		{"waiting at the threshold", scoring.DefaultMaxWaiting + 1, 100, 0, true},
+		{"prefill tokens", 2, scoring.DefaultMaxInflightPrefillTokens/2 + 1, 0, true},
+		{"kv", 1, 100, int32(scoring.DefaultMaxKVUsage * 100), true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -133,8 +133,8 @@ func TestSimReplicaSaturation(t *testing.T) {
 				rp.admit(0, ids, 100, tt.est, 0, 1)
 			}
 			rp.advance(0)
-			if got := rp.endpoint("r").Saturated; got != tt.want {
-				t.Errorf("Saturated = %v; want %v (endpoint %+v)", got, tt.want, rp.endpoint("r"))
+			if got := rp.endpoint("r", scoring.Saturation{}.WithDefaults()).Saturated; got != tt.want {
+				t.Errorf("Saturated = %v; want %v (endpoint %+v)", got, tt.want, rp.endpoint("r", scoring.Saturation{}.WithDefaults()))
 			}
 		})
 	}

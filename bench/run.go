@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/warmpath/warmpath/gateway"
+	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/vllmsim"
 )
@@ -46,11 +47,6 @@ const (
 	// TargetPolicy names the single result of a --target run.
 	TargetPolicy = "target"
 )
-
-// gatewayMaxInflightPrefillTokens mirrors the default of the gateway's
-// routing.max_inflight_prefill_tokens (gateway/config.go), which Run scales
-// with the workload's tokens.
-const gatewayMaxInflightPrefillTokens = 262144
 
 // Config configures a benchmark. The zero value (with a Workload) runs
 // every policy on the default simulated fleet.
@@ -443,12 +439,12 @@ func runGateway(ctx context.Context, cfg Config, policy string, urls, kv, replay
 	// each request, for every policy alike.
 	gc := gateway.Config{Listen: "127.0.0.1:0", Debug: true}
 	for i, u := range urls {
-		gc.Replicas = append(gc.Replicas, gateway.ReplicaConfig{URL: u, Model: cfg.Model, KVEvents: kv[i], KVReplay: replay[i]})
+		gc.Replicas = append(gc.Replicas, fleet.ReplicaSpec{URL: u, Model: cfg.Model, KVEndpoint: kv[i], ReplayEndpoint: replay[i]})
 	}
 	gc.Routing.Policy = policy
 	// The gateway's one token-denominated threshold scales with the
 	// workload's tokens, so that saturation trips at the same load.
-	gc.Routing.MaxInflightPrefillTokens = int64(math.Round(gatewayMaxInflightPrefillTokens * cfg.Scale))
+	gc.Routing.MaxInflightPrefillTokens = int64(math.Round(scoring.DefaultMaxInflightPrefillTokens * cfg.Scale))
 	// The gateway runs on wall-clock time and the fleet on simulated time.
 	// Its periodic work is scheduled at its defaults divided by Speed, so
 	// that in simulated time it behaves as deployed: metrics scraped every

@@ -300,7 +300,7 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 		return st.Running == 0 && st.Aborted == 1
 	}, "the replica to abort the request")
 	eventually(t, 5*time.Second, func() bool {
-		return gw.fleet.Snapshot().Replicas[0].InflightRequests.Load() == 0
+		return gw.fleet.Snapshot().Replicas[0].InflightRequests() == 0
 	}, "in-flight count back to 0")
 	if got := counter(t, gw.reg, "warmpath_requests_total", map[string]string{"code": "499"}); got != 1 {
 		t.Errorf("499s counted = %v; want 1", got)

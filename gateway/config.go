@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/url"
 	"os"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/scoring"
+	"github.com/warmpath/warmpath/scoring/blockindex"
 )
 
 // Config is the gateway's configuration. Build it with LoadConfig (YAML
@@ -29,11 +31,13 @@ type Config struct {
 	// Redis is where session bindings live; empty means an embedded,
 	// in-process store (development only: it dies with the process).
 	Redis RedisConfig `yaml:"redis"`
-	// Replicas is the static list of vLLM replicas.
-	Replicas []ReplicaConfig `yaml:"replicas"`
+	// Replicas is the static list of vLLM replicas (see fleet.ReplicaSpec
+	// for each field and its default).
+	Replicas []fleet.ReplicaSpec `yaml:"replicas"`
 	// Discovery lists DNS names re-resolved periodically, e.g. a
-	// Kubernetes headless Service; each address becomes a replica.
-	Discovery []DiscoveryConfig `yaml:"discovery"`
+	// Kubernetes headless Service; each address becomes a replica (see
+	// fleet.DNSSpec).
+	Discovery []fleet.DNSSpec `yaml:"discovery"`
 	// KVEvents chooses how the gateway receives vLLM KV-cache events.
 	KVEvents KVEventsConfig `yaml:"kv_events"`
 	// Routing chooses the policy and its knobs.
@@ -77,36 +81,6 @@ type RedisConfig struct {
 
 func (r RedisConfig) embedded() bool { return r.URL == "" && len(r.Addrs) == 0 }
 
-// ReplicaConfig is one statically configured vLLM replica.
-type ReplicaConfig struct {
-	// Name identifies the replica; default host:port of URL. With the
-	// central KV-event topology it must match the replica part of the
-	// engine's topic kv@<name>@<model>.
-	Name string `yaml:"name"`
-	// URL is the replica's HTTP base URL, e.g. http://10.0.0.7:8000.
-	URL string `yaml:"url"`
-	// Model is the served model; empty means discover it from /v1/models.
-	Model string `yaml:"model"`
-	// KVEvents is the replica's KV-event PUB endpoint to connect to, e.g.
-	// tcp://10.0.0.7:5557 (per-replica topology).
-	KVEvents string `yaml:"kv_events"`
-	// KVReplay is the replica's replay endpoint, e.g. tcp://10.0.0.7:5558.
-	KVReplay string `yaml:"kv_replay"`
-}
-
-// DiscoveryConfig is a DNS name whose addresses are replicas.
-type DiscoveryConfig struct {
-	DNS    string `yaml:"dns"`
-	Port   int    `yaml:"port"`
-	Scheme string `yaml:"scheme"` // default http
-	// KVPort and ReplayPort give each address's KV-event and replay
-	// endpoints; 0 means none.
-	KVPort     int           `yaml:"kv_port"`
-	ReplayPort int           `yaml:"replay_port"`
-	Model      string        `yaml:"model"`
-	Interval   time.Duration `yaml:"interval"` // default 10s
-}
-
 // KV-event topologies.
 const (
 	TopologyPerReplica = "per-replica"
@@ -141,32 +115,33 @@ type RoutingConfig struct {
 	// count as cached before the engine's events confirm them; default 2s,
 	// negative disables speculative entries.
 	SpeculativeTTL time.Duration `yaml:"speculative_ttl"`
-	// MaxWaiting and MaxKVUsage mark a replica saturated: a sticky session
-	// moves off it and affinity scores on it are zeroed (unless every
-	// replica is saturated). Defaults DefaultMaxWaiting (32) and
-	// DefaultMaxKVUsage (1.0, a completely full cache).
-	MaxWaiting int     `yaml:"max_waiting"`
-	MaxKVUsage float64 `yaml:"max_kv_usage"`
-	// MaxInflightPrefillTokens marks a replica saturated when this gateway
-	// has that many uncached prompt tokens in flight to it; default
-	// DefaultMaxInflightPrefillTokens (262,144), negative disables.
-	MaxInflightPrefillTokens int64 `yaml:"max_inflight_prefill_tokens"`
+	// Saturation (max_waiting, max_kv_usage, max_inflight_prefill_tokens)
+	// marks a replica saturated: a sticky session moves off it and
+	// affinity scores on it are zeroed, unless every replica is saturated.
+	// Defaults 32 waiting, KV use 1.0 (a completely full cache) and
+	// 262,144 in-flight prefill tokens from this gateway (about 17 s of
+	// prefill at 15,000 tokens/s); negative disables a threshold. See
+	// scoring.Saturation.
+	scoring.Saturation `yaml:",inline"`
 	// TokenizeCacheSize bounds the cache of tokenized prompts; default 4096.
 	TokenizeCacheSize int `yaml:"tokenize_cache_size"`
 	// IndexMaxEntries bounds the precise index in (block, replica)
-	// entries; default 50,000,000.
+	// entries; default blockindex.DefaultMaxEntries (16 Mi, about 0.8 GiB
+	// at the measured 48.7 bytes per entry; size a container's memory
+	// limit above it).
 	IndexMaxEntries int `yaml:"index_max_entries"`
 	// ApproxChunkBytes is the approximate index's chunk size; default 256.
 	ApproxChunkBytes int `yaml:"approx_chunk_bytes"`
 }
 
-// HealthConfig tunes active checks and metrics scraping.
+// HealthConfig tunes active checks and metrics scraping. Zero fields take
+// the fleet's defaults (filled by fleet.New, see fleet.Config).
 type HealthConfig struct {
-	Interval       time.Duration `yaml:"interval"`        // default 1s
-	Timeout        time.Duration `yaml:"timeout"`         // default 1s
-	Failures       int           `yaml:"failures"`        // default 3
-	ScrapeInterval time.Duration `yaml:"scrape_interval"` // default 250ms
-	StaleAfter     time.Duration `yaml:"stale_after"`     // default 1s
+	Interval       time.Duration `yaml:"interval"`        // default fleet.DefaultHealthInterval (1s)
+	Timeout        time.Duration `yaml:"timeout"`         // default fleet.DefaultHealthTimeout (1s)
+	Failures       int           `yaml:"failures"`        // default fleet.DefaultFailureThreshold (3)
+	ScrapeInterval time.Duration `yaml:"scrape_interval"` // default fleet.DefaultScrapeInterval (250ms)
+	StaleAfter     time.Duration `yaml:"stale_after"`     // default fleet.DefaultStaleAfter (1s)
 }
 
 // SimConfig configures the embedded simulated fleet.
@@ -234,12 +209,12 @@ func (c *Config) applyEnv(getenv func(string) string) error {
 		c.Replicas = nil
 		for _, entry := range splitList(v) {
 			f := strings.Split(entry, "|")
-			r := ReplicaConfig{URL: f[0]}
+			r := fleet.ReplicaSpec{URL: f[0]}
 			if len(f) > 1 {
-				r.KVEvents = f[1]
+				r.KVEndpoint = f[1]
 			}
 			if len(f) > 2 {
-				r.KVReplay = f[2]
+				r.ReplayEndpoint = f[2]
 			}
 			if len(f) > 3 {
 				return fmt.Errorf("config: WARMPATH_REPLICAS: entry %q has more than 3 fields", entry)
@@ -274,19 +249,8 @@ func splitList(s string) []string {
 	return out
 }
 
-// Saturation defaults. A busy vLLM keeps its KV cache nearly full of running
-// sequences and a short queue, so lower thresholds trip on every replica
-// during a burst (bench, shared-prefix, tuned on seeds 2 and 3: p99 TTFT
-// 35–41 s at 8 waiting and 0.95 KV use, about 1 s at these).
-const (
-	DefaultMaxWaiting = fleet.DefaultMaxWaiting
-	DefaultMaxKVUsage = fleet.DefaultMaxKVUsage
-	// DefaultMaxInflightPrefillTokens is about 17 s of prefill at 15,000
-	// tokens/s.
-	DefaultMaxInflightPrefillTokens = 262144
-	// DefaultSessionTTL is how long a session binding outlives its turn.
-	DefaultSessionTTL = 30 * time.Minute
-)
+// DefaultSessionTTL is how long a session binding outlives its turn.
+const DefaultSessionTTL = 30 * time.Minute
 
 // withDefaults returns c with every unset field at its default.
 func (c Config) withDefaults() Config {
@@ -317,41 +281,18 @@ func (c Config) withDefaults() Config {
 	}
 	def(&r.SessionTTL, DefaultSessionTTL)
 	def(&r.SpeculativeTTL, 2*time.Second)
-	if r.MaxWaiting == 0 {
-		r.MaxWaiting = DefaultMaxWaiting
-	}
-	if r.MaxKVUsage == 0 {
-		r.MaxKVUsage = DefaultMaxKVUsage
-	}
-	if r.MaxInflightPrefillTokens == 0 {
-		r.MaxInflightPrefillTokens = DefaultMaxInflightPrefillTokens
-	}
+	r.Saturation = r.Saturation.WithDefaults()
 	if r.TokenizeCacheSize == 0 {
 		r.TokenizeCacheSize = 4096
 	}
 	if r.IndexMaxEntries == 0 {
-		r.IndexMaxEntries = 50_000_000
+		r.IndexMaxEntries = blockindex.DefaultMaxEntries
 	}
 	if r.ApproxChunkBytes == 0 {
 		r.ApproxChunkBytes = 256
 	}
-	h := &c.Health
-	def(&h.Interval, time.Second)
-	def(&h.Timeout, time.Second)
-	if h.Failures == 0 {
-		h.Failures = 3
-	}
-	def(&h.ScrapeInterval, 250*time.Millisecond)
-	def(&h.StaleAfter, time.Second)
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = 32 << 20
-	}
-	for i := range c.Discovery {
-		d := &c.Discovery[i]
-		if d.Scheme == "" {
-			d.Scheme = "http"
-		}
-		def(&d.Interval, 10*time.Second)
 	}
 	if c.Sim.Replicas == 0 {
 		c.Sim.Replicas = 4
@@ -387,41 +328,9 @@ func (c *Config) validate() error {
 			bad(fmt.Sprintf("redis.addrs[%d]", i), "%v", err)
 		}
 	}
-	names := map[string]bool{}
-	for i, r := range c.Replicas {
-		field := fmt.Sprintf("replicas[%d]", i)
-		u, err := url.Parse(r.URL)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			bad(field+".url", "%q is not an http(s) URL with a host", r.URL)
-			continue
-		}
-		name := r.Name
-		if name == "" {
-			name = u.Host
-		}
-		if names[name] {
-			bad(field+".name", "duplicate replica name %q", name)
-		}
-		names[name] = true
-		for _, ep := range []struct{ f, v string }{{"kv_events", r.KVEvents}, {"kv_replay", r.KVReplay}} {
-			if ep.v != "" && !strings.HasPrefix(ep.v, "tcp://") && !strings.HasPrefix(ep.v, "ipc://") {
-				bad(field+"."+ep.f, "%q is not a tcp:// or ipc:// ZMQ endpoint", ep.v)
-			}
-		}
-	}
-	for i, d := range c.Discovery {
-		field := fmt.Sprintf("discovery[%d]", i)
-		if d.DNS == "" {
-			bad(field+".dns", "required")
-		}
-		if d.Port <= 0 || d.Port > 65535 {
-			bad(field+".port", "%d is not a port", d.Port)
-		}
-		if d.Scheme != "http" && d.Scheme != "https" {
-			bad(field+".scheme", "%q is not http or https", d.Scheme)
-		}
-		if d.KVPort < 0 || d.KVPort > 65535 || d.ReplayPort < 0 || d.ReplayPort > 65535 {
-			bad(field, "kv_port and replay_port must be ports or 0")
+	if !c.Embedded() {
+		if err := c.fleetConfig(Options{}, slog.New(slog.DiscardHandler), nil).Check(); err != nil {
+			errs = append(errs, fmt.Errorf("config: %w", err))
 		}
 	}
 	switch c.KVEvents.Topology {
@@ -446,8 +355,8 @@ func (c *Config) validate() error {
 	if c.MaxBodyBytes < 1024 {
 		bad("max_body_bytes", "%d is below 1024", c.MaxBodyBytes)
 	}
-	if c.Health.Failures < 1 {
-		bad("health.failures", "%d is below 1", c.Health.Failures)
+	if c.Health.Failures < 0 {
+		bad("health.failures", "%d is negative", c.Health.Failures)
 	}
 	if c.Embedded() {
 		if c.Sim.Replicas < 1 || c.Sim.Replicas > 64 {

@@ -6,6 +6,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/scoring"
 )
 
 // The example configuration in deploy/ parses, validates and matches the
@@ -27,7 +30,8 @@ func TestExampleConfig(t *testing.T) {
 	if got.Routing.MaxInflightPrefillTokens != def.Routing.MaxInflightPrefillTokens ||
 		got.Routing.SessionTTL != def.Routing.SessionTTL ||
 		got.Routing.SpeculativeTTL != def.Routing.SpeculativeTTL ||
-		got.Health != def.Health ||
+		got.Health != (HealthConfig{Interval: fleet.DefaultHealthInterval, Timeout: fleet.DefaultHealthTimeout,
+			Failures: fleet.DefaultFailureThreshold, ScrapeInterval: fleet.DefaultScrapeInterval, StaleAfter: fleet.DefaultStaleAfter}) ||
 		got.Redis.Timeout != def.Redis.Timeout ||
 		got.MaxBodyBytes != def.MaxBodyBytes ||
 		got.Routing.IndexMaxEntries != def.Routing.IndexMaxEntries {
@@ -54,7 +58,7 @@ func TestLoadConfigEnv(t *testing.T) {
 	if c.Listen != "0.0.0.0:9000" || c.Routing.Policy != "precise-prefix" || c.Routing.SessionTTL != 5*time.Minute || !c.Debug || c.DevKey != "sk-x" {
 		t.Errorf("config = %+v", c)
 	}
-	if len(c.Replicas) != 2 || c.Replicas[0].KVEvents != "tcp://a:5557" || c.Replicas[0].KVReplay != "tcp://a:5558" || c.Replicas[1].URL != "http://b:8000" {
+	if len(c.Replicas) != 2 || c.Replicas[0].KVEndpoint != "tcp://a:5557" || c.Replicas[0].ReplayEndpoint != "tcp://a:5558" || c.Replicas[1].URL != "http://b:8000" {
 		t.Errorf("replicas = %+v", c.Replicas)
 	}
 	if _, err := LoadConfig(path, func(k string) string {
@@ -69,7 +73,7 @@ func TestLoadConfigEnv(t *testing.T) {
 
 // Invalid configuration fails at start with a message naming the field.
 func TestConfigValidationNamesTheField(t *testing.T) {
-	good := ReplicaConfig{URL: "http://a:8000"}
+	good := fleet.ReplicaSpec{URL: "http://a:8000"}
 	tests := []struct {
 		name  string
 		yaml  string
@@ -78,18 +82,18 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 	}{
 		{name: "unknown yaml field", yaml: "listen: x\nroutng: {}\n", field: "routng"},
 		{name: "bad duration", yaml: "routing:\n  session_ttl: soon\n", field: "soon"},
-		{name: "bad listen", cfg: Config{Listen: "nope", Replicas: []ReplicaConfig{good}}, field: "listen"},
-		{name: "bad replica url", cfg: Config{Replicas: []ReplicaConfig{good, {URL: "10.0.0.7:8000"}}}, field: "replicas[1].url"},
-		{name: "duplicate replica", cfg: Config{Replicas: []ReplicaConfig{good, good}}, field: "replicas[1].name"},
-		{name: "bad kv endpoint", cfg: Config{Replicas: []ReplicaConfig{{URL: "http://a:1", KVEvents: "10.0.0.7:5557"}}}, field: "replicas[0].kv_events"},
-		{name: "bad policy", cfg: Config{Replicas: []ReplicaConfig{good}, Routing: RoutingConfig{Policy: "fastest"}}, field: "routing.policy"},
-		{name: "bad weight", cfg: Config{Replicas: []ReplicaConfig{good}, Routing: RoutingConfig{Weights: map[string]float64{"magic": 1}}}, field: "routing.weights"},
-		{name: "bad topology", cfg: Config{Replicas: []ReplicaConfig{good}, KVEvents: KVEventsConfig{Topology: "mesh"}}, field: "kv_events.topology"},
-		{name: "bad redis url", cfg: Config{Replicas: []ReplicaConfig{good}, Redis: RedisConfig{URL: "http://redis"}}, field: "redis.url"},
-		{name: "redis url and addrs", cfg: Config{Replicas: []ReplicaConfig{good}, Redis: RedisConfig{URL: "redis://r:6379", Addrs: []string{"r:6379"}}}, field: "redis"},
-		{name: "discovery without port", cfg: Config{Discovery: []DiscoveryConfig{{DNS: "vllm"}}}, field: "discovery[0].port"},
-		{name: "bad block size", cfg: Config{Replicas: []ReplicaConfig{good}, Routing: RoutingConfig{BlockSize: -1}}, field: "routing.block_size"},
-		{name: "bad kv usage", cfg: Config{Replicas: []ReplicaConfig{good}, Routing: RoutingConfig{MaxKVUsage: 2}}, field: "routing.max_kv_usage"},
+		{name: "bad listen", cfg: Config{Listen: "nope", Replicas: []fleet.ReplicaSpec{good}}, field: "listen"},
+		{name: "bad replica url", cfg: Config{Replicas: []fleet.ReplicaSpec{good, {URL: "10.0.0.7:8000"}}}, field: "replicas[1].url"},
+		{name: "duplicate replica", cfg: Config{Replicas: []fleet.ReplicaSpec{good, good}}, field: "replicas[1].name"},
+		{name: "bad kv endpoint", cfg: Config{Replicas: []fleet.ReplicaSpec{{URL: "http://a:1", KVEndpoint: "10.0.0.7:5557"}}}, field: "replicas[0].kv_events"},
+		{name: "bad policy", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Routing: RoutingConfig{Policy: "fastest"}}, field: "routing.policy"},
+		{name: "bad weight", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Routing: RoutingConfig{Weights: map[string]float64{"magic": 1}}}, field: "routing.weights"},
+		{name: "bad topology", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, KVEvents: KVEventsConfig{Topology: "mesh"}}, field: "kv_events.topology"},
+		{name: "bad redis url", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Redis: RedisConfig{URL: "http://redis"}}, field: "redis.url"},
+		{name: "redis url and addrs", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Redis: RedisConfig{URL: "redis://r:6379", Addrs: []string{"r:6379"}}}, field: "redis"},
+		{name: "discovery without port", cfg: Config{Discovery: []fleet.DNSSpec{{Name: "vllm"}}}, field: "discovery[0].port"},
+		{name: "bad block size", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Routing: RoutingConfig{BlockSize: -1}}, field: "routing.block_size"},
+		{name: "bad kv usage", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Routing: RoutingConfig{Saturation: scoring.Saturation{MaxKVUsage: 2}}}, field: "routing.max_kv_usage"},
 		{name: "bad sim", cfg: Config{Sim: SimConfig{Replicas: 500}}, field: "sim.replicas"},
 	}
 	for _, tt := range tests {

@@ -73,10 +73,10 @@ func TestEvictedPrefixStopsAttracting(t *testing.T) {
 	}
 	// The sticky session notices too.
 	after := c.turn(t, gw.URL, "more")
-	if got := after.Header.Get("X-Warmpath-Rebind"); got != rebindEvicted {
-		t.Errorf("sticky session rebind = %q; want %q (reason %s)", got, rebindEvicted, after.Header.Get("X-Warmpath-Reason"))
+	if got := after.Header.Get("X-Warmpath-Rebind"); got != scoring.RebindEvicted {
+		t.Errorf("sticky session rebind = %q; want %q (reason %s)", got, scoring.RebindEvicted, after.Header.Get("X-Warmpath-Reason"))
 	}
-	if got := counter(t, gw.reg, "warmpath_session_rebinds_total", map[string]string{"reason": rebindEvicted}); got < 1 {
+	if got := counter(t, gw.reg, "warmpath_session_rebinds_total", map[string]string{"reason": scoring.RebindEvicted}); got < 1 {
 		t.Errorf("evicted rebinds = %v; want ≥ 1", got)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/warmpath/warmpath/internal/redistest"
+	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/vllmsim"
 )
 
@@ -58,7 +59,7 @@ func TestRedisRestart(t *testing.T) {
 func (g *testGateway) sessionKeyFor(t *testing.T, c *conversation) string {
 	t.Helper()
 	body := fmt.Appendf(nil, `{"model":%q,"messages":[{"role":"system","content":%q},{"role":"user","content":%q}]}`, c.model, c.messages[0].Content, c.messages[1].Content)
-	r, err := parseRequest(apiChat, http.Header{}, body, "")
+	r, err := ParseRequest(APIChat, http.Header{}, body, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,8 +102,8 @@ func TestReplicaRestartClearsIndex(t *testing.T) {
 	}
 	eventually(t, 5*time.Second, func() bool { return counter(t, gw.reg, "warmpath_kvevents_restarts_total", nil) >= 1 }, "the subscriber to detect the restart")
 	after := c.turn(t, gw.URL, "after restart")
-	if got := after.Header.Get("X-Warmpath-Rebind"); got != rebindEvicted {
-		t.Errorf("rebind after the replica restart = %q; want %q", got, rebindEvicted)
+	if got := after.Header.Get("X-Warmpath-Rebind"); got != scoring.RebindEvicted {
+		t.Errorf("rebind after the replica restart = %q; want %q", got, scoring.RebindEvicted)
 	}
 }
 

@@ -29,11 +29,11 @@ func FuzzParseRequest(f *testing.F) {
 		f.Add(seed, false)
 	}
 	f.Fuzz(func(t *testing.T, body string, chat bool) {
-		kind := apiCompletions
+		kind := APICompletions
 		if chat {
-			kind = apiChat
+			kind = APIChat
 		}
-		r, err := parseRequest(kind, http.Header{}, []byte(body), "")
+		r, err := ParseRequest(kind, http.Header{}, []byte(body), "")
 		if err != nil {
 			if _, ok := err.(*apierror.Error); !ok {
 				t.Fatalf("parse error is not an httpError: %T %v", err, err)
@@ -77,7 +77,7 @@ func FuzzSSEFilter(f *testing.F) {
 	f.Fuzz(func(t *testing.T, stream string, chunk uint8, drop bool) {
 		dones := 0
 		filter := newSSEFilter(io.NopCloser(strings.NewReader(stream)), drop, observer{
-			usage: func(usage) {},
+			usage: func(Usage) {},
 			done:  func(error) { dones++ },
 		})
 		var out bytes.Buffer

@@ -36,6 +36,9 @@ type Options struct {
 	// UpstreamAPIKey is sent to replicas as a bearer token (vLLM's
 	// --api-key); empty sends none.
 	UpstreamAPIKey string
+	// Admitter decides when each request may be routed (a fair queue);
+	// nil admits every request at once.
+	Admitter Admitter
 }
 
 // Gateway is a running warmpath gateway: an OpenAI-compatible HTTP edge over
@@ -54,8 +57,8 @@ type Gateway struct {
 	index       *preciseIndex
 	approx      *approxIndex
 	tok         *tokenizer
+	admit       Admitter
 	upstream    *http.Transport
-	proxy       http.Handler
 	upstreamKey string
 	ln          net.Listener
 	srv         *http.Server
@@ -100,32 +103,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	}
 	g.sessions = session.NewStore(g.rdb, session.Options{Prefix: cfg.Redis.KeyPrefix, TTL: cfg.Routing.SessionTTL, Timeout: cfg.Redis.Timeout})
 
-	var header http.Header
-	if o.UpstreamAPIKey != "" {
-		header = http.Header{"Authorization": {"Bearer " + o.UpstreamAPIKey}}
-	}
-	fc := fleet.Config{
-		HealthInterval:   cfg.Health.Interval,
-		HealthTimeout:    cfg.Health.Timeout,
-		FailureThreshold: cfg.Health.Failures,
-		ScrapeInterval:   cfg.Health.ScrapeInterval,
-		StaleAfter:       cfg.Health.StaleAfter,
-		Saturation: fleet.Saturation{
-			MaxWaiting:               cfg.Routing.MaxWaiting,
-			MaxKVUsage:               cfg.Routing.MaxKVUsage,
-			MaxInflightPrefillTokens: max(0, cfg.Routing.MaxInflightPrefillTokens),
-		},
-		Header:     header,
-		Logger:     log.With("component", "fleet"),
-		Registerer: wrapped,
-	}
-	for _, r := range cfg.Replicas {
-		fc.Static = append(fc.Static, fleet.ReplicaSpec{Name: r.Name, URL: r.URL, Model: r.Model, KVEndpoint: r.KVEvents, ReplayEndpoint: r.KVReplay})
-	}
-	for _, d := range cfg.Discovery {
-		fc.DNS = append(fc.DNS, fleet.DNSSpec{Name: d.DNS, Port: d.Port, Scheme: d.Scheme, KVPort: d.KVPort, ReplayPort: d.ReplayPort, Model: d.Model, Interval: d.Interval})
-	}
-	if g.fleet, err = fleet.New(fc); err != nil {
+	if g.fleet, err = fleet.New(cfg.fleetConfig(o, log, wrapped)); err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
 
@@ -144,7 +122,10 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		ExpectContinueTimeout: time.Second,
 	}
 	g.tok = newTokenizer(&http.Client{Transport: g.upstream, Timeout: 10 * time.Second}, cfg.Routing.TokenizeCacheSize, g.m)
-	g.proxy = g.newProxy()
+	g.admit = o.Admitter
+	if g.admit == nil {
+		g.admit = admitAll{}
+	}
 
 	if g.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
 		g.close()
@@ -157,6 +138,28 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	return g, nil
+}
+
+// fleetConfig translates the configuration into the fleet's: the replica
+// and discovery specs are passed as decoded, the fleet fills its defaults.
+func (c *Config) fleetConfig(o Options, log *slog.Logger, reg prometheus.Registerer) fleet.Config {
+	var header http.Header
+	if o.UpstreamAPIKey != "" {
+		header = http.Header{"Authorization": {"Bearer " + o.UpstreamAPIKey}}
+	}
+	return fleet.Config{
+		Replicas:         c.Replicas,
+		Discovery:        c.Discovery,
+		HealthInterval:   c.Health.Interval,
+		HealthTimeout:    c.Health.Timeout,
+		FailureThreshold: c.Health.Failures,
+		ScrapeInterval:   c.Health.ScrapeInterval,
+		StaleAfter:       c.Health.StaleAfter,
+		Saturation:       c.Routing.Saturation,
+		Header:           header,
+		Logger:           log.With("component", "fleet"),
+		Registerer:       reg,
+	}
 }
 
 func newRedis(rc RedisConfig) (redis.UniversalClient, error) {

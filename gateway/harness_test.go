@@ -18,6 +18,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/internal/redistest"
 	"github.com/warmpath/warmpath/vllmsim"
 )
@@ -51,7 +52,7 @@ func fleetConfig(f *vllmsim.Fleet) Config {
 	c.Listen = "127.0.0.1:0"
 	for _, r := range f.Replicas() {
 		in := r.Info()
-		c.Replicas = append(c.Replicas, ReplicaConfig{Name: in.Name, URL: in.URL, Model: in.Model, KVEvents: in.KVEndpoint, KVReplay: in.ReplayEndpoint})
+		c.Replicas = append(c.Replicas, fleet.ReplicaSpec{Name: in.Name, URL: in.URL, Model: in.Model, KVEndpoint: in.KVEndpoint, ReplayEndpoint: in.ReplayEndpoint})
 	}
 	c.Health = HealthConfig{Interval: 50 * time.Millisecond, Timeout: 500 * time.Millisecond, Failures: 2, ScrapeInterval: 50 * time.Millisecond, StaleAfter: 2 * time.Second}
 	return c
@@ -141,7 +142,7 @@ type chatResult struct {
 	Header  http.Header
 	Body    []byte
 	Content string
-	Usage   usage
+	Usage   Usage
 }
 
 func (r chatResult) replica() string { return r.Header.Get("X-Warmpath-Replica") }
@@ -179,7 +180,7 @@ func chat(t *testing.T, url string, body map[string]any, header map[string]strin
 		if len(parsed.Choices) > 0 {
 			res.Content = parsed.Choices[0].Message.Content
 		}
-		res.Usage = usage{PromptTokens: parsed.Usage.PromptTokens, CompletionTokens: parsed.Usage.CompletionTokens, CachedTokens: parsed.Usage.PromptTokensDetails.CachedTokens}
+		res.Usage = Usage{PromptTokens: parsed.Usage.PromptTokens, CompletionTokens: parsed.Usage.CompletionTokens, CachedTokens: parsed.Usage.PromptTokensDetails.CachedTokens}
 	}
 	return res
 }

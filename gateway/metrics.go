@@ -96,7 +96,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 }
 
 // account records one completed request's prompt and cache figures.
-func (m *metrics) account(tenant, model string, u usage, predicted, blockSize int) {
+func (m *metrics) account(tenant, model string, u Usage, predicted, blockSize int) {
 	m.promptTokens.WithLabelValues(tenant, model).Add(float64(u.PromptTokens))
 	m.cachedTokens.WithLabelValues(tenant, model).Add(float64(u.CachedTokens))
 	m.predictedTokens.WithLabelValues(tenant, model).Add(float64(predicted))

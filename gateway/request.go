@@ -13,47 +13,63 @@ import (
 	"github.com/warmpath/warmpath/session"
 )
 
-// apiKind says which OpenAI endpoint a request came in on.
-type apiKind int
+// API says which OpenAI endpoint a request came in on.
+type API int
 
+// The inference APIs the routed client forwards.
 const (
-	apiChat apiKind = iota
-	apiCompletions
+	APIChat        API = iota // POST /v1/chat/completions
+	APICompletions            // POST /v1/completions
 )
 
-func (k apiKind) path() string {
-	if k == apiCompletions {
+func (k API) path() string {
+	if k == APICompletions {
 		return "/v1/completions"
 	}
 	return "/v1/chat/completions"
 }
 
-// request is a client request parsed once: the original body plus the
+// Request is an inference request parsed once: the original body plus the
 // fields routing and accounting need, located with gjson so large
-// conversations are never unmarshalled into Go values.
-type request struct {
-	kind   apiKind
+// conversations are never unmarshalled into Go values. Build one with
+// ParseRequest and send it with Gateway.Do.
+type Request struct {
+	api    API
 	body   []byte
+	header http.Header // the client's headers, forwarded upstream
 	model  string
 	stream bool
 	// wantUsage reports that a streaming client asked for the usage chunk.
 	wantUsage bool
 	session   session.Key
+	tenant    string
 	// messages, tools (chat) and prompt (completions) are views into body.
 	messages, tools, prompt gjson.Result
 	// textBytes is the size of the prompt text, for estimating tokens
 	// before (or instead of) tokenizing.
 	textBytes int
 	cacheSalt string
+	text      []byte // approxText, rendered once on first use
 }
 
 // estimatedTokens guesses the prompt's token count from its text: about
 // four bytes a token for English under BPE tokenizers.
-func (r *request) estimatedTokens() int { return max(1, r.textBytes/4) }
+func (r *Request) estimatedTokens() int { return max(1, r.textBytes/4) }
 
-// parseRequest validates and parses a chat or completions body. scope is
-// folded into the session key (tenant, once tenancy lands).
-func parseRequest(kind apiKind, h http.Header, body []byte, scope string) (*request, error) {
+// Model returns the requested model.
+func (r *Request) Model() string { return r.model }
+
+// Session returns the request's session key.
+func (r *Request) Session() session.Key { return r.session }
+
+// SetSession overrides the session key derived from the request (the
+// Responses API keys a chained run by its root).
+func (r *Request) SetSession(k session.Key) { r.session = k }
+
+// ParseRequest validates and parses a chat or completions body sent with
+// headers h by tenant (folded into the session key; "" before tenancy).
+// Its errors are 400s naming the offending parameter.
+func ParseRequest(api API, h http.Header, body []byte, tenant string) (*Request, error) {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return nil, apierror.BadRequest("", "request body is empty; expected a JSON object")
 	}
@@ -64,7 +80,7 @@ func parseRequest(kind apiKind, h http.Header, body []byte, scope string) (*requ
 	if !root.IsObject() {
 		return nil, apierror.BadRequest("", "request body must be a JSON object")
 	}
-	r := &request{kind: kind, body: body}
+	r := &Request{api: api, body: body, header: h, tenant: tenant}
 	m := root.Get("model")
 	if m.Type != gjson.String || m.String() == "" {
 		return nil, apierror.BadRequest("model", "you must provide a model parameter")
@@ -89,8 +105,8 @@ func parseRequest(kind apiKind, h http.Header, body []byte, scope string) (*requ
 		r.cacheSalt = cs.String()
 	}
 	var opening []byte
-	switch kind {
-	case apiChat:
+	switch api {
+	case APIChat:
 		r.messages = root.Get("messages")
 		if !r.messages.IsArray() || len(r.messages.Array()) == 0 {
 			return nil, apierror.BadRequest("messages", "messages must be a non-empty array")
@@ -103,7 +119,7 @@ func parseRequest(kind apiKind, h http.Header, body []byte, scope string) (*requ
 		if opening, err = r.scanMessages(); err != nil {
 			return nil, err
 		}
-	case apiCompletions:
+	case APICompletions:
 		r.prompt = root.Get("prompt")
 		switch {
 		case r.prompt.Type == gjson.String:
@@ -128,7 +144,7 @@ func parseRequest(kind apiKind, h http.Header, body []byte, scope string) (*requ
 		// that shares a system prompt into one session. They are sessions
 		// only when the client names one; prefix routing still applies.
 	}
-	r.session = session.Identify(scope, h, session.Body{
+	r.session = session.Identify(tenant, h, session.Body{
 		SessionID:        root.Get("session_id").String(),
 		PromptCacheKey:   root.Get("prompt_cache_key").String(),
 		User:             root.Get("user").String(),
@@ -141,7 +157,7 @@ func parseRequest(kind apiKind, h http.Header, body []byte, scope string) (*requ
 // scanMessages checks each message's shape, sums the prompt text and
 // returns the conversation's opening: system and developer messages, the
 // tools, and the first user message.
-func (r *request) scanMessages() ([]byte, error) {
+func (r *Request) scanMessages() ([]byte, error) {
 	var opening []byte
 	var bad error
 	sawUser := false
@@ -197,7 +213,7 @@ func (r *request) scanMessages() ([]byte, error) {
 // every request; the extra chunk is removed again for clients that did not
 // ask), and the session key passed on as vLLM's session_id so the engine
 // tags the blocks it stores with it.
-func (r *request) upstreamBody() ([]byte, error) {
+func (r *Request) upstreamBody() ([]byte, error) {
 	body := r.body
 	var err error
 	if r.stream && !r.wantUsage {
@@ -216,13 +232,13 @@ func (r *request) upstreamBody() ([]byte, error) {
 // tokenizeBody is the body for vLLM's POST /tokenize that yields the token
 // ids the engine will see: the chat form applies the chat template.
 // It returns nil when the prompt is already token ids (see promptTokenIDs).
-func (r *request) tokenizeBody() []byte {
+func (r *Request) tokenizeBody() []byte {
 	var b bytes.Buffer
 	b.WriteString(`{"model":`)
 	mb, _ := json.Marshal(r.model)
 	b.Write(mb)
-	switch r.kind {
-	case apiChat:
+	switch r.api {
+	case APIChat:
 		b.WriteString(`,"messages":`)
 		b.WriteString(r.messages.Raw)
 		if r.tools.IsArray() {
@@ -230,7 +246,7 @@ func (r *request) tokenizeBody() []byte {
 			b.WriteString(r.tools.Raw)
 		}
 		b.WriteString(`,"add_generation_prompt":true}`)
-	case apiCompletions:
+	case APICompletions:
 		p := r.prompt
 		if p.IsArray() {
 			p = p.Array()[0]
@@ -247,8 +263,8 @@ func (r *request) tokenizeBody() []byte {
 
 // promptTokenIDs returns the prompt's token ids when a completions request
 // sends them directly, so no tokenizer is needed.
-func (r *request) promptTokenIDs() ([]uint32, bool) {
-	if r.kind != apiCompletions || !r.prompt.IsArray() {
+func (r *Request) promptTokenIDs() ([]uint32, bool) {
+	if r.api != APICompletions || !r.prompt.IsArray() {
 		return nil, false
 	}
 	arr := r.prompt.Array()
@@ -265,13 +281,21 @@ func (r *request) promptTokenIDs() ([]uint32, bool) {
 	return out, len(out) > 0
 }
 
-// approxText renders the conversation for the approximate index: each
-// message's role and text, in order, so a conversation's turns render as
-// prefixes of each other whatever JSON formatting the client uses.
-func (r *request) approxText() []byte {
-	var b []byte
-	switch r.kind {
-	case apiChat:
+// approxText renders the conversation for the approximate index and the
+// session fingerprint: each message's role and text, in order, so a
+// conversation's turns render as prefixes of each other whatever JSON
+// formatting the client uses. It is rendered once per request.
+func (r *Request) approxText() []byte {
+	if r.text == nil {
+		r.text = r.renderText()
+	}
+	return r.text
+}
+
+func (r *Request) renderText() []byte {
+	b := []byte{}
+	switch r.api {
+	case APIChat:
 		if r.tools.IsArray() {
 			b = append(b, "tools\x00"...)
 			b = append(b, r.tools.Raw...)
@@ -295,7 +319,7 @@ func (r *request) approxText() []byte {
 			b = append(b, 0)
 			return true
 		})
-	case apiCompletions:
+	case APICompletions:
 		p := r.prompt
 		if p.IsArray() {
 			p = p.Array()[0]

@@ -1,10 +1,8 @@
 package gateway
 
 import (
-	"cmp"
 	"context"
 	"fmt"
-	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -17,159 +15,170 @@ import (
 	"github.com/warmpath/warmpath/session"
 )
 
-// candidate is one replica a request may go to, in the plan's order.
-type candidate struct {
-	replica *fleet.Replica
-	url     *url.URL
-	// predicted is how many prompt tokens the router believes the replica
-	// holds cached.
-	predicted int
-}
-
-// plan is a routing decision: replicas in order of preference (the first
-// is the choice, the second the retry target), and why.
-type plan struct {
-	order        []candidate
-	promptTokens int // exact when tokenized, estimated otherwise
-	reason       string
-	rebind       string // why the session left its bound replica, "" if it did not
-	eps          []scoring.Endpoint
-	decision     *scoring.Decision
+// route is a routing decision with what the gateway needs to carry it
+// out: the replicas behind the plan's endpoint indexes, and the session
+// binding to update when the turn completes.
+type route struct {
+	plan scoring.Plan
+	// reps are the replicas behind plan's endpoints (aligned with
+	// in.Endpoints).
+	reps []*fleet.Replica
+	eps  []scoring.Endpoint
 	// session and binding are the session key and the binding in force
 	// after routing ("" and zero when the policy keeps no bindings).
 	session string
 	binding session.Binding
 }
 
-// Routing reasons, as counted in warmpath_routing_decisions_total.
-const (
-	reasonSticky = "sticky" // bound replica, no tokenizing, no scoring
-	reasonScored = "scored"
-	reasonRaced  = "raced" // another gateway bound the session first
-)
+// candidate returns the k-th replica of the plan and its predicted cached
+// tokens.
+func (rt *route) candidate(k int) (*fleet.Replica, int) {
+	return rt.reps[rt.plan.Order[k]], rt.plan.Predicted[k]
+}
 
-// Rebind reasons, as counted in warmpath_session_rebinds_total: those of
-// scoring.Stick, and unhealthy (bound replica still a member, but down).
-const (
-	rebindUnhealthy = "unhealthy"
-	rebindDiverged  = "diverged" // the turn does not continue the bound conversation
-	rebindSaturated = scoring.RebindSaturated
-	rebindEvicted   = scoring.RebindEvicted
-)
-
-// route decides where r goes. For sticky policies a session stays on its
-// bound replica while that replica is healthy, unsaturated and still holds
-// the session's prefix, and such a turn is routed without tokenizing;
-// otherwise the policy scores every eligible replica.
-func (g *Gateway) route(ctx context.Context, r *request) (*plan, error) {
-	now := time.Now()
-	eligible, err := g.eligible(r.model)
+// route decides where r goes in three steps: gather the inputs (fleet
+// snapshot, session binding), let scoring.Decide plan, and do the
+// decision's I/O (tokenize and match when the plan needs prefix
+// information, then remember the binding and speculate).
+func (g *Gateway) route(ctx context.Context, r *Request) (*route, error) {
+	reps, in, bind, err := g.gather(ctx, r)
 	if err != nil {
 		return nil, err
 	}
-	pol := g.policy
-	p := &plan{promptTokens: r.estimatedTokens()}
-	key := r.session.Value
-
-	var bind session.Binding
-	bound := false
-	if key != "" && g.tracksSessions() {
-		b, ok, err := g.sessions.Lookup(ctx, key)
-		if err != nil {
-			g.m.redisErrors.WithLabelValues("lookup").Inc()
-			g.log.Debug("session lookup degraded", "err", err)
-		}
-		bind, bound = b, ok
+	plan, err := g.policy.Decide(in)
+	var keys, chunks []uint64
+	if err == nil && plan.NeedsPrefix {
+		keys, chunks = g.matchPrefix(ctx, r, reps, in)
+		plan, err = g.policy.Decide(in)
 	}
+	if err != nil {
+		return nil, apierror.Unavailable(err, "no healthy replica serves model %s; try again shortly", r.model)
+	}
+	rt := &route{plan: plan, reps: reps, eps: in.Endpoints}
+	g.commit(ctx, r, rt, bind, keys, chunks)
+	return rt, nil
+}
 
-	names := make([]string, len(eligible))
-	p.eps = make([]scoring.Endpoint, len(eligible))
-	for i, rep := range eligible {
+// gather collects what the decision depends on: the replicas serving the
+// model with their load and availability, and the session's binding.
+func (g *Gateway) gather(ctx context.Context, r *Request) ([]*fleet.Replica, *scoring.Input, session.Binding, error) {
+	now := time.Now()
+	reps := g.serving(r.model)
+	if len(reps) == 0 {
+		return nil, nil, session.Binding{}, apierror.NotFound("model_not_found", "The model `%s` does not exist.", r.model)
+	}
+	in := &scoring.Input{
+		Now: now, Model: r.model, SessionKey: r.session.Value, Endpoints: endpoints(reps, now),
+		PromptTokens: r.estimatedTokens(), TextBytes: r.textBytes, BlockSize: g.cfg.Routing.BlockSize,
+		RefreshAfter: g.cfg.Routing.SessionTTL / 8, Continues: true, BoundHolds: true,
+	}
+	var bind session.Binding
+	if in.SessionKey == "" || !g.policy.TracksSessions() {
+		return reps, in, bind, nil
+	}
+	bind, ok, err := g.sessions.Lookup(ctx, in.SessionKey)
+	if err != nil {
+		g.m.redisErrors.WithLabelValues("lookup").Inc()
+		g.log.Debug("session lookup degraded", "err", err)
+	}
+	if ok {
+		in.Binding = &bind.Binding
+		if g.policy.Sticky {
+			in.Continues = continues(r.approxText(), bind)
+		}
+		if i := slices.IndexFunc(reps, func(rep *fleet.Replica) bool { return rep.Spec.Name == bind.Replica }); i >= 0 {
+			in.BoundHolds = g.stillHolds(reps[i], bind)
+		}
+	}
+	return reps, in, bind, nil
+}
+
+// serving returns the fleet's replicas that serve model, healthy or not,
+// sorted by name.
+func (g *Gateway) serving(model string) []*fleet.Replica {
+	snap := g.fleet.Snapshot()
+	out := make([]*fleet.Replica, 0, len(snap.Replicas))
+	for _, rep := range snap.Replicas {
+		if st := rep.State(); st.Serves(model) {
+			out = append(out, rep)
+		}
+	}
+	return out
+}
+
+// endpoints describes reps as the router sees them at now: the one place
+// replica health and saturation are read.
+func endpoints(reps []*fleet.Replica, now time.Time) []scoring.Endpoint {
+	eps := make([]scoring.Endpoint, len(reps))
+	for i, rep := range reps {
 		st := rep.State()
 		sat, _ := rep.Saturated(now)
-		names[i] = rep.Spec.Name
-		p.eps[i] = scoring.Endpoint{
+		eps[i] = scoring.Endpoint{
 			ID:                    rep.Spec.Name,
 			Waiting:               st.Waiting,
 			Running:               st.Running,
 			KVUsage:               st.KVUsage,
-			InflightRequests:      rep.InflightRequests.Load(),
-			InflightPrefillTokens: rep.InflightPrefillTokens.Load(),
+			InflightRequests:      rep.InflightRequests(),
+			InflightPrefillTokens: rep.InflightPrefillTokens(),
 			Saturated:             sat,
+			Unhealthy:             !st.Healthy,
 		}
 	}
-	var text []byte // the conversation text, for sticky policies
-	if pol.Sticky {
-		text = r.approxText()
-	}
-	if pol.Sticky && bound && !continues(text, bind) {
-		// The key is shared by another conversation (identical openings):
-		// score this one on its own prefix.
-		p.rebind = rebindDiverged
-		bound = false
-	}
-	if pol.Sticky && bound {
-		i, why := scoring.Stick(bind.Replica, p.eps, func(i int) bool { return g.stillHolds(eligible[i], bind) })
-		if i >= 0 {
-			g.routeSticky(ctx, p, r, eligible[i], eligible, key, bind, now)
-			return p, nil
-		}
-		p.rebind = why
-		if why == scoring.RebindGone && g.fleet.Replica(bind.Replica) != nil {
-			p.rebind = rebindUnhealthy
-		}
-	}
+	return eps
+}
 
-	sr := &scoring.Request{Model: r.model, SessionKey: key, PromptTokens: p.promptTokens}
-	if bound {
-		sr.Bound = bind.Replica
+// matchPrefix fills in.Matched from the policy's prefix index: the precise
+// index over the prompt's token ids (and the exact prompt length), or the
+// approximate one over its text. It returns the block keys or chunks for
+// commit. A failed tokenization routes on load alone rather than fail the
+// request.
+func (g *Gateway) matchPrefix(ctx context.Context, r *Request, reps []*fleet.Replica, in *scoring.Input) (keys, chunks []uint64) {
+	names := make([]string, len(in.Endpoints))
+	for i := range in.Endpoints {
+		names[i] = in.Endpoints[i].ID
 	}
-	var keys, chunks []uint64
 	switch {
-	case pol.UsesPrecise:
-		tokens, err := g.tokenize(ctx, r, eligible)
+	case g.policy.UsesPrecise:
+		tokens, err := g.tokenize(ctx, r, reps, in.Endpoints)
 		if err != nil {
-			// Route on load alone rather than fail the request.
 			g.log.Warn("tokenize failed; routing without prefix information", "err", err)
-			break
+			in.Matched = make([]int, len(names))
+			return nil, nil
 		}
-		p.promptTokens, sr.PromptTokens = len(tokens), len(tokens)
+		in.PromptTokens = len(tokens)
 		keys = g.index.keys(tokens, r.model, r.cacheSalt)
-		sr.Matched = g.index.matchTokens(keys, names, len(tokens))
-	case pol.UsesApprox:
+		in.Matched = g.index.matchTokens(keys, names, len(tokens))
+	case g.policy.UsesApprox:
 		chunks = g.approx.keys(r.approxText(), r.model, r.cacheSalt)
-		sr.Matched = g.approx.matchTokens(chunks, names, p.promptTokens)
+		in.Matched = g.approx.matchTokens(chunks, names, in.PromptTokens)
 	}
-	d, err := pol.Route(ctx, sr, p.eps, nil)
-	if err != nil {
-		return nil, apierror.Unavailable(err, "no replica can take the request")
-	}
-	p.decision = &d
-	p.reason = reasonScored
-	p.order = make([]candidate, len(d.Order))
-	for i, j := range d.Order {
-		p.order[i] = candidate{replica: eligible[j]}
-		if sr.Matched != nil {
-			p.order[i].predicted = sr.Matched[j]
-		}
-	}
-	chosen := p.order[0].replica.Spec.Name
+	return keys, chunks
+}
+
+// commit does the decision's I/O: it records what the chosen replica will
+// hold (approximate chunks, speculative blocks), writes the session
+// binding (following another gateway that bound a first turn first), and
+// counts the decision.
+func (g *Gateway) commit(ctx context.Context, r *Request, rt *route, bind session.Binding, keys, chunks []uint64) {
+	p := &rt.plan
+	chosen := rt.eps[p.Chosen()].ID
 	if chunks != nil {
 		g.approx.record(chosen, chunks)
 	}
 	if keys != nil && g.cfg.Routing.SpeculativeTTL > 0 {
 		g.index.speculate(chosen, keys, g.cfg.Routing.SpeculativeTTL)
 	}
-	if key != "" && g.tracksSessions() {
-		nb := session.Binding{Replica: chosen, PromptTokens: p.promptTokens, PromptBytes: r.textBytes, Turns: bind.Turns + 1}
-		if text != nil {
-			nb.TextLen, nb.TextHash = len(text), xxhash.Sum64(text)
+	if p.Bind != scoring.BindKeep || p.Reason == scoring.ReasonSticky {
+		rt.session, rt.binding = r.session.Value, g.newBinding(r, p, bind, keys)
+	}
+	switch p.Bind {
+	case scoring.BindRefresh, scoring.BindReplace:
+		if _, err := g.sessions.Remember(ctx, rt.session, rt.binding, false); err != nil {
+			g.m.redisErrors.WithLabelValues("remember").Inc()
+			g.log.Debug("session remember degraded", "err", err)
 		}
-		if len(keys) > 0 {
-			nb.TipKey, nb.TipDepth = keys[len(keys)-1], len(keys)
-		}
-		won, err := g.sessions.Remember(ctx, key, nb, !bound && p.rebind == "")
-		p.session, p.binding = key, nb
+	case scoring.BindNew:
+		won, err := g.sessions.Remember(ctx, rt.session, rt.binding, true)
 		switch {
 		case err != nil:
 			g.m.redisErrors.WithLabelValues("remember").Inc()
@@ -177,80 +186,52 @@ func (g *Gateway) route(ctx context.Context, r *request) (*plan, error) {
 		case won.Replica != chosen:
 			// A concurrent first turn on another gateway bound the session
 			// first: follow it, so both turns share one replica.
-			if i := slices.IndexFunc(p.order, func(c candidate) bool { return c.replica.Spec.Name == won.Replica }); i > 0 {
-				c := p.order[i]
-				p.order = slices.Insert(slices.Delete(p.order, i, i+1), 0, c)
-				p.reason = reasonRaced
-				p.binding = won
+			if i := slices.IndexFunc(rt.eps, func(e scoring.Endpoint) bool { return e.ID == won.Replica }); i >= 0 && p.Follow(i) {
+				rt.binding = won
 			}
 		}
-		switch {
-		case p.rebind != "":
-			// The binding broke for a reason and was re-scored (the best
-			// replica may turn out to be the same one).
-			g.m.rebinds.WithLabelValues(p.rebind).Inc()
-		case bound && bind.Replica != p.order[0].replica.Spec.Name:
-			// A non-sticky policy scored the session elsewhere.
-			g.m.rebinds.WithLabelValues("rescored").Inc()
-		}
 	}
-	g.m.decisions.WithLabelValues(p.reason).Inc()
-	return p, g.resolveURLs(p)
+	if p.Rebind != "" {
+		g.m.rebinds.WithLabelValues(p.Rebind).Inc()
+	}
+	g.m.decisions.WithLabelValues(p.Reason).Inc()
+	if p.Reason == scoring.ReasonSticky {
+		g.m.tokenizeAvoided.Inc()
+	}
 }
 
-// routeSticky sends the turn to its bound replica without tokenizing or
-// scoring; the other eligible replicas follow as retry targets, least
-// loaded first.
-func (g *Gateway) routeSticky(ctx context.Context, p *plan, r *request, rep *fleet.Replica, eligible []*fleet.Replica, key string, bind session.Binding, now time.Time) {
-	p.reason = reasonSticky
-	if bind.PromptTokens > 0 && bind.PromptBytes > 0 {
-		// Scale this turn's text by the session's measured tokens per byte.
-		p.promptTokens = max(1, int(int64(r.textBytes)*int64(bind.PromptTokens)/int64(bind.PromptBytes)))
+// newBinding is the session binding after this turn: the plan's, plus
+// what only the gateway knows (the deepest block key, the text
+// fingerprint). A sticky turn keeps the looked-up binding's.
+func (g *Gateway) newBinding(r *Request, p *scoring.Plan, bind session.Binding, keys []uint64) session.Binding {
+	if p.Reason == scoring.ReasonSticky {
+		bind.Binding = p.Binding
+		return bind
 	}
-	// A continuing turn's prompt holds at least what the replica caches of
-	// the conversation, plus the new message.
-	p.promptTokens = max(p.promptTokens, bind.CachedTokens+1)
-	known := max(bind.TipDepth*g.cfg.Routing.BlockSize, bind.CachedTokens)
-	predicted := min(known/g.cfg.Routing.BlockSize*g.cfg.Routing.BlockSize, max(0, p.promptTokens-1))
-	p.session, p.binding = key, bind
-	p.order = append(p.order, candidate{replica: rep, predicted: predicted})
-	rest := make([]*fleet.Replica, 0, len(eligible)-1)
-	for _, e := range eligible {
-		if e != rep {
-			rest = append(rest, e)
-		}
+	nb := session.Binding{Binding: p.Binding}
+	if g.policy.Sticky {
+		text := r.approxText()
+		nb.TextLen, nb.TextHash = len(text), xxhash.Sum64(text)
 	}
-	slices.SortFunc(rest, func(a, b *fleet.Replica) int {
-		return cmp.Compare(a.InflightPrefillTokens.Load()+int64(a.State().Waiting)*1024, b.InflightPrefillTokens.Load()+int64(b.State().Waiting)*1024)
-	})
-	for _, e := range rest {
-		p.order = append(p.order, candidate{replica: e})
+	if len(keys) > 0 {
+		nb.TipKey, nb.TipDepth = keys[len(keys)-1], len(keys)
 	}
-	g.m.decisions.WithLabelValues(reasonSticky).Inc()
-	g.m.tokenizeAvoided.Inc()
-	// Refresh the binding's TTL now and then rather than on every turn.
-	if now.Sub(bind.Updated) > g.cfg.Routing.SessionTTL/8 {
-		bind.Turns++
-		if _, err := g.sessions.Remember(ctx, key, bind, false); err != nil {
-			g.m.redisErrors.WithLabelValues("remember").Inc()
-		}
-	}
-	_ = g.resolveURLs(p)
+	return nb
 }
 
 // rememberCompleted records, after a turn completed on replica, what the
 // replica now holds of the session, so the next sticky turn predicts its
 // cache hit without tokenizing. It runs after the response, off the
 // request's context.
-func (g *Gateway) rememberCompleted(p *plan, replica string, u usage) {
-	if p.session == "" || p.binding.Replica != replica || u.PromptTokens == 0 {
+func (g *Gateway) rememberCompleted(rt *route, replica string, u Usage) {
+	if rt.session == "" || rt.binding.Replica != replica || u.PromptTokens == 0 {
 		return
 	}
-	b := p.binding
+	b := rt.binding
 	b.CachedTokens = u.PromptTokens + max(0, u.CompletionTokens-1)
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Redis.Timeout)
 	defer cancel()
-	if _, err := g.sessions.Remember(ctx, p.session, b, false); err != nil {
+	if _, err := g.sessions.Remember(ctx, rt.session, b, false); err != nil {
 		g.m.redisErrors.WithLabelValues("remember").Inc()
 	}
 }
@@ -265,14 +246,6 @@ func continues(text []byte, b session.Binding) bool {
 	return len(text) >= b.TextLen && xxhash.Sum64(text[:b.TextLen]) == b.TextHash
 }
 
-// tracksSessions reports whether the policy uses session bindings.
-func (g *Gateway) tracksSessions() bool {
-	if g.policy.Sticky {
-		return true
-	}
-	return slices.ContainsFunc(g.policy.Scorers, func(w scoring.Weighted) bool { return w.Name == scoring.ScorerSession })
-}
-
 // stillHolds reports whether rep still holds the session's prefix, as far
 // as its KV events tell. Replicas that publish no events (or none yet) are
 // trusted: the gateway cannot see their evictions.
@@ -283,46 +256,19 @@ func (g *Gateway) stillHolds(rep *fleet.Replica, b session.Binding) bool {
 	return g.index.holds(rep.Spec.Name, b.TipKey)
 }
 
-// eligible returns the healthy replicas serving model, sorted by name.
-func (g *Gateway) eligible(model string) ([]*fleet.Replica, error) {
-	snap := g.fleet.Snapshot()
-	out := make([]*fleet.Replica, 0, len(snap.Replicas))
-	served := false
-	for _, rep := range snap.Replicas {
-		st := rep.State()
-		if !st.Serves(model) {
-			continue
-		}
-		served = true
-		if st.Healthy {
-			out = append(out, rep)
+// tokenize gets r's token ids from one of the available replicas, trying
+// a second one if the first fails.
+func (g *Gateway) tokenize(ctx context.Context, r *Request, reps []*fleet.Replica, eps []scoring.Endpoint) ([]uint32, error) {
+	up := make([]*fleet.Replica, 0, len(reps))
+	for i, rep := range reps {
+		if !eps[i].Unhealthy {
+			up = append(up, rep)
 		}
 	}
-	switch {
-	case !served:
-		return nil, apierror.NotFound("model_not_found", "The model `%s` does not exist.", model)
-	case len(out) == 0:
-		return nil, apierror.Unavailable(nil, "no healthy replica serves model %s; try again shortly", model)
-	}
-	return out, nil
-}
-
-func findReplica(rs []*fleet.Replica, name string) *fleet.Replica {
-	for _, r := range rs {
-		if r.Spec.Name == name {
-			return r
-		}
-	}
-	return nil
-}
-
-// tokenize gets r's token ids from one of the eligible replicas, trying a
-// second one if the first fails.
-func (g *Gateway) tokenize(ctx context.Context, r *request, eligible []*fleet.Replica) ([]uint32, error) {
 	var err error
 	start := int(g.tokenizeNext.Add(1))
-	for i := range min(2, len(eligible)) {
-		rep := eligible[(start+i)%len(eligible)]
+	for i := range min(2, len(up)) {
+		rep := up[(start+i)%len(up)]
 		var ids []uint32
 		if ids, err = g.tok.tokens(ctx, rep.Spec.URL, r); err == nil {
 			return ids, nil
@@ -331,49 +277,42 @@ func (g *Gateway) tokenize(ctx context.Context, r *request, eligible []*fleet.Re
 	return nil, err
 }
 
-// resolveURLs parses each candidate's base URL.
-func (g *Gateway) resolveURLs(p *plan) error {
-	for i := range p.order {
-		u, err := url.Parse(p.order[i].replica.Spec.URL)
-		if err != nil {
-			return fmt.Errorf("gateway: replica %s url: %w", p.order[i].replica.Spec.Name, err)
-		}
-		p.order[i].url = u
-	}
-	return nil
-}
-
 // debugHeaders names the chosen replica, the decision and each replica's
 // score breakdown.
 func (g *Gateway) debugHeaders(h interface{ Set(string, string) }, x *exchange) {
-	p := x.plan
-	if p == nil || x.replica == nil {
-		return
-	}
+	p := &x.route.plan
 	h.Set("X-Warmpath-Replica", x.replica.Spec.Name)
-	h.Set("X-Warmpath-Reason", p.reason)
+	h.Set("X-Warmpath-Reason", p.Reason)
 	h.Set("X-Warmpath-Session", x.req.session.Source)
-	h.Set("X-Warmpath-Prompt-Tokens", fmt.Sprint(p.promptTokens))
+	h.Set("X-Warmpath-Prompt-Tokens", fmt.Sprint(p.PromptTokens))
 	h.Set("X-Warmpath-Predicted-Cached", fmt.Sprint(x.predicted))
 	h.Set("X-Warmpath-Attempts", fmt.Sprint(x.attempts))
-	if p.rebind != "" {
-		h.Set("X-Warmpath-Rebind", p.rebind)
+	if p.Rebind != "" {
+		h.Set("X-Warmpath-Rebind", p.Rebind)
 	}
 	// Pure pickers (round-robin, session-hash) leave no scores.
-	if d := p.decision; d != nil && d.Totals != nil {
-		var parts []string
-		for i, e := range p.eps {
-			s := fmt.Sprintf("%s=%.3f", e.ID, d.Totals[i])
-			var terms []string
-			for name, contrib := range d.Breakdown {
-				terms = append(terms, fmt.Sprintf("%s:%.3f", name, contrib[i]))
-			}
-			slices.Sort(terms)
-			if len(terms) > 0 {
-				s += "(" + strings.Join(terms, ",") + ")"
-			}
-			parts = append(parts, s)
-		}
-		h.Set("X-Warmpath-Scores", strings.Join(parts, "; "))
+	d := p.Decision
+	if d == nil || d.Totals == nil {
+		return
 	}
+	// Totals are aligned with the available endpoints, in order.
+	var parts []string
+	k := 0
+	for _, e := range x.route.eps {
+		if e.Unhealthy {
+			continue
+		}
+		s := fmt.Sprintf("%s=%.3f", e.ID, d.Totals[k])
+		var terms []string
+		for name, contrib := range d.Breakdown {
+			terms = append(terms, fmt.Sprintf("%s:%.3f", name, contrib[k]))
+		}
+		slices.Sort(terms)
+		if len(terms) > 0 {
+			s += "(" + strings.Join(terms, ",") + ")"
+		}
+		parts = append(parts, s)
+		k++
+	}
+	h.Set("X-Warmpath-Scores", strings.Join(parts, "; "))
 }

@@ -5,6 +5,8 @@ import (
 	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -17,7 +19,7 @@ import (
 )
 
 // handler is an http handler that returns its error; serve maps the error
-// onto the response in one place.
+// onto the response in one place (apierror.Write).
 type handler func(w http.ResponseWriter, r *http.Request) error
 
 func (g *Gateway) serve(route string, h handler) http.HandlerFunc {
@@ -106,8 +108,8 @@ func (g *Gateway) routes() http.Handler {
 	r.Handle("/metrics", promhttp.HandlerFor(g.reg, promhttp.HandlerOpts{}))
 	r.Group(func(r chi.Router) {
 		r.Use(g.authenticate)
-		r.Post("/v1/chat/completions", g.serve("chat_completions", g.inference(apiChat)))
-		r.Post("/v1/completions", g.serve("completions", g.inference(apiCompletions)))
+		r.Post("/v1/chat/completions", g.serve("chat_completions", g.inference(APIChat)))
+		r.Post("/v1/completions", g.serve("completions", g.inference(APICompletions)))
 		r.Get("/v1/models", g.serve("models", g.listModels))
 		r.Get("/v1/models/*", g.serve("model", g.getModel)) // ids may contain "/"
 	})
@@ -149,6 +151,35 @@ func (g *Gateway) authenticate(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// inference handles POST /v1/chat/completions and /v1/completions: read
+// the body once (size-limited), parse it, send it through the routed
+// client (Do) and stream the answer back.
+func (g *Gateway) inference(api API) handler {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, g.cfg.MaxBodyBytes))
+		if err != nil {
+			if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+				return err
+			}
+			return apierror.BadRequest("", "reading request body: %v", err)
+		}
+		h := r.Header.Clone()
+		setForwarded(h, r)
+		// The Content-Type is not checked: a bare `curl -d` sends form
+		// encoding, and the body either parses as JSON or is rejected.
+		req, err := ParseRequest(api, h, body, "")
+		if err != nil {
+			return err
+		}
+		resp, err := g.Do(r.Context(), req)
+		if err != nil {
+			return err
+		}
+		copyResponse(w, resp)
+		return nil
+	}
 }
 
 // ready reports whether at least one replica can take traffic.

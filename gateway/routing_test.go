@@ -27,16 +27,16 @@ func TestSessionSticks(t *testing.T) {
 		r := c.turn(t, gw.URL, fmt.Sprintf("question %d", i+2))
 		if i == 0 {
 			home = r.replica()
-			if got := r.Header.Get("X-Warmpath-Reason"); got != reasonScored {
-				t.Errorf("turn 1 reason = %q; want %q", got, reasonScored)
+			if got := r.Header.Get("X-Warmpath-Reason"); got != scoring.ReasonScored {
+				t.Errorf("turn 1 reason = %q; want %q", got, scoring.ReasonScored)
 			}
 			continue
 		}
 		if r.replica() != home {
 			t.Fatalf("turn %d went to %s; session is bound to %s", i+1, r.replica(), home)
 		}
-		if got := r.Header.Get("X-Warmpath-Reason"); got != reasonSticky {
-			t.Errorf("turn %d reason = %q; want %q", i+1, got, reasonSticky)
+		if got := r.Header.Get("X-Warmpath-Reason"); got != scoring.ReasonSticky {
+			t.Errorf("turn %d reason = %q; want %q", i+1, got, scoring.ReasonSticky)
 		}
 		if r.Usage.CachedTokens < 800 {
 			t.Errorf("turn %d cached %d of %d prompt tokens; want the conversation so far", i+1, r.Usage.CachedTokens, r.Usage.PromptTokens)
@@ -129,10 +129,10 @@ func TestSaturatedStickyReplicaYields(t *testing.T) {
 	if r.replica() == home {
 		t.Fatalf("turn went to the saturated replica %s", home)
 	}
-	if got := r.Header.Get("X-Warmpath-Rebind"); got != rebindSaturated {
-		t.Errorf("rebind reason = %q; want %q", got, rebindSaturated)
+	if got := r.Header.Get("X-Warmpath-Rebind"); got != scoring.RebindSaturated {
+		t.Errorf("rebind reason = %q; want %q", got, scoring.RebindSaturated)
 	}
-	if got := counter(t, gw.reg, "warmpath_session_rebinds_total", map[string]string{"reason": rebindSaturated}); got != 1 {
+	if got := counter(t, gw.reg, "warmpath_session_rebinds_total", map[string]string{"reason": scoring.RebindSaturated}); got != 1 {
 		t.Errorf("saturated rebinds = %v; want 1", got)
 	}
 	// The session now lives on the new replica.
@@ -257,17 +257,17 @@ func TestDivergedConversationsSharingAKey(t *testing.T) {
 	b.extra = map[string]any{"user": "alice"}
 	a.turn(t, gw.URL, "more")
 	rb := b.turn(t, gw.URL, "more")
-	if got := rb.Header.Get("X-Warmpath-Rebind"); got != rebindDiverged {
-		t.Errorf("b's first turn: rebind %q; want %q (it does not continue a)", got, rebindDiverged)
+	if got := rb.Header.Get("X-Warmpath-Rebind"); got != scoring.RebindDiverged {
+		t.Errorf("b's first turn: rebind %q; want %q (it does not continue a)", got, scoring.RebindDiverged)
 	}
-	if got := rb.Header.Get("X-Warmpath-Reason"); got == reasonSticky {
+	if got := rb.Header.Get("X-Warmpath-Reason"); got == scoring.ReasonSticky {
 		t.Errorf("b's first turn went sticky on a's binding")
 	}
 	// The key now fingerprints b: b continues sticky, a is rescored.
-	if r := b.turn(t, gw.URL, "again"); r.Header.Get("X-Warmpath-Reason") != reasonSticky || r.Usage.CachedTokens < 600 {
+	if r := b.turn(t, gw.URL, "again"); r.Header.Get("X-Warmpath-Reason") != scoring.ReasonSticky || r.Usage.CachedTokens < 600 {
 		t.Errorf("b's next turn: reason %q, cached %d; want sticky and cached", r.Header.Get("X-Warmpath-Reason"), r.Usage.CachedTokens)
 	}
-	if r := a.turn(t, gw.URL, "again"); r.Header.Get("X-Warmpath-Rebind") != rebindDiverged || r.Usage.CachedTokens < 600 {
+	if r := a.turn(t, gw.URL, "again"); r.Header.Get("X-Warmpath-Rebind") != scoring.RebindDiverged || r.Usage.CachedTokens < 600 {
 		t.Errorf("a's next turn: rebind %q, cached %d; want diverged, and its prefix still found", r.Header.Get("X-Warmpath-Rebind"), r.Usage.CachedTokens)
 	}
 }

@@ -10,18 +10,18 @@ import (
 	"github.com/tidwall/gjson"
 )
 
-// usage is what a replica reported for one request.
-type usage struct {
+// Usage is what a replica reported for one request.
+type Usage struct {
 	PromptTokens     int
 	CompletionTokens int
 	CachedTokens     int
 }
 
-func parseUsage(u gjson.Result) (usage, bool) {
+func parseUsage(u gjson.Result) (Usage, bool) {
 	if !u.IsObject() {
-		return usage{}, false
+		return Usage{}, false
 	}
-	return usage{
+	return Usage{
 		PromptTokens:     int(u.Get("prompt_tokens").Int()),
 		CompletionTokens: int(u.Get("completion_tokens").Int()),
 		CachedTokens:     int(u.Get("prompt_tokens_details.cached_tokens").Int()),
@@ -32,7 +32,7 @@ func parseUsage(u gjson.Result) (usage, bool) {
 // callback may be nil; done is called exactly once.
 type observer struct {
 	firstByte func()
-	usage     func(usage)
+	usage     func(Usage)
 	// done reports the end of the body: err is nil after a clean EOF.
 	done func(err error)
 }

@@ -33,7 +33,7 @@ const maxTokenizeResponse = 16 << 20
 
 // tokens returns r's prompt token ids, asking the replica at baseURL when
 // they are not cached.
-func (t *tokenizer) tokens(ctx context.Context, baseURL string, r *request) ([]uint32, error) {
+func (t *tokenizer) tokens(ctx context.Context, baseURL string, r *Request) ([]uint32, error) {
 	if ids, ok := r.promptTokenIDs(); ok {
 		return ids, nil
 	}

@@ -27,8 +27,11 @@ type Endpoint struct {
 	// front of a new request.
 	InflightPrefillTokens int64
 	// Saturated reports that the replica should not take more affinity
-	// traffic (long queue, full cache, stale metrics).
+	// traffic (long queue, full cache, stale metrics); see [Saturation].
 	Saturated bool
+	// Unhealthy reports that the replica may take no traffic at all. Only
+	// Decide reads it: Route and the scorers are given available endpoints.
+	Unhealthy bool
 }
 
 // Request is what the router knows about one request.

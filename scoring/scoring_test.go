@@ -258,32 +258,3 @@ func BenchmarkRouteWarmpath64(b *testing.B) {
 		_, _ = p.Route(context.Background(), r, e, rng)
 	}
 }
-
-func TestStick(t *testing.T) {
-	e := []Endpoint{{ID: "a"}, {ID: "b", Saturated: true}, {ID: "c"}}
-	held := func(i int) bool { return i != 2 }
-	tests := []struct {
-		bound  string
-		holds  func(int) bool
-		want   int
-		reason string
-	}{
-		{"", nil, -1, ""},
-		{"a", nil, 0, ""},
-		{"a", held, 0, ""},
-		{"b", nil, -1, RebindSaturated},
-		{"c", held, -1, RebindEvicted},
-		{"c", nil, 2, ""},
-		{"zz", nil, -1, RebindGone},
-	}
-	all := []Endpoint{{ID: "a", Saturated: true}, {ID: "b", Saturated: true}}
-	if i, why := Stick("a", all, nil); i != 0 || why != "" {
-		t.Errorf("every endpoint saturated: Stick = %d, %q; want to stay", i, why)
-	}
-	for _, tt := range tests {
-		i, why := Stick(tt.bound, e, tt.holds)
-		if i != tt.want || why != tt.reason {
-			t.Errorf("Stick(%q) = %d, %q; want %d, %q", tt.bound, i, why, tt.want, tt.reason)
-		}
-	}
-}

@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
 	"github.com/warmpath/warmpath/internal/redistest"
+	"github.com/warmpath/warmpath/scoring"
 )
 
 func TestIdentify(t *testing.T) {
@@ -67,8 +69,13 @@ func TestIdentify(t *testing.T) {
 	}
 }
 
+func testBinding() Binding {
+	return Binding{Binding: scoring.Binding{Replica: "10.0.0.7:8000", TipDepth: 931, PromptTokens: 15000, PromptBytes: 61000,
+		CachedTokens: 15400, Turns: 12, Updated: time.UnixMilli(1789095808123)}, TipKey: 0xfedcba9876543210, TextLen: 59000, TextHash: 0xabcdef0123456789}
+}
+
 func TestBindingEncoding(t *testing.T) {
-	b := Binding{Replica: "10.0.0.7:8000", TipKey: 0xfedcba9876543210, TipDepth: 931, PromptTokens: 15000, PromptBytes: 61000, TextLen: 59000, TextHash: 0xabcdef0123456789, CachedTokens: 15400, Turns: 12, Updated: time.UnixMilli(1789095808123)}
+	b := testBinding()
 	got, err := decode(b.encode())
 	if err != nil {
 		t.Fatal(err)
@@ -76,10 +83,61 @@ func TestBindingEncoding(t *testing.T) {
 	if got != b {
 		t.Errorf("round trip = %+v; want %+v", got, b)
 	}
-	for _, bad := range []string{"", "1|a", "2|r|0|0|0|0|0|0|0|0|0", "1|r|zz|0|0|0|0|0|0|0|0", "1|r|0|x|0|0|0|0|0|0|0", "1|r|0|0|0|0|0|q|0|0|0", "1|r|0|0|0|0|0|0|y|0|0", "1|r|0|0|0|0|0|0|0|0|t", "1|r|0|0|0|0|0|0|0|0"} {
+	// Version 1 records still read the same.
+	v1 := "1|10.0.0.7:8000|fedcba9876543210|931|15000|61000|59000|abcdef0123456789|15400|12|1789095808123"
+	if got, err := decode(v1); err != nil || got != b {
+		t.Errorf("decode(v1) = %+v, %v; want %+v", got, err, b)
+	}
+	for _, bad := range []string{"", "1|a", "2|r|0|0|0|0|0|0|0|0|0", "1|r|zz|0|0|0|0|0|0|0|0", "1|r|0|x|0|0|0|0|0|0|0",
+		"1|r|0|0|0|0|0|q|0|0|0", "1|r|0|0|0|0|0|0|y|0|0", "1|r|0|0|0|0|0|0|0|0|t", "1|r|0|0|0|0|0|0|0|0",
+		`{"v":3,"r":"x","u":1}`, `{"v":2,"u":1}`, `{"v":2,"r":"x","tk":"zz","u":1}`, `{"v":2,"r":"x","th":"-1","u":1}`, `[1]`} {
 		if _, err := decode(bad); err == nil {
 			t.Errorf("decode(%q) succeeded", bad)
 		}
+	}
+}
+
+// Migration 1: version 1 records written by an older gateway are rewritten
+// as version 2 without loss, keeping their TTL; re-running changes nothing.
+func TestMigrateBindings(t *testing.T) {
+	rdb, prefix := redistest.Client(t)
+	ctx := context.Background()
+	v1 := "1|10.0.0.7:8000|fedcba9876543210|931|15000|61000|59000|abcdef0123456789|15400|12|1789095808123"
+	if err := rdb.Set(ctx, prefix+"sess:h:a", v1, time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Set(ctx, prefix+"sess:h:b", "1|r|0|0|0|0|0|0|0|0|0", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	current := testBinding()
+	current.Replica = "other"
+	rdb.Set(ctx, prefix+"sess:h:c", current.encode(), time.Hour)
+	rdb.Set(ctx, prefix+"sess:h:bad", "1|garbage", time.Hour)
+	rdb.Set(ctx, prefix+"other:key", v1, 0) // not a binding
+
+	n, err := MigrateBindings(ctx, rdb, prefix)
+	if n != 2 || err == nil || !strings.Contains(err.Error(), "1 unreadable") {
+		t.Fatalf("MigrateBindings = %d, %v; want 2 and one unreadable", n, err)
+	}
+	s := NewStore(rdb, Options{Prefix: prefix, TTL: time.Hour})
+	got, ok, err := s.Lookup(ctx, "h:a")
+	if err != nil || !ok || got != testBinding() {
+		t.Errorf("migrated binding = %+v, %v, %v; want %+v", got, ok, err, testBinding())
+	}
+	if v := rdb.Get(ctx, prefix+"sess:h:a").Val(); !strings.HasPrefix(v, `{"v":2`) {
+		t.Errorf("stored %q; want a version 2 record", v)
+	}
+	if ttl := rdb.TTL(ctx, prefix+"sess:h:a").Val(); ttl <= 50*time.Minute {
+		t.Errorf("TTL after migration = %v; want about an hour", ttl)
+	}
+	if ttl := rdb.TTL(ctx, prefix+"sess:h:b").Val(); ttl != -1 {
+		t.Errorf("persistent key got TTL %v", ttl)
+	}
+	if v := rdb.Get(ctx, prefix+"other:key").Val(); v != v1 {
+		t.Errorf("a key outside sess: was rewritten: %q", v)
+	}
+	if n, _ := MigrateBindings(ctx, rdb, prefix); n != 0 {
+		t.Errorf("second run migrated %d; want 0", n)
 	}
 }
 
@@ -90,7 +148,7 @@ func TestStoreRedis(t *testing.T) {
 	if _, ok, err := s.Lookup(ctx, "k1"); ok || err != nil {
 		t.Fatalf("empty lookup = %v, %v", ok, err)
 	}
-	if _, err := s.Remember(ctx, "k1", Binding{Replica: "r1", TipDepth: 3}, false); err != nil {
+	if _, err := s.Remember(ctx, "k1", bind("r1", 3), false); err != nil {
 		t.Fatal(err)
 	}
 	// A second store (another gateway process) sees the binding.
@@ -121,7 +179,7 @@ func TestStoreFirstWriterWins(t *testing.T) {
 	for i := range results {
 		wg.Go(func() {
 			s := NewStore(rdb, Options{Prefix: prefix})
-			b, err := s.Remember(ctx, "race", Binding{Replica: "r" + string(rune('0'+i))}, true)
+			b, err := s.Remember(ctx, "race", bind("r"+string(rune('0'+i)), 0), true)
 			if err != nil {
 				t.Error(err)
 			}
@@ -144,7 +202,7 @@ func TestStoreSurvivesRedisRestart(t *testing.T) {
 	defer rdb.Close()
 	ctx := context.Background()
 	s := NewStore(rdb, Options{TTL: time.Minute})
-	if _, err := s.Remember(ctx, "k", Binding{Replica: "r2"}, false); err != nil {
+	if _, err := s.Remember(ctx, "k", bind("r2", 0), false); err != nil {
 		t.Fatal(err)
 	}
 	srv.Stop()
@@ -167,7 +225,7 @@ func TestStoreSurvivesRedisRestart(t *testing.T) {
 	if err != nil || !ok || b.Replica != "r2" {
 		t.Fatalf("after restart lookup = %+v, %v, %v", b, ok, err)
 	}
-	if v := rdb.Get(ctx, "sess:k").Val(); !strings.Contains(v, "|r2|") {
+	if v := rdb.Get(ctx, "sess:k").Val(); !strings.Contains(v, `"r":"r2"`) {
 		t.Errorf("binding not restored into Redis: %q", v)
 	}
 }
@@ -177,7 +235,7 @@ func TestStoreLocalTTLAndBound(t *testing.T) {
 	s := NewStore(nil, Options{TTL: time.Minute, LocalSize: 2, Now: func() time.Time { return now }})
 	ctx := context.Background()
 	for _, k := range []string{"a", "b", "c", "d", "e"} {
-		if _, err := s.Remember(ctx, k, Binding{Replica: k}, false); err != nil {
+		if _, err := s.Remember(ctx, k, bind(k, 0), false); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -191,4 +249,8 @@ func TestStoreLocalTTLAndBound(t *testing.T) {
 	if _, ok, _ := s.Lookup(ctx, "e"); ok {
 		t.Error("binding outlived its TTL locally")
 	}
+}
+
+func bind(replica string, tipDepth int) Binding {
+	return Binding{Binding: scoring.Binding{Replica: replica, TipDepth: tipDepth}}
 }

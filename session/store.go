@@ -4,85 +4,29 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/warmpath/warmpath/scoring"
 )
 
-// Binding is a session's affinity to one replica.
+// Binding is a session's affinity to one replica: the routing-relevant
+// part (scoring.Binding: replica, known cached blocks and tokens, tokens
+// per byte, turns, last write), plus what only the gateway can check.
 type Binding struct {
-	// Replica is the bound replica's fleet name.
-	Replica string
-	// TipKey is the deepest prefix-index block key known to be cached on
+	scoring.Binding
+	// TipKey is the prefix-index key of the deepest block known cached on
 	// Replica for this session, at TipDepth blocks from block 0; zero when
 	// unknown.
-	TipKey   uint64
-	TipDepth int
-	// PromptTokens and PromptBytes are the last tokenized turn's prompt
-	// length in tokens and in bytes of text, whose ratio estimates later
-	// turns' lengths without tokenizing.
-	PromptTokens, PromptBytes int
+	TipKey uint64
 	// TextLen and TextHash fingerprint the conversation text of the last
 	// scored turn (its length and xxhash64): a later turn of the same
 	// conversation starts with exactly that text. A turn that does not is
 	// another conversation sharing the key, and is not routed as sticky.
 	TextLen  int
 	TextHash uint64
-	// CachedTokens is how many tokens of the conversation the replica is
-	// believed to hold after the last completed turn: that turn's prompt
-	// plus all but the last generated token (whose KV was never computed).
-	CachedTokens int
-	// Turns counts turns routed for the session.
-	Turns int
-	// Updated is when the binding was last written.
-	Updated time.Time
-}
-
-func (b Binding) encode() string {
-	return strings.Join([]string{
-		"1", // encoding version
-		b.Replica,
-		strconv.FormatUint(b.TipKey, 16),
-		strconv.Itoa(b.TipDepth),
-		strconv.Itoa(b.PromptTokens),
-		strconv.Itoa(b.PromptBytes),
-		strconv.Itoa(b.TextLen),
-		strconv.FormatUint(b.TextHash, 16),
-		strconv.Itoa(b.CachedTokens),
-		strconv.Itoa(b.Turns),
-		strconv.FormatInt(b.Updated.UnixMilli(), 10),
-	}, "|")
-}
-
-func decode(s string) (Binding, error) {
-	f := strings.Split(s, "|")
-	if len(f) != 11 || f[0] != "1" {
-		return Binding{}, fmt.Errorf("session: malformed binding %q", s)
-	}
-	var b Binding
-	var err error
-	b.Replica = f[1]
-	if b.TipKey, err = strconv.ParseUint(f[2], 16, 64); err != nil {
-		return Binding{}, fmt.Errorf("session: binding tip key: %w", err)
-	}
-	ints := map[int]*int{3: &b.TipDepth, 4: &b.PromptTokens, 5: &b.PromptBytes, 6: &b.TextLen, 8: &b.CachedTokens, 9: &b.Turns}
-	for i, p := range ints {
-		if *p, err = strconv.Atoi(f[i]); err != nil {
-			return Binding{}, fmt.Errorf("session: binding field %d: %w", i, err)
-		}
-	}
-	if b.TextHash, err = strconv.ParseUint(f[7], 16, 64); err != nil {
-		return Binding{}, fmt.Errorf("session: binding text hash: %w", err)
-	}
-	ms, err := strconv.ParseInt(f[10], 10, 64)
-	if err != nil {
-		return Binding{}, fmt.Errorf("session: binding time: %w", err)
-	}
-	b.Updated = time.UnixMilli(ms)
-	return b, nil
 }
 
 // Options configures a Store.
@@ -193,25 +137,22 @@ func (s *Store) Remember(ctx context.Context, key string, b Binding, onlyIfNew b
 }
 
 // setIfAbsent writes b unless Redis already holds a binding, and returns the
-// binding Redis holds afterwards. Only that binding is kept locally, so a
-// losing write never lingers where a later lookup could restore it.
+// binding Redis holds afterwards, in one round trip (SET NX GET, Redis ≥
+// 7.0). Only that binding is kept locally, so a losing write never lingers
+// where a later lookup could restore it.
 func (s *Store) setIfAbsent(ctx context.Context, key string, b Binding) (Binding, error) {
 	cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
-	ok, err := s.rdb.SetNX(cctx, s.key(key), b.encode(), s.opts.TTL).Result()
-	if err != nil {
+	old, err := s.rdb.SetArgs(cctx, s.key(key), b.encode(), redis.SetArgs{Mode: "NX", Get: true, TTL: s.opts.TTL}).Result()
+	switch {
+	case errors.Is(err, redis.Nil): // nothing was there: ours is written
+		s.remember(key, b)
+		return b, nil
+	case err != nil:
 		s.remember(key, b) // Redis is down: this process's choice stands
 		return b, fmt.Errorf("session: remember: %w", err)
 	}
-	if ok {
-		s.remember(key, b)
-		return b, nil
-	}
-	v, err := s.rdb.Get(cctx, s.key(key)).Result()
-	if err != nil {
-		return b, fmt.Errorf("session: remember: read winner: %w", err)
-	}
-	won, err := decode(v)
+	won, err := decode(old)
 	if err != nil {
 		return b, err
 	}

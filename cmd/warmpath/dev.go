@@ -10,6 +10,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 
 	"github.com/warmpath/warmpath/gateway"
+	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/vllmsim"
 )
 
@@ -48,8 +49,8 @@ func startDev(cfg *gateway.Config, log *slog.Logger) (*devStack, error) {
 	cfg.Redis.URL = "redis://" + mr.Addr()
 	for _, r := range sim.Replicas() {
 		info := r.Info()
-		cfg.Replicas = append(cfg.Replicas, gateway.ReplicaConfig{
-			Name: info.Name, URL: info.URL, Model: info.Model, KVEvents: info.KVEndpoint, KVReplay: info.ReplayEndpoint,
+		cfg.Replicas = append(cfg.Replicas, fleet.ReplicaSpec{
+			Name: info.Name, URL: info.URL, Model: info.Model, KVEndpoint: info.KVEndpoint, ReplayEndpoint: info.ReplayEndpoint,
 		})
 	}
 	if cfg.DevKey == "" {

@@ -13,10 +13,12 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/warmpath/warmpath/scoring"
 )
 
-// Defaults applied by [New] to zero-valued [Config], [DNSSpec] and
-// [Saturation] fields.
+// Defaults applied by [New] to zero-valued [Config] and [DNSSpec] fields
+// (the saturation thresholds' are [scoring.Saturation]'s).
 const (
 	DefaultHealthInterval    = time.Second            // Config.HealthInterval
 	DefaultHealthTimeout     = time.Second            // Config.HealthTimeout
@@ -26,10 +28,6 @@ const (
 	DefaultStaleAfter        = time.Second            // Config.StaleAfter (and ScrapeTimeout)
 	DefaultModelsInterval    = 30 * time.Second       // Config.ModelsInterval
 	DefaultDNSInterval       = 10 * time.Second       // DNSSpec.Interval
-	DefaultMaxWaiting        = 32                     // Saturation.MaxWaiting
-	DefaultMaxKVUsage        = 1.0                    // Saturation.MaxKVUsage: a completely full cache
-	DefaultQueueRoof         = 5                      // Saturation.QueueRoof
-	DefaultKVRoof            = 0.8                    // Saturation.KVRoof
 )
 
 // maxDNSTimeout bounds one DNS lookup; shorter intervals bound it further.
@@ -41,27 +39,27 @@ type ReplicaSpec struct {
 	// Name is the replica's unique ID, used in metrics, routing decisions,
 	// session bindings and KV-event topics. Default: host:port of URL
 	// (the scheme's default port when URL has none).
-	Name string
+	Name string `yaml:"name"`
 	// URL is the replica's HTTP base URL without /v1, for example
 	// http://10.0.0.7:8000. The scheme must be http or https. A path prefix
 	// (a replica behind a path-routing proxy) is kept; a trailing slash is
 	// dropped.
-	URL string
+	URL string `yaml:"url"`
 	// Model is the model the replica serves. Empty means discover the
 	// served models from GET /v1/models (see [State.Models]).
-	Model string
+	Model string `yaml:"model"`
 	// KVEndpoint is the ZMQ endpoint of the replica's KV-event PUB socket to
 	// connect a SUB to, for example tcp://10.0.0.7:5557. Empty means the
 	// replica publishes no KV events (or publishes to a bound gateway SUB).
-	KVEndpoint string
+	KVEndpoint string `yaml:"kv_events"`
 	// ReplayEndpoint is the ZMQ endpoint of the replica's KV-event replay
 	// ROUTER, for example tcp://10.0.0.7:5558. Empty means none.
-	ReplayEndpoint string
+	ReplayEndpoint string `yaml:"kv_replay"`
 	// DataParallelSize is the number of data-parallel ranks behind URL.
 	// Each rank has its own KV cache and publishes on KVEndpoint's port +
 	// rank (replay likewise); see [ReplicaSpec.KVSources]. 0 or 1 means a
 	// single rank.
-	DataParallelSize int
+	DataParallelSize int `yaml:"data_parallel_size"`
 }
 
 // KVSource is one KV-event publisher of a replica: one data-parallel rank.
@@ -117,44 +115,22 @@ func offsetEndpoint(ep string, rank int) string {
 // tcp://ip:KVPort and replay endpoint tcp://ip:ReplayPort.
 type DNSSpec struct {
 	// Name is the host name to resolve (no scheme, no port).
-	Name string
+	Name string `yaml:"dns"`
 	// Port is the replicas' HTTP port, 1..65535.
-	Port int
+	Port int `yaml:"port"`
 	// Scheme is http or https. Default: http.
-	Scheme string
+	Scheme string `yaml:"scheme"`
 	// KVPort is the replicas' KV-event PUB port; 0 means none.
-	KVPort int
+	KVPort int `yaml:"kv_port"`
 	// ReplayPort is the replicas' KV-event replay ROUTER port; 0 means none.
-	ReplayPort int
+	ReplayPort int `yaml:"replay_port"`
 	// Model is the served model; empty means discover it per replica.
-	Model string
+	Model string `yaml:"model"`
 	// DataParallelSize is copied to each replica's spec; see
 	// [ReplicaSpec.DataParallelSize].
-	DataParallelSize int
+	DataParallelSize int `yaml:"data_parallel_size"`
 	// Interval is how often the name is re-resolved. Default: 10s.
-	Interval time.Duration
-}
-
-// Saturation holds the thresholds at or above which a replica counts as
-// saturated (see [Replica.Saturated]) and the roofline used by
-// [Replica.Utilization].
-type Saturation struct {
-	// MaxWaiting is the engine queue length at or above which the replica is
-	// saturated. Default: 8; negative disables the check.
-	MaxWaiting int
-	// MaxKVUsage is the KV-cache usage fraction at or above which the
-	// replica is saturated. Default: 0.95; negative disables the check.
-	MaxKVUsage float64
-	// MaxInflightPrefillTokens is the number of gateway-side in-flight
-	// prefill tokens at or above which the replica is saturated. 0 (the
-	// default) disables the check.
-	MaxInflightPrefillTokens int64
-	// QueueRoof is the queue length that counts as full utilization in
-	// [Replica.Utilization]. Default: 5.
-	QueueRoof float64
-	// KVRoof is the KV usage that counts as full utilization in
-	// [Replica.Utilization]. Default: 0.8.
-	KVRoof float64
+	Interval time.Duration `yaml:"interval"`
 }
 
 // Resolver resolves host names; *net.Resolver satisfies it.
@@ -164,15 +140,15 @@ type Resolver interface {
 }
 
 // Config configures a [Fleet]. The zero value is not valid: set at least one
-// of Static or DNS. Zero durations and thresholds take the documented
+// of Replicas or Discovery. Zero durations and thresholds take the documented
 // defaults; negative ones are errors.
 type Config struct {
-	// Static lists fixed replicas.
-	Static []ReplicaSpec
-	// DNS lists names whose addresses are replicas, re-resolved
-	// periodically. A DNS-found replica whose name equals a static
+	// Replicas lists fixed replicas.
+	Replicas []ReplicaSpec
+	// Discovery lists names whose addresses are replicas, re-resolved
+	// periodically. A DNS-found replica whose name equals a configured
 	// replica's (or an earlier DNS spec's) is skipped.
-	DNS []DNSSpec
+	Discovery []DNSSpec
 
 	// HealthInterval is the period of active GET /health checks.
 	// Default: 1s.
@@ -198,8 +174,9 @@ type Config struct {
 	// ModelsInterval is how often replicas without a configured Model are
 	// asked GET /v1/models (also on becoming healthy). Default: 30s.
 	ModelsInterval time.Duration
-	// Saturation holds the saturation thresholds.
-	Saturation Saturation
+	// Saturation holds the saturation thresholds; zero fields take
+	// scoring's defaults (see [scoring.Saturation]).
+	Saturation scoring.Saturation
 
 	// Client sends health checks, scrapes and model discovery. Nil means a
 	// client owned by the fleet with dial and header timeouts, whose idle
@@ -222,11 +199,18 @@ type Config struct {
 	Registerer prometheus.Registerer
 }
 
+// Check validates c as [New] does, without building anything. Its errors
+// name the offending field (replicas[i].url, discovery[i].port, …).
+func (c Config) Check() error {
+	_, err := c.normalize()
+	return err
+}
+
 // normalize validates c and returns a copy with defaults filled in, static
 // specs normalized (Name and URL) and DNS specs defaulted.
 func (c Config) normalize() (Config, error) {
-	if len(c.Static) == 0 && len(c.DNS) == 0 {
-		return c, errors.New("fleet: config: no replicas: set static or dns")
+	if len(c.Replicas) == 0 && len(c.Discovery) == 0 {
+		return c, errors.New("fleet: config: no replicas: set replicas or discovery")
 	}
 	durations := []struct {
 		name string
@@ -267,56 +251,39 @@ func (c Config) normalize() (Config, error) {
 			*i.v = i.def
 		}
 	}
-	s := &c.Saturation
-	if s.MaxWaiting == 0 {
-		s.MaxWaiting = DefaultMaxWaiting
-	}
-	if s.MaxKVUsage == 0 {
-		s.MaxKVUsage = DefaultMaxKVUsage
-	}
-	if s.MaxInflightPrefillTokens < 0 {
-		return c, fmt.Errorf("fleet: saturation.maxInflightPrefillTokens: negative value %d", s.MaxInflightPrefillTokens)
-	}
-	if s.QueueRoof < 0 || s.KVRoof < 0 {
-		return c, errors.New("fleet: saturation: negative roof")
-	}
-	if s.QueueRoof == 0 {
-		s.QueueRoof = DefaultQueueRoof
-	}
-	if s.KVRoof == 0 {
-		s.KVRoof = DefaultKVRoof
-	}
+	c.Saturation = c.Saturation.WithDefaults()
 
-	static := make([]ReplicaSpec, len(c.Static))
-	seen := make(map[string]int, len(c.Static))
-	for i, rs := range c.Static {
-		ns, err := normalizeSpec(rs)
+	static := make([]ReplicaSpec, len(c.Replicas))
+	seen := make(map[string]int, len(c.Replicas))
+	for i, rs := range c.Replicas {
+		ns, err := CheckReplica(rs)
 		if err != nil {
-			return c, fmt.Errorf("fleet: static[%d].%w", i, err)
+			return c, fmt.Errorf("fleet: replicas[%d].%w", i, err)
 		}
 		if j, dup := seen[ns.Name]; dup {
-			return c, fmt.Errorf("fleet: static[%d].name: duplicate %q (also static[%d])", i, ns.Name, j)
+			return c, fmt.Errorf("fleet: replicas[%d].name: duplicate %q (also replicas[%d])", i, ns.Name, j)
 		}
 		seen[ns.Name] = i
 		static[i] = ns
 	}
-	c.Static = static
+	c.Replicas = static
 
-	dns := make([]DNSSpec, len(c.DNS))
-	for i, d := range c.DNS {
-		nd, err := normalizeDNS(d)
+	dns := make([]DNSSpec, len(c.Discovery))
+	for i, d := range c.Discovery {
+		nd, err := CheckDNS(d)
 		if err != nil {
-			return c, fmt.Errorf("fleet: dns[%d].%w", i, err)
+			return c, fmt.Errorf("fleet: discovery[%d].%w", i, err)
 		}
 		dns[i] = nd
 	}
-	c.DNS = dns
+	c.Discovery = dns
 	return c, nil
 }
 
-// normalizeSpec validates one static spec. Its errors start with the field
-// name so the caller can prefix the index.
-func normalizeSpec(s ReplicaSpec) (ReplicaSpec, error) {
+// CheckReplica validates a replica spec and returns it normalized (Name
+// and URL defaulted and cleaned), as [New] does. Its errors start with the
+// YAML field name so callers can prefix where the spec came from.
+func CheckReplica(s ReplicaSpec) (ReplicaSpec, error) {
 	u, err := url.Parse(s.URL)
 	if err != nil {
 		return s, fmt.Errorf("url: %w", err)
@@ -349,19 +316,19 @@ func normalizeSpec(s ReplicaSpec) (ReplicaSpec, error) {
 		return s, fmt.Errorf("name: %q: must not contain spaces or control characters", s.Name)
 	}
 	if s.DataParallelSize < 0 {
-		return s, fmt.Errorf("dataParallelSize: negative value %d", s.DataParallelSize)
+		return s, fmt.Errorf("data_parallel_size: negative value %d", s.DataParallelSize)
 	}
 	if err := validateZMQ(s.KVEndpoint, s.DataParallelSize); err != nil {
-		return s, fmt.Errorf("kvEndpoint: %w", err)
+		return s, fmt.Errorf("kv_events: %w", err)
 	}
 	if err := validateZMQ(s.ReplayEndpoint, s.DataParallelSize); err != nil {
-		return s, fmt.Errorf("replayEndpoint: %w", err)
+		return s, fmt.Errorf("kv_replay: %w", err)
 	}
 	// A replay endpoint without a KV endpoint is the central topology: the
 	// engine's PUB connects to the gateway, its replay ROUTER still binds.
 	if kh, kp, ok := tcpHostPort(s.KVEndpoint); ok {
 		if rh, rp, ok := tcpHostPort(s.ReplayEndpoint); ok && kh == rh && portsOverlap(kp, rp, s.DataParallelSize) {
-			return s, fmt.Errorf("replayEndpoint: %q overlaps the KV endpoints of %d data-parallel ranks", s.ReplayEndpoint, max(s.DataParallelSize, 1))
+			return s, fmt.Errorf("kv_replay: %q overlaps the KV endpoints of %d data-parallel ranks", s.ReplayEndpoint, max(s.DataParallelSize, 1))
 		}
 	}
 	return s, nil
@@ -421,31 +388,32 @@ func portsOverlap(kv, replay, dp int) bool {
 	return replay < kv+n && kv < replay+n
 }
 
-// normalizeDNS validates one DNS spec and fills in its defaults.
-func normalizeDNS(d DNSSpec) (DNSSpec, error) {
+// CheckDNS validates a DNS spec and returns it with its defaults filled
+// in, as [New] does. Its errors start with the YAML field name.
+func CheckDNS(d DNSSpec) (DNSSpec, error) {
 	if d.Name == "" {
-		return d, errors.New("name: empty")
+		return d, errors.New("dns: empty")
 	}
 	if strings.ContainsAny(d.Name, ":/ ") {
-		return d, fmt.Errorf("name: %q: want a bare host name (no scheme or port)", d.Name)
+		return d, fmt.Errorf("dns: %q: want a bare host name (no scheme or port)", d.Name)
 	}
 	if d.Port < 1 || d.Port > 65535 {
 		return d, fmt.Errorf("port: %d out of range 1..65535", d.Port)
 	}
 	if d.DataParallelSize < 0 {
-		return d, fmt.Errorf("dataParallelSize: negative value %d", d.DataParallelSize)
+		return d, fmt.Errorf("data_parallel_size: negative value %d", d.DataParallelSize)
 	}
 	span := max(d.DataParallelSize-1, 0)
 	if d.KVPort < 0 || d.KVPort+span > 65535 {
-		return d, fmt.Errorf("kvPort: %d out of range 0..65535", d.KVPort)
+		return d, fmt.Errorf("kv_port: %d out of range 0..65535", d.KVPort)
 	}
 	if d.ReplayPort < 0 || d.ReplayPort+span > 65535 {
-		return d, fmt.Errorf("replayPort: %d out of range 0..65535", d.ReplayPort)
+		return d, fmt.Errorf("replay_port: %d out of range 0..65535", d.ReplayPort)
 	}
 	// A replay port without a KV port is the central topology (engines
 	// connect to the gateway's bound SUB; replay still binds per pod).
 	if d.ReplayPort != 0 && d.KVPort != 0 && portsOverlap(d.KVPort, d.ReplayPort, d.DataParallelSize) {
-		return d, fmt.Errorf("replayPort: %d overlaps the KV ports %d..%d of %d data-parallel ranks",
+		return d, fmt.Errorf("replay_port: %d overlaps the KV ports %d..%d of %d data-parallel ranks",
 			d.ReplayPort, d.KVPort, d.KVPort+span, max(d.DataParallelSize, 1))
 	}
 	switch d.Scheme {

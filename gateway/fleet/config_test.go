@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/warmpath/warmpath/scoring"
 )
 
 var validationTests = []struct {
@@ -13,48 +15,47 @@ var validationTests = []struct {
 	wantErr string // substring; "" = valid
 }{
 	{"empty", Config{}, "fleet: config: no replicas"},
-	{"valid static", Config{Static: []ReplicaSpec{{URL: "http://10.0.0.7:8000"}}}, ""},
-	{"valid dns", Config{DNS: []DNSSpec{{Name: "vllm.ns.svc", Port: 8000}}}, ""},
+	{"valid static", Config{Replicas: []ReplicaSpec{{URL: "http://10.0.0.7:8000"}}}, ""},
+	{"valid dns", Config{Discovery: []DNSSpec{{Name: "vllm.ns.svc", Port: 8000}}}, ""},
 	{
 		"bad scheme",
-		Config{Static: []ReplicaSpec{{URL: "http://a:1"}, {URL: "http://b:1"}, {URL: "ftp://c:1"}}},
-		"fleet: static[2].url: ",
+		Config{Replicas: []ReplicaSpec{{URL: "http://a:1"}, {URL: "http://b:1"}, {URL: "ftp://c:1"}}},
+		"fleet: replicas[2].url: ",
 	},
-	{"no scheme", Config{Static: []ReplicaSpec{{URL: "10.0.0.7:8000"}}}, "fleet: static[0].url: "},
-	{"no host", Config{Static: []ReplicaSpec{{URL: "http://:8000"}}}, "fleet: static[0].url: \"http://:8000\": missing host"},
-	{"v1 suffix", Config{Static: []ReplicaSpec{{URL: "http://a:8000/v1/"}}}, "fleet: static[0].url: \"http://a:8000/v1/\": give the base URL without /v1"},
-	{"query", Config{Static: []ReplicaSpec{{URL: "http://a:8000?x=1"}}}, "fleet: static[0].url: "},
-	{"port range", Config{Static: []ReplicaSpec{{URL: "http://a:70000"}}}, "fleet: static[0].url: "},
+	{"no scheme", Config{Replicas: []ReplicaSpec{{URL: "10.0.0.7:8000"}}}, "fleet: replicas[0].url: "},
+	{"no host", Config{Replicas: []ReplicaSpec{{URL: "http://:8000"}}}, "fleet: replicas[0].url: \"http://:8000\": missing host"},
+	{"v1 suffix", Config{Replicas: []ReplicaSpec{{URL: "http://a:8000/v1/"}}}, "fleet: replicas[0].url: \"http://a:8000/v1/\": give the base URL without /v1"},
+	{"query", Config{Replicas: []ReplicaSpec{{URL: "http://a:8000?x=1"}}}, "fleet: replicas[0].url: "},
+	{"port range", Config{Replicas: []ReplicaSpec{{URL: "http://a:70000"}}}, "fleet: replicas[0].url: "},
 	{
 		"duplicate default names",
-		Config{Static: []ReplicaSpec{{URL: "http://a:8000"}, {URL: "http://a:8000/"}}},
-		`fleet: static[1].name: duplicate "a:8000" (also static[0])`,
+		Config{Replicas: []ReplicaSpec{{URL: "http://a:8000"}, {URL: "http://a:8000/"}}},
+		`fleet: replicas[1].name: duplicate "a:8000" (also replicas[0])`,
 	},
 	{
 		"duplicate explicit names",
-		Config{Static: []ReplicaSpec{{Name: "x", URL: "http://a:8000"}, {Name: "x", URL: "http://b:8000"}}},
-		`fleet: static[1].name: duplicate "x"`,
+		Config{Replicas: []ReplicaSpec{{Name: "x", URL: "http://a:8000"}, {Name: "x", URL: "http://b:8000"}}},
+		`fleet: replicas[1].name: duplicate "x"`,
 	},
-	{"name with space", Config{Static: []ReplicaSpec{{Name: "a b", URL: "http://a:8000"}}}, "fleet: static[0].name: "},
-	{"kv bind address", Config{Static: []ReplicaSpec{{URL: "http://a:8000", KVEndpoint: "tcp://*:5557"}}}, "fleet: static[0].kvEndpoint: "},
-	{"kv no port", Config{Static: []ReplicaSpec{{URL: "http://a:8000", KVEndpoint: "tcp://a"}}}, "fleet: static[0].kvEndpoint: "},
-	{"kv scheme", Config{Static: []ReplicaSpec{{URL: "http://a:8000", KVEndpoint: "udp://a:1"}}}, "fleet: static[0].kvEndpoint: "},
-	{"replay bad", Config{Static: []ReplicaSpec{{URL: "http://a:8000", KVEndpoint: "tcp://a:1", ReplayEndpoint: "tcp://a:x"}}}, "fleet: static[0].replayEndpoint: "},
-	{"ipc with dp", Config{Static: []ReplicaSpec{{URL: "http://a:8000", KVEndpoint: "ipc:///tmp/kv", DataParallelSize: 2}}}, "fleet: static[0].kvEndpoint: "},
-	{"dp negative", Config{Static: []ReplicaSpec{{URL: "http://a:8000", DataParallelSize: -1}}}, "fleet: static[0].dataParallelSize: "},
-	{"dns empty name", Config{DNS: []DNSSpec{{Name: "a", Port: 1}, {Port: 8000}}}, "fleet: dns[1].name: empty"},
-	{"dns name with port", Config{DNS: []DNSSpec{{Name: "a:8000", Port: 8000}}}, "fleet: dns[0].name: "},
-	{"dns no port", Config{DNS: []DNSSpec{{Name: "a"}}}, "fleet: dns[0].port: 0 out of range"},
-	{"dns port range", Config{DNS: []DNSSpec{{Name: "a", Port: 65536}}}, "fleet: dns[0].port: "},
-	{"dns kv port", Config{DNS: []DNSSpec{{Name: "a", Port: 1, KVPort: -1}}}, "fleet: dns[0].kvPort: "},
-	{"dns replay port", Config{DNS: []DNSSpec{{Name: "a", Port: 1, KVPort: 2, ReplayPort: 70000}}}, "fleet: dns[0].replayPort: "},
-	{"dns dp ports overlap", Config{DNS: []DNSSpec{{Name: "a", Port: 1, KVPort: 5557, ReplayPort: 5558, DataParallelSize: 2}}}, "fleet: dns[0].replayPort: 5558 overlaps"},
-	{"static dp ports overlap", Config{Static: []ReplicaSpec{{URL: "http://a:1", KVEndpoint: "tcp://a:5557", ReplayEndpoint: "tcp://a:5558", DataParallelSize: 2}}}, "fleet: static[0].replayEndpoint: "},
-	{"dns scheme", Config{DNS: []DNSSpec{{Name: "a", Port: 1, Scheme: "grpc"}}}, "fleet: dns[0].scheme: "},
-	{"dns interval", Config{DNS: []DNSSpec{{Name: "a", Port: 1, Interval: -time.Second}}}, "fleet: dns[0].interval: "},
-	{"negative health interval", Config{Static: []ReplicaSpec{{URL: "http://a:1"}}, HealthInterval: -1}, "fleet: healthInterval: "},
-	{"negative threshold", Config{Static: []ReplicaSpec{{URL: "http://a:1"}}, FailureThreshold: -1}, "fleet: failureThreshold: "},
-	{"negative prefill cap", Config{Static: []ReplicaSpec{{URL: "http://a:1"}}, Saturation: Saturation{MaxInflightPrefillTokens: -1}}, "fleet: saturation.maxInflightPrefillTokens: "},
+	{"name with space", Config{Replicas: []ReplicaSpec{{Name: "a b", URL: "http://a:8000"}}}, "fleet: replicas[0].name: "},
+	{"kv bind address", Config{Replicas: []ReplicaSpec{{URL: "http://a:8000", KVEndpoint: "tcp://*:5557"}}}, "fleet: replicas[0].kv_events: "},
+	{"kv no port", Config{Replicas: []ReplicaSpec{{URL: "http://a:8000", KVEndpoint: "tcp://a"}}}, "fleet: replicas[0].kv_events: "},
+	{"kv scheme", Config{Replicas: []ReplicaSpec{{URL: "http://a:8000", KVEndpoint: "udp://a:1"}}}, "fleet: replicas[0].kv_events: "},
+	{"replay bad", Config{Replicas: []ReplicaSpec{{URL: "http://a:8000", KVEndpoint: "tcp://a:1", ReplayEndpoint: "tcp://a:x"}}}, "fleet: replicas[0].kv_replay: "},
+	{"ipc with dp", Config{Replicas: []ReplicaSpec{{URL: "http://a:8000", KVEndpoint: "ipc:///tmp/kv", DataParallelSize: 2}}}, "fleet: replicas[0].kv_events: "},
+	{"dp negative", Config{Replicas: []ReplicaSpec{{URL: "http://a:8000", DataParallelSize: -1}}}, "fleet: replicas[0].data_parallel_size: "},
+	{"dns empty name", Config{Discovery: []DNSSpec{{Name: "a", Port: 1}, {Port: 8000}}}, "fleet: discovery[1].dns: empty"},
+	{"dns name with port", Config{Discovery: []DNSSpec{{Name: "a:8000", Port: 8000}}}, "fleet: discovery[0].dns: "},
+	{"dns no port", Config{Discovery: []DNSSpec{{Name: "a"}}}, "fleet: discovery[0].port: 0 out of range"},
+	{"dns port range", Config{Discovery: []DNSSpec{{Name: "a", Port: 65536}}}, "fleet: discovery[0].port: "},
+	{"dns kv port", Config{Discovery: []DNSSpec{{Name: "a", Port: 1, KVPort: -1}}}, "fleet: discovery[0].kv_port: "},
+	{"dns replay port", Config{Discovery: []DNSSpec{{Name: "a", Port: 1, KVPort: 2, ReplayPort: 70000}}}, "fleet: discovery[0].replay_port: "},
+	{"dns dp ports overlap", Config{Discovery: []DNSSpec{{Name: "a", Port: 1, KVPort: 5557, ReplayPort: 5558, DataParallelSize: 2}}}, "fleet: discovery[0].replay_port: 5558 overlaps"},
+	{"static dp ports overlap", Config{Replicas: []ReplicaSpec{{URL: "http://a:1", KVEndpoint: "tcp://a:5557", ReplayEndpoint: "tcp://a:5558", DataParallelSize: 2}}}, "fleet: replicas[0].kv_replay: "},
+	{"dns scheme", Config{Discovery: []DNSSpec{{Name: "a", Port: 1, Scheme: "grpc"}}}, "fleet: discovery[0].scheme: "},
+	{"dns interval", Config{Discovery: []DNSSpec{{Name: "a", Port: 1, Interval: -time.Second}}}, "fleet: discovery[0].interval: "},
+	{"negative health interval", Config{Replicas: []ReplicaSpec{{URL: "http://a:1"}}, HealthInterval: -1}, "fleet: healthInterval: "},
+	{"negative threshold", Config{Replicas: []ReplicaSpec{{URL: "http://a:1"}}, FailureThreshold: -1}, "fleet: failureThreshold: "},
 }
 
 func TestNewValidation(t *testing.T) {
@@ -78,7 +79,7 @@ func TestNewValidation(t *testing.T) {
 }
 
 func TestNewDefaults(t *testing.T) {
-	f, err := New(Config{Static: []ReplicaSpec{
+	f, err := New(Config{Replicas: []ReplicaSpec{
 		{URL: "http://10.0.0.7:8000/"},
 		{URL: "https://vllm.example", Model: "m"},
 		{Name: "custom", URL: "http://[fd00::1]:8000/prefix/"},
@@ -93,7 +94,7 @@ func TestNewDefaults(t *testing.T) {
 		c.ScrapeTimeout != DefaultStaleAfter || c.ModelsInterval != DefaultModelsInterval {
 		t.Errorf("defaults not applied: %+v", c)
 	}
-	if c.Saturation != (Saturation{MaxWaiting: 32, MaxKVUsage: 1.0, QueueRoof: 5, KVRoof: 0.8}) {
+	if c.Saturation != (scoring.Saturation{MaxWaiting: 32, MaxKVUsage: 1.0, MaxInflightPrefillTokens: 262144}) {
 		t.Errorf("saturation defaults = %+v", c.Saturation)
 	}
 	if c.Client == nil || c.Resolver == nil || c.Now == nil || c.Logger == nil {
@@ -118,11 +119,11 @@ func TestNewDefaults(t *testing.T) {
 		t.Errorf("initial state = %+v; want pending, no models", s)
 	}
 
-	fd, err := New(Config{DNS: []DNSSpec{{Name: "a", Port: 1}}})
+	fd, err := New(Config{Discovery: []DNSSpec{{Name: "a", Port: 1}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := fd.cfg.DNS[0]; d.Scheme != "http" || d.Interval != DefaultDNSInterval {
+	if d := fd.cfg.Discovery[0]; d.Scheme != "http" || d.Interval != DefaultDNSInterval {
 		t.Errorf("dns defaults = %+v", d)
 	}
 }

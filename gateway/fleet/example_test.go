@@ -8,7 +8,7 @@ import (
 
 func ExampleNew() {
 	f, err := fleet.New(fleet.Config{
-		Static: []fleet.ReplicaSpec{
+		Replicas: []fleet.ReplicaSpec{
 			{URL: "http://10.0.0.8:8000", KVEndpoint: "tcp://10.0.0.8:5557"},
 			{URL: "http://10.0.0.7:8000/", Model: "Qwen/Qwen3-8B"},
 		},
@@ -21,12 +21,12 @@ func ExampleNew() {
 		s := r.State()
 		fmt.Println(r.Spec.Name, r.Spec.URL, s.Healthy, s.Models, r.Spec.KVSources())
 	}
-	_, err = fleet.New(fleet.Config{Static: []fleet.ReplicaSpec{{URL: "10.0.0.7:8000"}}})
+	_, err = fleet.New(fleet.Config{Replicas: []fleet.ReplicaSpec{{URL: "10.0.0.7:8000"}}})
 	fmt.Println(err)
 	// Output:
 	// 10.0.0.7:8000 http://10.0.0.7:8000 false [Qwen/Qwen3-8B] []
 	// 10.0.0.8:8000 http://10.0.0.8:8000 false [] [{0 tcp://10.0.0.8:5557 }]
-	// fleet: static[0].url: parse "10.0.0.7:8000": first path segment in URL cannot contain colon
+	// fleet: replicas[0].url: parse "10.0.0.7:8000": first path segment in URL cannot contain colon
 }
 
 func ExampleReplicaSpec_KVSources() {

@@ -82,20 +82,6 @@ func (s *Snapshot) Diff(prev *Snapshot) (added, removed []*Replica) {
 	return added, removed
 }
 
-// Utilization returns the mean of the members' [Replica.Utilization] at
-// now, a pool-level saturation signal for admission control: 1 or more
-// means the pool is full. An empty fleet counts as full.
-func (s *Snapshot) Utilization(now time.Time) float64 {
-	if len(s.Replicas) == 0 {
-		return 1
-	}
-	var sum float64
-	for _, r := range s.Replicas {
-		sum += r.Utilization(now)
-	}
-	return sum / float64(len(s.Replicas))
-}
-
 // Fleet tracks the upstream replicas: membership (static and DNS), health,
 // engine metrics and served models. Create it with [New] and start its
 // goroutines with [Fleet.Run]. Its methods are safe for concurrent use;
@@ -131,7 +117,7 @@ func New(cfg Config) (*Fleet, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := &Fleet{cfg: cfg, dnsSets: make([][]ReplicaSpec, len(cfg.DNS))}
+	f := &Fleet{cfg: cfg, dnsSets: make([][]ReplicaSpec, len(cfg.Discovery))}
 	if f.cfg.Logger == nil {
 		f.cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -146,11 +132,11 @@ func New(cfg Config) (*Fleet, error) {
 	if f.cfg.Now == nil {
 		f.cfg.Now = time.Now
 	}
-	for i, d := range cfg.DNS {
+	for i, d := range cfg.Discovery {
 		f.dns = append(f.dns, &dnsWatcher{idx: i, spec: d})
 	}
-	rs := make([]*Replica, 0, len(cfg.Static))
-	for _, s := range cfg.Static {
+	rs := make([]*Replica, 0, len(cfg.Replicas))
+	for _, s := range cfg.Replicas {
 		rs = append(rs, newReplica(s, &f.cfg, f.log))
 	}
 	f.snap.Store(newSnapshot(rs, 1))
@@ -240,11 +226,6 @@ func (f *Fleet) Snapshot() *Snapshot { return f.snap.Load() }
 // Replica returns the current member named name, or nil.
 func (f *Fleet) Replica(name string) *Replica { return f.snap.Load().Lookup(name) }
 
-// Changes returns a channel that is closed at the next membership change:
-// the current snapshot's [Snapshot.Changed]. Take the snapshot first and
-// wait on its own channel to avoid missing a change between the two calls.
-func (f *Fleet) Changes() <-chan struct{} { return f.snap.Load().Changed() }
-
 // Watch calls fn with the current snapshot and then with each newer one
 // until ctx is done, and returns nil. Changes that happen while fn runs are
 // coalesced: fn sees the latest snapshot, and can find what changed with
@@ -294,14 +275,14 @@ func (f *Fleet) publishLocked() {
 	old := f.snap.Load()
 	want := make([]ReplicaSpec, 0, len(old.Replicas))
 	seen := make(map[string]bool, len(old.Replicas))
-	want = append(want, f.cfg.Static...)
-	for _, s := range f.cfg.Static {
+	want = append(want, f.cfg.Replicas...)
+	for _, s := range f.cfg.Replicas {
 		seen[s.Name] = true
 	}
 	for i, set := range f.dnsSets {
 		for _, s := range set {
 			if seen[s.Name] {
-				f.log.Debug("fleet: dns replica shadowed by an earlier one", "dns", f.cfg.DNS[i].Name, "replica", s.Name)
+				f.log.Debug("fleet: dns replica shadowed by an earlier one", "dns", f.cfg.Discovery[i].Name, "replica", s.Name)
 				continue
 			}
 			seen[s.Name] = true

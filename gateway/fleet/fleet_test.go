@@ -125,7 +125,7 @@ func (v *fakeVLLM) spec(model string) ReplicaSpec { return ReplicaSpec{URL: v.UR
 // fastConfig returns a config with short intervals for tests.
 func fastConfig(specs ...ReplicaSpec) Config {
 	return Config{
-		Static:            specs,
+		Replicas:          specs,
 		HealthInterval:    5 * time.Millisecond,
 		HealthTimeout:     time.Second,
 		ScrapeInterval:    5 * time.Millisecond,
@@ -177,7 +177,7 @@ func TestNewStartsNothing(t *testing.T) {
 	v := newFakeVLLM(t)
 	res := &fakeResolver{}
 	cfg := fastConfig(v.spec(""))
-	cfg.DNS = []DNSSpec{{Name: "vllm.test", Port: 1}}
+	cfg.Discovery = []DNSSpec{{Name: "vllm.test", Port: 1}}
 	cfg.Resolver = res
 	if _, err := New(cfg); err != nil {
 		t.Fatal(err)
@@ -426,7 +426,7 @@ func TestDNSMembership(t *testing.T) {
 	cfg.HealthInterval = time.Hour // members are unreachable; keep probing down
 	cfg.ScrapeInterval = time.Hour
 	// Port 1 on loopback: nothing listens, so probes fail fast.
-	cfg.DNS = []DNSSpec{{Name: "vllm.test", Port: 1, KVPort: 5557, ReplayPort: 5558, Interval: 2 * time.Millisecond}}
+	cfg.Discovery = []DNSSpec{{Name: "vllm.test", Port: 1, KVPort: 5557, ReplayPort: 5558, Interval: 2 * time.Millisecond}}
 	cfg.Resolver = res
 	cfg.Registerer = reg
 	f := startFleet(t, cfg)
@@ -441,12 +441,12 @@ func TestDNSMembership(t *testing.T) {
 	if a.Spec.KVEndpoint != "tcp://127.0.0.2:5557" || a.Spec.ReplayEndpoint != "tcp://127.0.0.2:5558" || a.Spec.URL != "http://127.0.0.2:1" {
 		t.Errorf("dns spec = %+v", a.Spec)
 	}
-	a.InflightRequests.Add(7)
+	a.inflight.Add(7)
 
 	// An address joins: existing pointers and counters survive.
 	res.set([]string{"127.0.0.4", "127.0.0.2", "127.0.0.3", "127.0.0.2"}, nil)
 	waitMembers("127.0.0.2:1", "127.0.0.3:1", "127.0.0.4:1", "static")
-	if f.Replica("127.0.0.2:1") != a || f.Replica("127.0.0.3:1") != b || a.InflightRequests.Load() != 7 {
+	if f.Replica("127.0.0.2:1") != a || f.Replica("127.0.0.3:1") != b || a.InflightRequests() != 7 {
 		t.Error("existing replicas were replaced on re-resolution")
 	}
 
@@ -480,7 +480,7 @@ func TestDNSMembership(t *testing.T) {
 	// An address comes back: a new member.
 	res.set([]string{"127.0.0.2", "127.0.0.3"}, nil)
 	waitMembers("127.0.0.2:1", "127.0.0.3:1", "static")
-	if a2 := f.Replica("127.0.0.2:1"); a2 == a || a2.InflightRequests.Load() != 0 {
+	if a2 := f.Replica("127.0.0.2:1"); a2 == a || a2.InflightRequests() != 0 {
 		t.Error("returning address reused the old *Replica")
 	}
 
@@ -494,7 +494,7 @@ func TestDNSMergeWithStatic(t *testing.T) {
 	res.set([]string{"127.0.0.1", "127.0.0.2", "not-an-ip", "::ffff:127.0.0.5"}, nil)
 	cfg := fastConfig(ReplicaSpec{URL: "http://127.0.0.1:1", Model: "static-model"})
 	cfg.HealthInterval, cfg.ScrapeInterval = time.Hour, time.Hour
-	cfg.DNS = []DNSSpec{
+	cfg.Discovery = []DNSSpec{
 		{Name: "vllm.test", Port: 1, Interval: time.Hour},
 		{Name: "vllm.test", Port: 1, Interval: time.Hour, Model: "shadowed"}, // same members: first spec wins
 	}
@@ -515,16 +515,16 @@ func TestDNSMergeWithStatic(t *testing.T) {
 
 func TestSnapshotNotTorn(t *testing.T) {
 	f, err := New(Config{
-		Static: []ReplicaSpec{{Name: "s", URL: "http://127.0.0.1:1"}},
-		DNS:    []DNSSpec{{Name: "a", Port: 1}, {Name: "b", Port: 2}},
+		Replicas:  []ReplicaSpec{{Name: "s", URL: "http://127.0.0.1:1"}},
+		Discovery: []DNSSpec{{Name: "a", Port: 1}, {Name: "b", Port: 2}},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	sets := [][]ReplicaSpec{nil, {}, {}}
 	for i := range 6 {
-		sets[1] = append(sets[1], f.cfg.DNS[0].specFor(fmt.Sprintf("127.0.1.%d", i)))
-		sets[2] = append(sets[2], f.cfg.DNS[1].specFor(fmt.Sprintf("127.0.2.%d", i)))
+		sets[1] = append(sets[1], f.cfg.Discovery[0].specFor(fmt.Sprintf("127.0.1.%d", i)))
+		sets[2] = append(sets[2], f.cfg.Discovery[1].specFor(fmt.Sprintf("127.0.2.%d", i)))
 	}
 	// Each publish is one of a few whole configurations; a reader must see
 	// one of them, sorted, with a consistent index.
@@ -573,7 +573,7 @@ func TestSnapshotNotTorn(t *testing.T) {
 }
 
 func TestWatchAndDiff(t *testing.T) {
-	f, err := New(Config{DNS: []DNSSpec{{Name: "a", Port: 1}}})
+	f, err := New(Config{Discovery: []DNSSpec{{Name: "a", Port: 1}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -586,7 +586,7 @@ func TestWatchAndDiff(t *testing.T) {
 	if len(s0.Replicas) != 0 || s0.Version != 1 {
 		t.Fatalf("first snapshot = %+v", s0)
 	}
-	d := f.cfg.DNS[0]
+	d := f.cfg.Discovery[0]
 	f.setDNS(0, []ReplicaSpec{d.specFor("127.0.0.2"), d.specFor("127.0.0.3")})
 	s1 := <-seen
 	added, removed := s1.Diff(s0)
@@ -609,8 +609,8 @@ func TestWatchAndDiff(t *testing.T) {
 		t.Error("replaced snapshot's Changed channel is open")
 	}
 	select {
-	case <-f.Changes():
-		t.Error("current snapshot's Changes channel is closed")
+	case <-f.Snapshot().Changed():
+		t.Error("current snapshot's Changed channel is closed")
 	default:
 	}
 	if a, r := s2.Diff(nil); len(a) != 2 || r != nil {
@@ -652,7 +652,7 @@ func TestRunRestart(t *testing.T) {
 
 func TestRegisterTwiceFails(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	cfg := Config{Static: []ReplicaSpec{{URL: "http://127.0.0.1:1"}}, Registerer: reg}
+	cfg := Config{Replicas: []ReplicaSpec{{URL: "http://127.0.0.1:1"}}, Registerer: reg}
 	if _, err := New(cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -663,7 +663,7 @@ func TestRegisterTwiceFails(t *testing.T) {
 
 func TestInflightMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	f, err := New(Config{Static: []ReplicaSpec{{Name: "r", URL: "http://127.0.0.1:1"}}, Registerer: reg})
+	f, err := New(Config{Replicas: []ReplicaSpec{{Name: "r", URL: "http://127.0.0.1:1"}}, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -739,7 +739,7 @@ func TestNoGoroutineLeak(t *testing.T) {
 	res := &fakeResolver{}
 	res.set([]string{"127.0.0.2", "127.0.0.3"}, nil)
 	cfg := fastConfig(v.spec(""), ReplicaSpec{URL: slow.URL})
-	cfg.DNS = []DNSSpec{{Name: "vllm.test", Port: 1, Interval: time.Millisecond}}
+	cfg.Discovery = []DNSSpec{{Name: "vllm.test", Port: 1, Interval: time.Millisecond}}
 	cfg.Resolver = res
 	transport := &http.Transport{}
 	defer transport.CloseIdleConnections()

@@ -5,19 +5,23 @@ import (
 	"errors"
 	"log/slog"
 	"math"
+	"net/url"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/warmpath/warmpath/scoring"
 )
 
-// Saturation reasons returned by [Replica.Saturated].
+// Saturation reasons returned by [Replica.Saturated]: the replica's own
+// two, then the load thresholds' (see [scoring.Saturation.Judge]).
 const (
 	ReasonUnhealthy = "unhealthy" // not healthy (or never checked successfully)
 	ReasonStale     = "stale"     // no successful scrape within StaleAfter
-	ReasonWaiting   = "waiting"   // engine queue at or above MaxWaiting
-	ReasonKV        = "kv"        // KV usage at or above MaxKVUsage
-	ReasonInflight  = "inflight"  // in-flight prefill tokens at or above MaxInflightPrefillTokens
+	ReasonWaiting   = scoring.SaturatedWaiting
+	ReasonKV        = scoring.SaturatedKV
+	ReasonInflight  = scoring.SaturatedInflight
 )
 
 // reasonPending is the HealthReason of a replica that has not answered a
@@ -80,13 +84,10 @@ type Replica struct {
 	// Spec is the replica's configuration. Do not modify it.
 	Spec ReplicaSpec
 
-	// InflightRequests counts requests the gateway has sent to the replica
-	// that have not finished. The proxy maintains it (see [Replica.Begin]).
-	InflightRequests atomic.Int64
-	// InflightPrefillTokens counts prompt tokens the gateway has dispatched
-	// to the replica whose response has not produced a first byte yet. The
-	// proxy maintains it (see [Replica.Begin]).
-	InflightPrefillTokens atomic.Int64
+	url *url.URL // Spec.URL, parsed once; read-only
+
+	inflight        atomic.Int64 // requests sent, not finished (see Begin)
+	inflightPrefill atomic.Int64 // prompt tokens sent, no first byte yet (see Begin)
 
 	cfg *Config      // normalized, shared, read-only
 	log *slog.Logger // with the replica's name
@@ -112,8 +113,13 @@ type Replica struct {
 
 // newReplica returns a pending replica for the normalized spec s.
 func newReplica(s ReplicaSpec, cfg *Config, log *slog.Logger) *Replica {
+	u, err := url.Parse(s.URL)
+	if err != nil {
+		u = &url.URL{} // unreachable: normalized specs parse
+	}
 	r := &Replica{
 		Spec:    s,
+		url:     u,
 		cfg:     cfg,
 		log:     log.With("replica", s.Name),
 		removed: make(chan struct{}),
@@ -125,6 +131,18 @@ func newReplica(s ReplicaSpec, cfg *Config, log *slog.Logger) *Replica {
 	r.state.Store(st)
 	return r
 }
+
+// URL returns the replica's parsed base URL. Do not modify it.
+func (r *Replica) URL() *url.URL { return r.url }
+
+// InflightRequests returns how many requests the gateway has sent to the
+// replica that have not finished (see [Replica.Begin]).
+func (r *Replica) InflightRequests() int64 { return r.inflight.Load() }
+
+// InflightPrefillTokens returns how many prompt tokens the gateway has
+// sent to the replica whose responses have not produced a first byte yet
+// (see [Replica.Begin]).
+func (r *Replica) InflightPrefillTokens() int64 { return r.inflightPrefill.Load() }
 
 // State returns the replica's latest state. It never returns nil and does
 // not block.
@@ -285,10 +303,7 @@ var zeroReplicaConfig = Config{
 	FailureThreshold:  DefaultFailureThreshold,
 	RecoveryThreshold: DefaultRecoveryThreshold,
 	StaleAfter:        DefaultStaleAfter,
-	Saturation: Saturation{
-		MaxWaiting: DefaultMaxWaiting, MaxKVUsage: DefaultMaxKVUsage,
-		QueueRoof: DefaultQueueRoof, KVRoof: DefaultKVRoof,
-	},
+	Saturation:        scoring.Saturation{}.WithDefaults(),
 }
 
 // conf returns the normalized configuration in force.
@@ -309,17 +324,16 @@ func (r *Replica) logger() *slog.Logger {
 }
 
 // saturation returns the thresholds and staleness limit in force.
-func (r *Replica) saturation() (Saturation, time.Duration) {
+func (r *Replica) saturation() (scoring.Saturation, time.Duration) {
 	c := r.conf()
 	return c.Saturation, c.StaleAfter
 }
 
 // Saturated reports whether the replica should take no more affinity
 // (sticky or prefix-driven) traffic at time now, and why: "unhealthy",
-// "stale" (no successful scrape within StaleAfter, or none yet), "waiting"
-// (queue at or above MaxWaiting), "kv" (KV usage at or above MaxKVUsage) or
-// "inflight" (in-flight prefill tokens at or above
-// MaxInflightPrefillTokens), checked in that order. It does not block.
+// "stale" (no successful scrape within StaleAfter, or none yet), or one of
+// the load thresholds' reasons ([scoring.Saturation.Judge]: queue, KV use,
+// in-flight prefill). It does not block.
 func (r *Replica) Saturated(now time.Time) (bool, string) {
 	sat, staleAfter := r.saturation()
 	s := r.State()
@@ -328,26 +342,8 @@ func (r *Replica) Saturated(now time.Time) (bool, string) {
 		return true, ReasonUnhealthy
 	case s.ScrapedAt.IsZero() || now.Sub(s.ScrapedAt) > staleAfter:
 		return true, ReasonStale
-	case sat.MaxWaiting >= 0 && s.Waiting >= sat.MaxWaiting:
-		return true, ReasonWaiting
-	case sat.MaxKVUsage >= 0 && s.KVUsage >= sat.MaxKVUsage:
-		return true, ReasonKV
-	case sat.MaxInflightPrefillTokens > 0 && r.InflightPrefillTokens.Load() >= sat.MaxInflightPrefillTokens:
-		return true, ReasonInflight
 	}
-	return false, ""
-}
-
-// Utilization returns llm-d's saturation roofline for the replica at time
-// now: max(Waiting/QueueRoof, KVUsage/KVRoof), where 1 or more means full.
-// An unhealthy replica or one with stale metrics counts as 1.
-func (r *Replica) Utilization(now time.Time) float64 {
-	sat, staleAfter := r.saturation()
-	s := r.State()
-	if !s.Healthy || s.ScrapedAt.IsZero() || now.Sub(s.ScrapedAt) > staleAfter {
-		return 1
-	}
-	return max(float64(s.Waiting)/sat.QueueRoof, s.KVUsage/sat.KVRoof)
+	return sat.Judge(s.Waiting, s.KVUsage, r.inflightPrefill.Load())
 }
 
 // Flight is one request in flight on a replica, returned by
@@ -362,15 +358,15 @@ type Flight struct {
 // r. Call [Flight.FirstByte] when the response's first byte arrives and
 // [Flight.Done] when it ends (Done implies FirstByte).
 func (r *Replica) Begin(promptTokens int64) *Flight {
-	r.InflightRequests.Add(1)
-	r.InflightPrefillTokens.Add(promptTokens)
+	r.inflight.Add(1)
+	r.inflightPrefill.Add(promptTokens)
 	return &Flight{r: r, prefill: promptTokens}
 }
 
 // FirstByte releases the request's prefill tokens.
 func (fl *Flight) FirstByte() {
 	if fl.firstByte.CompareAndSwap(false, true) {
-		fl.r.InflightPrefillTokens.Add(-fl.prefill)
+		fl.r.inflightPrefill.Add(-fl.prefill)
 	}
 }
 
@@ -378,6 +374,6 @@ func (fl *Flight) FirstByte() {
 func (fl *Flight) Done() {
 	fl.FirstByte()
 	if fl.finished.CompareAndSwap(false, true) {
-		fl.r.InflightRequests.Add(-1)
+		fl.r.inflight.Add(-1)
 	}
 }

@@ -9,13 +9,15 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/warmpath/warmpath/scoring"
 )
 
 // testReplica returns a pending replica with normalized defaults modified
 // by mod.
 func testReplica(t *testing.T, mod func(*Config)) *Replica {
 	t.Helper()
-	cfg := Config{Static: []ReplicaSpec{{URL: "http://127.0.0.1:1"}}}
+	cfg := Config{Replicas: []ReplicaSpec{{URL: "http://127.0.0.1:1"}}}
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -23,7 +25,7 @@ func testReplica(t *testing.T, mod func(*Config)) *Replica {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return newReplica(n.Static[0], &n, slog.New(slog.DiscardHandler))
+	return newReplica(n.Replicas[0], &n, slog.New(slog.DiscardHandler))
 }
 
 // Steps of the health state machine.
@@ -175,33 +177,32 @@ func TestSaturated(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	fresh := func(s *State) { s.Healthy, s.ScrapedAt = true, t0 }
 	tests := []struct {
-		name     string
-		sat      Saturation
-		state    func(*State)
-		prefill  int64
-		now      time.Time
-		want     bool
-		reason   string
-		wantUtil float64
+		name    string
+		sat     scoring.Saturation
+		state   func(*State)
+		prefill int64
+		now     time.Time
+		want    bool
+		reason  string
 	}{
-		{"idle", Saturation{}, fresh, 0, t0, false, "", 0},
-		{"pending", Saturation{}, func(s *State) {}, 0, t0, true, ReasonUnhealthy, 1},
-		{"unhealthy beats everything", Saturation{}, func(s *State) { s.ScrapedAt, s.Waiting = t0, 100 }, 0, t0, true, ReasonUnhealthy, 1},
-		{"never scraped", Saturation{}, func(s *State) { s.Healthy = true }, 0, t0, true, ReasonStale, 1},
-		{"fresh at the limit", Saturation{}, fresh, 0, t0.Add(time.Second), false, "", 0},
-		{"stale", Saturation{}, fresh, 0, t0.Add(time.Second + time.Millisecond), true, ReasonStale, 1},
-		{"waiting below", Saturation{}, func(s *State) { fresh(s); s.Waiting = 7 }, 0, t0, false, "", 7.0 / 5},
-		{"waiting at default max", Saturation{}, func(s *State) { fresh(s); s.Waiting = 32 }, 0, t0, true, ReasonWaiting, 32.0 / 5},
-		{"waiting custom max", Saturation{MaxWaiting: 2}, func(s *State) { fresh(s); s.Waiting = 2 }, 0, t0, true, ReasonWaiting, 2.0 / 5},
-		{"waiting check off", Saturation{MaxWaiting: -1}, func(s *State) { fresh(s); s.Waiting = 1000 }, 0, t0, false, "", 200},
-		{"kv below", Saturation{}, func(s *State) { fresh(s); s.KVUsage = 0.94 }, 0, t0, false, "", 0.94 / 0.8},
-		{"kv at max", Saturation{}, func(s *State) { fresh(s); s.KVUsage = 1 }, 0, t0, true, ReasonKV, 1 / 0.8},
-		{"kv check off", Saturation{MaxKVUsage: -1}, func(s *State) { fresh(s); s.KVUsage = 1 }, 0, t0, false, "", 1 / 0.8},
-		{"waiting before kv", Saturation{}, func(s *State) { fresh(s); s.Waiting, s.KVUsage = 33, 1 }, 0, t0, true, ReasonWaiting, 33.0 / 5},
-		{"prefill off by default", Saturation{}, fresh, 1 << 30, t0, false, "", 0},
-		{"prefill below", Saturation{MaxInflightPrefillTokens: 1000}, fresh, 999, t0, false, "", 0},
-		{"prefill at max", Saturation{MaxInflightPrefillTokens: 1000}, fresh, 1000, t0, true, ReasonInflight, 0},
-		{"custom roofs", Saturation{QueueRoof: 10, KVRoof: 0.5}, func(s *State) { fresh(s); s.Waiting, s.KVUsage = 4, 0.25 }, 0, t0, false, "", 0.5},
+		{"idle", scoring.Saturation{}, fresh, 0, t0, false, ""},
+		{"pending", scoring.Saturation{}, func(s *State) {}, 0, t0, true, ReasonUnhealthy},
+		{"unhealthy beats everything", scoring.Saturation{}, func(s *State) { s.ScrapedAt, s.Waiting = t0, 100 }, 0, t0, true, ReasonUnhealthy},
+		{"never scraped", scoring.Saturation{}, func(s *State) { s.Healthy = true }, 0, t0, true, ReasonStale},
+		{"fresh at the limit", scoring.Saturation{}, fresh, 0, t0.Add(time.Second), false, ""},
+		{"stale", scoring.Saturation{}, fresh, 0, t0.Add(time.Second + time.Millisecond), true, ReasonStale},
+		{"waiting below", scoring.Saturation{}, func(s *State) { fresh(s); s.Waiting = 7 }, 0, t0, false, ""},
+		{"waiting at default max", scoring.Saturation{}, func(s *State) { fresh(s); s.Waiting = 32 }, 0, t0, true, ReasonWaiting},
+		{"waiting custom max", scoring.Saturation{MaxWaiting: 2}, func(s *State) { fresh(s); s.Waiting = 2 }, 0, t0, true, ReasonWaiting},
+		{"waiting check off", scoring.Saturation{MaxWaiting: -1}, func(s *State) { fresh(s); s.Waiting = 1000 }, 0, t0, false, ""},
+		{"kv below", scoring.Saturation{}, func(s *State) { fresh(s); s.KVUsage = 0.94 }, 0, t0, false, ""},
+		{"kv at max", scoring.Saturation{}, func(s *State) { fresh(s); s.KVUsage = 1 }, 0, t0, true, ReasonKV},
+		{"kv check off", scoring.Saturation{MaxKVUsage: -1}, func(s *State) { fresh(s); s.KVUsage = 1 }, 0, t0, false, ""},
+		{"waiting before kv", scoring.Saturation{}, func(s *State) { fresh(s); s.Waiting, s.KVUsage = 33, 1 }, 0, t0, true, ReasonWaiting},
+		{"prefill at the default cap", scoring.Saturation{}, fresh, scoring.DefaultMaxInflightPrefillTokens, t0, true, ReasonInflight},
+		{"prefill check off", scoring.Saturation{MaxInflightPrefillTokens: -1}, fresh, 1 << 30, t0, false, ""},
+		{"prefill below", scoring.Saturation{MaxInflightPrefillTokens: 1000}, fresh, 999, t0, false, ""},
+		{"prefill at max", scoring.Saturation{MaxInflightPrefillTokens: 1000}, fresh, 1000, t0, true, ReasonInflight},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -209,19 +210,14 @@ func TestSaturated(t *testing.T) {
 			r.mu.Lock()
 			r.update(tt.state)
 			r.mu.Unlock()
-			r.InflightPrefillTokens.Store(tt.prefill)
+			r.inflightPrefill.Store(tt.prefill)
 			got, reason := r.Saturated(tt.now)
 			if got != tt.want || reason != tt.reason {
 				t.Errorf("Saturated = %v, %q; want %v, %q", got, reason, tt.want, tt.reason)
 			}
-			if u := r.Utilization(tt.now); abs(u-tt.wantUtil) > 1e-9 {
-				t.Errorf("Utilization = %v; want %v", u, tt.wantUtil)
-			}
 		})
 	}
 }
-
-func abs(x float64) float64 { return max(x, -x) }
 
 func TestSaturatedZeroReplica(t *testing.T) {
 	var r Replica // built outside New: defaults, pending
@@ -239,7 +235,7 @@ func TestFlight(t *testing.T) {
 	r := testReplica(t, nil)
 	a := r.Begin(100)
 	b := r.Begin(50)
-	if got, want := [2]int64{r.InflightRequests.Load(), r.InflightPrefillTokens.Load()}, [2]int64{2, 150}; got != want {
+	if got, want := [2]int64{r.InflightRequests(), r.InflightPrefillTokens()}, [2]int64{2, 150}; got != want {
 		t.Fatalf("after Begin: %v; want %v", got, want)
 	}
 	var wg sync.WaitGroup
@@ -247,13 +243,13 @@ func TestFlight(t *testing.T) {
 		wg.Go(a.FirstByte)
 	}
 	wg.Wait()
-	if got := r.InflightPrefillTokens.Load(); got != 50 {
+	if got := r.InflightPrefillTokens(); got != 50 {
 		t.Errorf("after FirstByte: prefill = %d; want 50", got)
 	}
 	a.Done()
 	a.Done()
 	b.Done() // implies FirstByte
-	if got, want := [2]int64{r.InflightRequests.Load(), r.InflightPrefillTokens.Load()}, [2]int64{0, 0}; got != want {
+	if got, want := [2]int64{r.InflightRequests(), r.InflightPrefillTokens()}, [2]int64{0, 0}; got != want {
 		t.Errorf("after Done: %v; want %v", got, want)
 	}
 }

@@ -69,8 +69,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descWaiting, float64(s.Waiting), name)
 		gauge(descRunning, float64(s.Running), name)
 		gauge(descKVUsage, s.KVUsage, name)
-		gauge(descInflight, float64(r.InflightRequests.Load()), name)
-		gauge(descInflightPrefill, float64(r.InflightPrefillTokens.Load()), name)
+		gauge(descInflight, float64(r.InflightRequests()), name)
+		gauge(descInflightPrefill, float64(r.InflightPrefillTokens()), name)
 		if !s.ScrapedAt.IsZero() {
 			gauge(descMetricsAge, max(0, now.Sub(s.ScrapedAt).Seconds()), name)
 		}

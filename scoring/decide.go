@@ -1,0 +1,333 @@
+package scoring
+
+import (
+	"cmp"
+	"context"
+	"math/rand/v2"
+	"slices"
+	"time"
+)
+
+// Binding is what routing knows of a session's affinity to one replica:
+// the routing-relevant part of the record package session stores.
+type Binding struct {
+	// Replica is the bound replica's ID.
+	Replica string
+	// TipDepth is how many of the conversation's blocks (of
+	// Input.BlockSize tokens) are known cached on Replica: the full blocks
+	// of the last scored turn's prompt.
+	TipDepth int
+	// CachedTokens is how many tokens of the conversation Replica is
+	// believed to hold after the last completed turn; 0 when unknown.
+	CachedTokens int
+	// PromptTokens and PromptBytes are the last scored turn's prompt length
+	// in tokens and in bytes of text; their ratio estimates later turns'
+	// lengths without tokenizing.
+	PromptTokens, PromptBytes int
+	// Turns counts turns routed for the session.
+	Turns int
+	// Updated is when the binding was last written.
+	Updated time.Time
+}
+
+// Input is everything one routing decision depends on. The caller gathers
+// it (fleet snapshot, session binding, and, in the second phase, prefix
+// matches); Decide does no I/O and reads no clock.
+type Input struct {
+	// Now is the decision's time, for the binding's refresh.
+	Now time.Time
+	// Model and SessionKey identify the request; SessionKey is "" when the
+	// request names no session.
+	Model, SessionKey string
+	// Endpoints are the replicas serving Model, healthy or not, each with
+	// its load and availability. Decide judges availability from them.
+	Endpoints []Endpoint
+	// PromptTokens is the prompt's length in tokens: exact once tokenized,
+	// an estimate from its text before.
+	PromptTokens int
+	// TextBytes is the size of the prompt's text; 0 when the caller has
+	// only token counts (the offline analyzer).
+	TextBytes int
+	// Binding is the session's binding, nil when it has none or the policy
+	// keeps none (see Policy.TracksSessions).
+	Binding *Binding
+	// Continues reports that the request continues the conversation the
+	// binding was made for (its text starts with the bound turn's text).
+	// A request that does not is another conversation sharing the key.
+	Continues bool
+	// BoundHolds reports whether the bound replica still holds the
+	// session's prefix, as far as its KV events tell (true when they tell
+	// nothing).
+	BoundHolds bool
+	// Matched holds, aligned with Endpoints, how many prompt tokens each
+	// is believed to hold cached: nil until the prefix phase (see
+	// Plan.NeedsPrefix).
+	Matched []int
+	// BlockSize is the prefix index's block size in tokens.
+	BlockSize int
+	// RefreshAfter is how old a sticky session's binding may grow before
+	// the turn rewrites it (renewing its TTL).
+	RefreshAfter time.Duration
+	// Rand breaks ties; nil uses the goroutine-safe top-level generator.
+	Rand *rand.Rand
+}
+
+// BindWrite says what the caller should write to the session store after
+// a decision.
+type BindWrite uint8
+
+const (
+	// BindKeep writes nothing.
+	BindKeep BindWrite = iota
+	// BindRefresh rewrites the binding in force to renew its TTL.
+	BindRefresh
+	// BindNew writes Plan.Binding only if the session has no binding yet
+	// (a first turn, which may race another gateway's).
+	BindNew
+	// BindReplace overwrites the binding with Plan.Binding.
+	BindReplace
+)
+
+// Routing reasons (Plan.Reason).
+const (
+	ReasonSticky = "sticky" // the bound replica, no prefix information needed
+	ReasonScored = "scored" // the policy scored every available replica
+	ReasonRaced  = "raced"  // another gateway bound the session first (see Plan.Follow)
+)
+
+// Rebind reasons (Plan.Rebind): why a session left its bound replica.
+const (
+	RebindGone      = "gone"      // the bound replica is no longer a member
+	RebindUnhealthy = "unhealthy" // it is a member but down
+	RebindSaturated = "saturated" // it is saturated while another is not
+	RebindEvicted   = "evicted"   // it no longer holds the session's prefix
+	RebindDiverged  = "diverged"  // the turn does not continue the bound conversation
+	RebindRescored  = "rescored"  // a non-sticky policy scored the session elsewhere
+)
+
+// Plan is a routing decision.
+type Plan struct {
+	// NeedsPrefix reports that the policy needs prefix information: call
+	// Decide again with Input.Matched filled (and PromptTokens exact, for
+	// the precise index). Nothing else is set.
+	NeedsPrefix bool
+	// Order lists Input.Endpoints indexes by preference: the choice first,
+	// then the retry targets. Only available endpoints appear.
+	Order []int
+	// Predicted holds, aligned with Order, how many prompt tokens each
+	// candidate is predicted to serve from its cache.
+	Predicted []int
+	// PromptTokens is the prompt length the plan assumed.
+	PromptTokens int
+	// Reason is ReasonSticky or ReasonScored (ReasonRaced after Follow).
+	Reason string
+	// Rebind says why the session left its bound replica, "" if it did
+	// not (or was not bound).
+	Rebind string
+	// Bind says what to write to the session store, and Binding is the
+	// binding in force after this turn (the caller adds what Decide cannot
+	// know: the tip block's key, the text fingerprint).
+	Bind    BindWrite
+	Binding Binding
+	// Decision holds the scores, nil for sticky turns.
+	Decision *Decision
+}
+
+// Chosen returns the index (into Input.Endpoints) of the chosen replica.
+func (p *Plan) Chosen() int { return p.Order[0] }
+
+// TracksSessions reports whether the policy uses session bindings: sticky
+// policies and those with a session scorer.
+func (p *Policy) TracksSessions() bool {
+	return p.Sticky || slices.ContainsFunc(p.Scorers, func(w Weighted) bool { return w.Name == ScorerSession })
+}
+
+// NeedsPrefix reports whether the policy scores on prefix matches.
+func (p *Policy) NeedsPrefix() bool { return p.UsesPrecise || p.UsesApprox }
+
+// Decide makes the whole routing decision for one request, in up to two
+// phases. First without prefix information: a sticky turn whose bound
+// replica is available, or a policy that needs no prefix information, is
+// decided; otherwise the plan says NeedsPrefix, and the caller matches the
+// prompt against its index and calls Decide again with Input.Matched.
+//
+// Availability is judged here and only here: an endpoint takes traffic
+// when it is healthy; it takes affinity traffic (sticky turns, prefix and
+// session scores) when it is also unsaturated, or when every available
+// endpoint is saturated (moving work then only trades a warm queue for a
+// cold one); a sticky session stays while its replica also still holds its
+// prefix.
+func (p *Policy) Decide(in *Input) (Plan, error) {
+	avail := available(in.Endpoints)
+	if len(avail) == 0 {
+		return Plan{}, ErrNoEndpoint
+	}
+	plan := Plan{PromptTokens: in.PromptTokens}
+	b := in.Binding
+	bound := b != nil && in.SessionKey != "" && p.TracksSessions()
+	if p.Sticky && bound && !in.Continues {
+		plan.Rebind, bound = RebindDiverged, false
+	}
+	if p.Sticky && bound {
+		i, why := stick(in, b.Replica, allSaturated(pick(in.Endpoints, avail)))
+		if i >= 0 {
+			return p.sticky(in, i, avail), nil
+		}
+		plan.Rebind = why
+	}
+	if p.NeedsPrefix() && in.Matched == nil {
+		return Plan{NeedsPrefix: true}, nil
+	}
+	if err := p.score(in, avail, bound, &plan); err != nil {
+		return Plan{}, err
+	}
+	if in.SessionKey != "" && p.TracksSessions() {
+		p.rebind(in, bound, &plan)
+	}
+	return plan, nil
+}
+
+// available returns the indexes of the endpoints that may take traffic.
+func available(eps []Endpoint) []int {
+	out := make([]int, 0, len(eps))
+	for i := range eps {
+		if !eps[i].Unhealthy {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// pick returns eps[idx...] as a new slice.
+func pick(eps []Endpoint, idx []int) []Endpoint {
+	out := make([]Endpoint, len(idx))
+	for k, i := range idx {
+		out[k] = eps[i]
+	}
+	return out
+}
+
+// stick decides whether the session stays on its bound replica: it
+// returns the replica's index, or -1 and why the session must be rebound.
+// allSat reports whether every available endpoint is saturated.
+func stick(in *Input, bound string, allSat bool) (int, string) {
+	i := slices.IndexFunc(in.Endpoints, func(e Endpoint) bool { return e.ID == bound })
+	switch {
+	case i < 0:
+		return -1, RebindGone
+	case in.Endpoints[i].Unhealthy:
+		return -1, RebindUnhealthy
+	case in.Endpoints[i].Saturated && !allSat:
+		return -1, RebindSaturated
+	case !in.BoundHolds:
+		return -1, RebindEvicted
+	}
+	return i, ""
+}
+
+// sticky plans a turn for its bound replica i without prefix information:
+// the prompt is estimated from the session's measured tokens per byte and
+// the prediction from what the replica is known to hold; the other
+// available replicas follow as retry targets, least loaded first.
+func (p *Policy) sticky(in *Input, i int, avail []int) Plan {
+	b := *in.Binding
+	prompt := in.PromptTokens
+	if b.PromptTokens > 0 && b.PromptBytes > 0 && in.TextBytes > 0 {
+		prompt = max(1, int(int64(in.TextBytes)*int64(b.PromptTokens)/int64(b.PromptBytes)))
+	}
+	// A continuing turn's prompt holds at least what the replica caches of
+	// the conversation, plus the new message.
+	prompt = max(prompt, b.CachedTokens+1)
+	bs := max(in.BlockSize, 1)
+	known := max(b.TipDepth*bs, b.CachedTokens)
+	plan := Plan{
+		Order:        []int{i},
+		Predicted:    []int{min(known/bs*bs, max(0, prompt-1))},
+		PromptTokens: prompt,
+		Reason:       ReasonSticky,
+		Binding:      b,
+	}
+	rest := slices.DeleteFunc(slices.Clone(avail), func(j int) bool { return j == i })
+	slices.SortStableFunc(rest, func(x, y int) int {
+		return cmp.Compare(backlog(&in.Endpoints[x]), backlog(&in.Endpoints[y]))
+	})
+	for _, j := range rest {
+		plan.Order = append(plan.Order, j)
+		plan.Predicted = append(plan.Predicted, 0)
+	}
+	if in.Now.Sub(b.Updated) > in.RefreshAfter {
+		plan.Bind = BindRefresh
+		plan.Binding.Turns++
+	}
+	return plan
+}
+
+// backlog is the prefill work queued on an endpoint, in tokens, counting a
+// request waiting in the engine at 1,024 tokens.
+func backlog(e *Endpoint) int64 {
+	return max(e.InflightPrefillTokens, int64(e.Waiting)*1024)
+}
+
+// score runs the policy's scorers and picker over the available endpoints.
+func (p *Policy) score(in *Input, avail []int, bound bool, plan *Plan) error {
+	r := &Request{Model: in.Model, SessionKey: in.SessionKey, PromptTokens: in.PromptTokens}
+	if bound {
+		r.Bound = in.Binding.Replica
+	}
+	if in.Matched != nil {
+		r.Matched = make([]int, len(avail))
+		for k, i := range avail {
+			r.Matched[k] = in.Matched[i]
+		}
+	}
+	d, err := p.Route(context.Background(), r, pick(in.Endpoints, avail), in.Rand)
+	if err != nil {
+		return err
+	}
+	plan.Decision = &d
+	plan.Reason = ReasonScored
+	plan.Order = make([]int, len(d.Order))
+	plan.Predicted = make([]int, len(d.Order))
+	for k, j := range d.Order {
+		plan.Order[k] = avail[j]
+		if r.Matched != nil {
+			plan.Predicted[k] = r.Matched[j]
+		}
+	}
+	return nil
+}
+
+// rebind fills the binding a scored turn leaves behind.
+func (p *Policy) rebind(in *Input, bound bool, plan *Plan) {
+	chosen := in.Endpoints[plan.Chosen()].ID
+	turns := 1
+	if in.Binding != nil {
+		turns = in.Binding.Turns + 1
+	}
+	if plan.Rebind == "" && bound && in.Binding.Replica != chosen {
+		plan.Rebind = RebindRescored
+	}
+	plan.Binding = Binding{Replica: chosen, PromptTokens: in.PromptTokens, PromptBytes: in.TextBytes, Turns: turns}
+	plan.Bind = BindReplace
+	if !bound && plan.Rebind == "" {
+		plan.Bind = BindNew // a first turn: another gateway may bind it first
+	}
+}
+
+// Follow moves the candidate at Input.Endpoints index i to the front: the
+// caller found that another gateway bound the session to it first, and
+// both turns should share one replica. It reports whether i was a
+// candidate.
+func (p *Plan) Follow(i int) bool {
+	k := slices.Index(p.Order, i)
+	if k < 0 {
+		return false
+	}
+	if k > 0 {
+		p.Order = slices.Insert(slices.Delete(p.Order, k, k+1), 0, i)
+		pr := p.Predicted[k]
+		p.Predicted = slices.Insert(slices.Delete(p.Predicted, k, k+1), 0, pr)
+		p.Reason = ReasonRaced
+	}
+	return true
+}
