@@ -4,22 +4,36 @@
 //
 // # Request path
 //
-//	client ──▶ chi router ─▶ requestID ─▶ auth ─▶ inference handler
-//	             reads the body once (size-limited), parses the routing
-//	             fields with gjson, derives the session key
-//	         ─▶ httputil.ReverseProxy{Rewrite}
-//	         ─▶ Gateway.RoundTrip (the routing transport)
-//	             route: session binding (Redis) ─▶ sticky fast path, or
-//	             tokenize (replica /tokenize, cached) ─▶ prefix index match
-//	             ─▶ scoring.Policy ─▶ ordered candidates
-//	             forward to candidate 0; on a failure before any byte
-//	             (connect error, 5xx) retry once on candidate 1
-//	         ─▶ modifyResponse: SSE filter (usage learned, usage chunk
-//	             dropped if unasked, errors normalized) or JSON tap
-//	         ─▶ client, flushed event by event
+// One request is a pipeline of named steps, each in the file its name
+// suggests:
+//
+//	handler   routes.go    chi router ─▶ requestID ─▶ auth ─▶ inference:
+//	                       reads the body once (size-limited)
+//	parse     request.go   ParseRequest: the routing fields with gjson,
+//	                       the session key (package session)
+//	admit     admission.go Admitter.Admit: may make the request wait (a
+//	                       fair queue); the default admits at once
+//	route     route.go     gather (fleet snapshot ─▶ scoring.Endpoint,
+//	                       session binding from Redis) ─▶ scoring.Decide
+//	                       ─▶ I/O: tokenize (replica /tokenize, cached) and
+//	                       match the prefix index when the plan asks, then
+//	                       Decide again; remember the binding, speculate
+//	forward   forward.go   send to the plan's first candidate; on a
+//	                       failure before any byte (connect error, 5xx)
+//	                       retry once on the next
+//	account   client.go    SSE filter (usage learned, unasked usage chunk
+//	                       dropped, errors normalized) or JSON tap; on the
+//	                       body's end: in-flight counts, metrics, the
+//	                       session's cached tokens, admission release
+//
+// Gateway.Do runs admit → route → forward → account for one parsed
+// Request and returns the upstream response as a stream: the routed
+// client. The chat and completions handlers are thin users of it (parse,
+// Do, copy the response); the Responses API is another. No routing state
+// or error travels through a context value.
 //
 // Streams are never buffered: each SSE event is released as soon as its
-// terminating blank line arrives, and the proxy flushes every write. The
+// terminating blank line arrives, and the handler flushes every write. The
 // client's disconnect cancels the upstream request through the request
 // context.
 //
@@ -29,8 +43,9 @@
 // /metrics scrapes and DNS membership, see package fleet); the KV-event
 // subscribers (one per replica KV source in the per-replica topology, one
 // bound socket in the central topology), which feed the precise prefix
-// index; and the index's janitor, which expires speculative entries. All
-// stop when Run's context ends.
+// index; and a once-a-second sync of the indexes' per-replica facts (model,
+// KV capacity). Speculative index entries expire lazily, on the index's own
+// calls, so no janitor runs. All stop when Run's context ends.
 //
 // # Errors
 //

@@ -20,6 +20,7 @@ import (
 
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/internal/redistest"
+	"github.com/warmpath/warmpath/internal/testrun"
 	"github.com/warmpath/warmpath/vllmsim"
 )
 
@@ -33,15 +34,7 @@ func startSim(t *testing.T, cfg vllmsim.Config) *vllmsim.Fleet {
 	if err != nil {
 		t.Fatalf("vllmsim: %v", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- f.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("vllmsim run: %v", err)
-		}
-	})
+	testrun.Start(t, "vllmsim", f.Run)
 	return f
 }
 
@@ -70,16 +63,8 @@ func startGateway(t *testing.T, cfg Config, rdb redis.UniversalClient) *testGate
 	if err != nil {
 		t.Fatalf("gateway.New: %v", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- g.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("gateway run: %v", err)
-		}
-	})
-	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+	testrun.Start(t, "gateway", g.Run)
+	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer wcancel()
 	if err := g.WaitReady(wctx); err != nil {
 		t.Fatalf("gateway not ready: %v", err)

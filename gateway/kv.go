@@ -46,7 +46,7 @@ func (g *Gateway) runKVEvents(ctx context.Context) error {
 			return fmt.Errorf("gateway: kv_events.bind: %w", err)
 		}
 		g.log.Info("receiving KV events", "topology", TopologyCentral, "bind", c.Endpoint())
-		wg.Go(func() { g.keepRunning(ctx, "central", c.Run) })
+		wg.Go(func() { g.runSubscriber(ctx, "central", c.Run) })
 	}
 
 	wg.Go(func() { g.syncReplicas(ctx) })
@@ -112,7 +112,7 @@ func (g *Gateway) subscribe(ctx context.Context, zctx *zmq.Context, rep *fleet.R
 			g.log.Error("cannot subscribe to KV events; routing to this replica is blind to its cache", "replica", rep.Spec.Name, "endpoint", src.Endpoint, "err", err)
 			continue
 		}
-		wg.Go(func() { g.keepRunning(ctx, rep.Spec.Name, sub.Run) })
+		wg.Go(func() { g.runSubscriber(ctx, rep.Spec.Name, sub.Run) })
 	}
 }
 
@@ -131,22 +131,13 @@ func (g *Gateway) registerModel(rep *fleet.Replica) bool {
 	return true
 }
 
-// keepRunning runs a subscriber until ctx ends, restarting it after an
-// error (a socket that could not be rebuilt, say) with a backoff.
-func (g *Gateway) keepRunning(ctx context.Context, name string, run func(context.Context) error) {
-	backoff := 100 * time.Millisecond
-	for {
-		err := run(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		g.log.Warn("KV-event subscriber stopped; restarting", "source", name, "err", err, "in", backoff)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 5*time.Second)
+// runSubscriber runs one subscriber until ctx ends. A subscriber rebuilds
+// its own sockets after errors (with a jittered backoff); its Run returns
+// early only when the zmq context is terminated, which ends every
+// subscriber, so there is nothing to restart: the error is logged.
+func (g *Gateway) runSubscriber(ctx context.Context, name string, run func(context.Context) error) {
+	if err := run(ctx); err != nil && ctx.Err() == nil {
+		g.log.Error("KV-event subscriber stopped; routing to its replicas is blind to their caches", "source", name, "err", err)
 	}
 }
 

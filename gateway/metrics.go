@@ -70,7 +70,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "warmpath_session_rebinds_total", Help: "Sessions moved off their bound replica, by why.",
 		}, []string{"reason"}),
 		tokenizer: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "warmpath_tokenizer_calls_total", Help: "Prompt tokenizations, by result: cached, ok, error.",
+			Name: "warmpath_tokenizer_calls_total", Help: "Prompt tokenizations, by result: cached, ok, error (identical prompts in flight share one call).",
 		}, []string{"result"}),
 		tokenizeAvoided: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "warmpath_tokenizer_avoided_total", Help: "Turns routed without tokenizing (sticky sessions whose replica still holds their prefix).",

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -159,18 +160,23 @@ func TestKilledReplicaRoutedAround(t *testing.T) {
 	victim := sim.Replicas()[0]
 	errs := make(chan error, 100)
 	done := make(chan struct{})
+	// The victim dies once the run is under way: when the first turn of
+	// it has answered, the others are in flight or queued behind it.
+	underway := make(chan struct{})
+	var once sync.Once
 	go func() {
 		defer close(done)
 		parallel(len(convs), func(i int) {
 			for j := range 4 {
 				r := chat(t, gw.URL, map[string]any{"model": "qwen3-32b", "messages": convs[i].messages, "max_tokens": 16}, nil)
+				once.Do(func() { close(underway) })
 				if r.Status != http.StatusOK {
 					errs <- fmt.Errorf("session %d turn %d: status %d: %s", i, j, r.Status, r.Body)
 				}
 			}
 		})
 	}()
-	time.Sleep(20 * time.Millisecond)
+	<-underway
 	if err := victim.SetDown(true); err != nil {
 		t.Fatal(err)
 	}

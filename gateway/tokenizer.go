@@ -7,18 +7,22 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 
 	"github.com/cespare/xxhash/v2"
 	lru "github.com/hashicorp/golang-lru/v2"
+	"golang.org/x/sync/singleflight"
 )
 
 // tokenizer gets a prompt's token ids, after the chat template, from a
 // replica's POST /tokenize (vLLM serves it; so does the simulator), and
 // caches them by request body: agents often resend an identical prompt
 // (retries, parallel tool calls), and every replica tokenizes alike.
+// Concurrent requests for the same prompt share one call.
 type tokenizer struct {
 	client *http.Client
 	cache  *lru.Cache[uint64, []uint32] // safe for concurrent use
+	calls  singleflight.Group           // in-flight calls by body hash
 	m      *metrics
 }
 
@@ -46,14 +50,28 @@ func (t *tokenizer) tokens(ctx context.Context, baseURL string, r *Request) ([]u
 		t.m.tokenizer.WithLabelValues("cached").Inc()
 		return ids, nil
 	}
-	ids, err := t.call(ctx, baseURL, body)
-	if err != nil {
-		t.m.tokenizer.WithLabelValues("error").Inc()
-		return nil, err
+	// The shared call outlives any one caller's cancellation (the client's
+	// timeout still bounds it); each caller waits only as long as its own
+	// context allows.
+	ch := t.calls.DoChan(strconv.FormatUint(key, 16), func() (any, error) {
+		ids, err := t.call(context.WithoutCancel(ctx), baseURL, body)
+		if err != nil {
+			t.m.tokenizer.WithLabelValues("error").Inc()
+			return nil, err
+		}
+		t.m.tokenizer.WithLabelValues("ok").Inc()
+		t.cache.Add(key, ids)
+		return ids, nil
+	})
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case res := <-ch:
+		if res.Err != nil {
+			return nil, res.Err
+		}
+		return res.Val.([]uint32), nil
 	}
-	t.m.tokenizer.WithLabelValues("ok").Inc()
-	t.cache.Add(key, ids)
-	return ids, nil
 }
 
 func (t *tokenizer) call(ctx context.Context, baseURL string, body []byte) ([]uint32, error) {

@@ -277,7 +277,7 @@ func (c *Central) Run(ctx context.Context) error {
 	return runLoop(ctx, c.log, open, seq, replica)
 }
 
-// Reconnect backoff after a socket error.
+// Reconnect backoff after a socket error (jittered, see backoff).
 const (
 	minBackoff = 100 * time.Millisecond
 	maxBackoff = 5 * time.Second
@@ -298,11 +298,10 @@ func runLoop(ctx context.Context, log *slog.Logger, open func() (*zmq.Socket, er
 			sub.Close()
 		}
 	}()
-	backoff := minBackoff
+	bo := backoff{min: minBackoff, max: maxBackoff}
 	wait := func() error {
-		t := time.NewTimer(backoff)
+		t := time.NewTimer(bo.next())
 		defer t.Stop()
-		backoff = min(2*backoff, maxBackoff)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -360,7 +359,7 @@ func runLoop(ctx context.Context, log *slog.Logger, open func() (*zmq.Socket, er
 					sub = nil
 					break
 				}
-				backoff = minBackoff
+				bo.reset()
 				var topic []byte
 				if len(frames) > 0 {
 					topic = frames[0]

@@ -5,10 +5,24 @@
 // from them ([Policy]): round-robin, least-load, session-hash,
 // approx-prefix, precise-prefix and warmpath.
 //
-// The package does no I/O and imports nothing else from warmpath. The gateway
-// gathers the inputs (fleet snapshot, session binding, prefix-index matches)
-// and calls [Policy.Route]; the offline analyzer calls the same code with
-// simulated replicas, so both measure one implementation.
+// The package does no I/O, reads no clock and imports nothing else from
+// warmpath. [Policy.Decide] is the whole routing decision: given an [Input]
+// (the replicas serving the model with their load and availability, the
+// session's [Binding], and, in a second phase, prefix matches) it returns a
+// [Plan]: candidates in order, the reason, why a session was rebound, the
+// predicted cached tokens per candidate, and the binding to remember. A
+// sticky turn whose replica is available, or a policy that needs no prefix
+// information, is decided in one call; otherwise the plan says
+// NeedsPrefix and the caller matches the prompt against its index and
+// calls again. Availability is judged in Decide alone: healthy to take
+// traffic; unsaturated (or every replica saturated) to take affinity
+// traffic; still holding its prefix to keep a sticky session. The
+// thresholds of saturation are [Saturation]'s.
+//
+// The gateway gathers the inputs from its fleet and Redis, calls Decide,
+// then does the I/O (tokenize, match, write the binding); the offline
+// analyzer (bench) calls the same Decide with its simulated replicas, so
+// both measure one implementation.
 //
 // # Scores
 //

@@ -13,10 +13,13 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/warmpath/warmpath/internal/testrun"
 )
 
 // fakeVLLM is an httptest server speaking the parts of vLLM's HTTP API the
@@ -144,20 +147,7 @@ func startFleet(t *testing.T, cfg Config) *Fleet {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- f.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run = %v; want nil", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Error("Run did not return after cancel")
-		}
-	})
+	testrun.Start(t, "fleet", f.Run)
 	return f
 }
 
@@ -179,16 +169,21 @@ func TestNewStartsNothing(t *testing.T) {
 	cfg := fastConfig(v.spec(""))
 	cfg.Discovery = []DNSSpec{{Name: "vllm.test", Port: 1}}
 	cfg.Resolver = res
-	if _, err := New(cfg); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(20 * time.Millisecond) // give a stray goroutine a chance to act
-	if n := v.hit("/health") + v.hit("/metrics") + res.calls.Load(); n != 0 {
-		t.Errorf("New sent %d requests or lookups; want 0", n)
-	}
-	if got := fleetGoroutines(); got != [3]int{} {
-		t.Errorf("after New: [health scrape dns] goroutines = %v; want none", got)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		if _, err := New(cfg); err != nil {
+			t.Fatal(err)
+		}
+		// Let a minute of fake time pass: any goroutine New started would
+		// have checked, scraped and resolved many times, then blocked.
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if n := v.hit("/health") + v.hit("/metrics") + res.calls.Load(); n != 0 {
+			t.Errorf("New sent %d requests or lookups; want 0", n)
+		}
+		if got := fleetGoroutines(); got != [3]int{} {
+			t.Errorf("after New: [health scrape dns] goroutines = %v; want none", got)
+		}
+	})
 }
 
 func TestHealthTransitions(t *testing.T) {
