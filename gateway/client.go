@@ -1,14 +1,9 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io"
-	"mime"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/warmpath/warmpath/gateway/fleet"
@@ -58,76 +53,3 @@ func (g *Gateway) Do(ctx context.Context, r *Request) (*http.Response, error) {
 	}
 	return g.account(x, resp)
 }
-
-// account attaches the stream filter and the accounting to a replica's
-// answer, and normalizes error bodies.
-func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, error) {
-	if g.cfg.Debug {
-		g.debugHeaders(resp.Header, x)
-	}
-	if resp.StatusCode >= 400 {
-		return g.upstreamError(x, resp)
-	}
-	var (
-		got  Usage
-		have bool
-	)
-	obs := observer{
-		firstByte: func() {
-			x.flight.FirstByte()
-			if x.req.stream {
-				g.m.ttft.WithLabelValues(x.req.model).Observe(time.Since(x.start).Seconds())
-			}
-		},
-		usage: func(u Usage) { got, have = u, true },
-		done: func(err error) {
-			x.flight.Done()
-			x.release(got)
-			if have {
-				g.m.account(g.tenant(x), x.req.model, got, x.predicted, g.cfg.Routing.BlockSize)
-				if err == nil {
-					g.rememberCompleted(x.route, x.replica.Spec.Name, got)
-				}
-			}
-			if err != nil && !errors.Is(err, context.Canceled) && resp.Request.Context().Err() == nil {
-				// The stream broke after the first byte: too late to
-				// retry, but the replica is suspect.
-				x.replica.ReportFailure(err)
-				g.m.upstreamErrors.WithLabelValues(x.replica.Spec.Name, "broken_body").Inc()
-			}
-		},
-	}
-	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
-	if mt == "text/event-stream" {
-		resp.Body = newSSEFilter(resp.Body, x.req.stream && !x.req.wantUsage, obs)
-		resp.Header.Del("Content-Length")
-		resp.ContentLength = -1
-	} else {
-		resp.Body = &jsonTap{src: resp.Body, obs: obs}
-	}
-	return resp, nil
-}
-
-// upstreamError reads a replica's error answer (bounded) and rewrites it
-// into OpenAI's envelope.
-func (g *Gateway) upstreamError(x *exchange, resp *http.Response) (*http.Response, error) {
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	resp.Body.Close()
-	x.flight.Done()
-	x.release(Usage{})
-	if err != nil {
-		return nil, fmt.Errorf("gateway: read upstream error: %w", err)
-	}
-	if fixed := normalizeErrorBody(resp.StatusCode, body); fixed != nil {
-		body = fixed
-		resp.Header.Set("Content-Type", "application/json")
-	}
-	resp.Body = io.NopCloser(bytes.NewReader(body))
-	resp.ContentLength = int64(len(body))
-	resp.Header.Set("Content-Length", strconv.Itoa(len(body)))
-	return resp, nil
-}
-
-// tenant labels accounting metrics; every request is the default tenant
-// until tenancy lands.
-func (g *Gateway) tenant(*exchange) string { return "default" }

@@ -21,7 +21,7 @@
 //	forward   forward.go   send to the plan's first candidate; on a
 //	                       failure before any byte (connect error, 5xx)
 //	                       retry once on the next
-//	account   client.go    SSE filter (usage learned, unasked usage chunk
+//	account   account.go   SSE filter (usage learned, unasked usage chunk
 //	                       dropped, errors normalized) or JSON tap; on the
 //	                       body's end: in-flight counts, metrics, the
 //	                       session's cached tokens, admission release
