@@ -25,6 +25,8 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 		got  Usage
 		have bool
 	)
+	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	stream := mt == "text/event-stream"
 	obs := observer{
 		firstByte: func() {
 			x.flight.FirstByte()
@@ -42,16 +44,19 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 					g.rememberCompleted(x.route, x.replica.Spec.Name, got)
 				}
 			}
-			if err != nil && !errors.Is(err, context.Canceled) && resp.Request.Context().Err() == nil {
-				// The stream broke after the first byte: too late to
-				// retry, but the replica is suspect.
+			if err != nil && !errors.Is(err, context.Canceled) && x.ctx.Err() == nil {
+				// The body broke after the first byte: too late to retry,
+				// but the replica is suspect. A stream was ended with an
+				// error event (sseFilter.end).
 				x.replica.ReportFailure(err)
 				g.m.upstreamErrors.WithLabelValues(x.replica.Spec.Name, "broken_body").Inc()
+				if stream {
+					g.m.streamsCut.WithLabelValues(cutReason(err)).Inc()
+				}
 			}
 		},
 	}
-	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
-	if mt == "text/event-stream" {
+	if stream {
 		resp.Body = newSSEFilter(resp.Body, x.req.stream && !x.req.wantUsage, obs)
 		resp.Header.Del("Content-Length")
 		resp.ContentLength = -1

@@ -14,6 +14,7 @@ import (
 // after route are written by one attempt at a time, then read by the
 // response path.
 type exchange struct {
+	ctx     context.Context // the caller's
 	req     *Request
 	start   time.Time
 	body    []byte // upstream body
@@ -34,7 +35,7 @@ type exchange struct {
 // close it. Errors before any response are *apierror.Error values (or
 // ctx's error). Do is the routed client every API surface uses.
 func (g *Gateway) Do(ctx context.Context, r *Request) (*http.Response, error) {
-	x := &exchange{req: r, start: time.Now()}
+	x := &exchange{ctx: ctx, req: r, start: time.Now()}
 	var err error
 	if x.body, err = r.upstreamBody(); err != nil {
 		return nil, fmt.Errorf("gateway: build upstream body: %w", err)

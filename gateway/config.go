@@ -44,6 +44,8 @@ type Config struct {
 	Routing RoutingConfig `yaml:"routing"`
 	// Health configures active health checks and metrics scraping.
 	Health HealthConfig `yaml:"health"`
+	// Upstream bounds every call to a replica.
+	Upstream UpstreamConfig `yaml:"upstream"`
 	// MaxBodyBytes bounds request bodies; default 32 MiB.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 	// Debug adds response headers naming the chosen replica and its score
@@ -123,8 +125,10 @@ type RoutingConfig struct {
 	// prefill at 15,000 tokens/s); negative disables a threshold. See
 	// scoring.Saturation.
 	scoring.Saturation `yaml:",inline"`
-	// TokenizeCacheSize bounds the cache of tokenized prompts; default 4096.
-	TokenizeCacheSize int `yaml:"tokenize_cache_size"`
+	// TokenizeCacheBytes bounds the cache of tokenized prompts by the
+	// bytes their token ids take (4 a token, plus about 100 an entry);
+	// default 256 MiB, about 16,000 prompts of 4,096 tokens.
+	TokenizeCacheBytes int64 `yaml:"tokenize_cache_bytes"`
 	// IndexMaxEntries bounds the precise index in (block, replica)
 	// entries; default blockindex.DefaultMaxEntries (16 Mi, about 0.8 GiB
 	// at the measured 48.7 bytes per entry; size a container's memory
@@ -142,6 +146,31 @@ type HealthConfig struct {
 	Failures       int           `yaml:"failures"`        // default fleet.DefaultFailureThreshold (3)
 	ScrapeInterval time.Duration `yaml:"scrape_interval"` // default fleet.DefaultScrapeInterval (250ms)
 	StaleAfter     time.Duration `yaml:"stale_after"`     // default fleet.DefaultStaleAfter (1s)
+}
+
+// UpstreamConfig bounds every call the gateway makes to a replica. A call
+// that fails before the first byte reaches the client (refused, timed out,
+// or left hanging on a replica the health checks mark down) is reported to
+// the replica's health and retried once on the next-best replica; a stream
+// that stalls after it started is ended with an error event.
+type UpstreamConfig struct {
+	// ConnectTimeout bounds dialing a replica; default 2s.
+	ConnectTimeout time.Duration `yaml:"connect_timeout"`
+	// HeaderTimeout bounds the wait for response headers; default 10m.
+	// A non-streaming answer's headers come with the whole answer, so it
+	// bounds the generation too. A request waiting on a replica that the
+	// health checks mark down is released at once, whatever this says.
+	HeaderTimeout time.Duration `yaml:"header_timeout"`
+	// FirstByteTimeout bounds a stream's wait from its headers to its
+	// first event (vLLM sends headers at once, then queues and
+	// prefills); default 10m.
+	FirstByteTimeout time.Duration `yaml:"first_byte_timeout"`
+	// IdleTimeout bounds the silence between a stream's events once it
+	// has started; default 2m.
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
+	// TokenizeTimeout bounds one /tokenize call; default 2s. A replica
+	// that times out is reported to health and the next one is asked.
+	TokenizeTimeout time.Duration `yaml:"tokenize_timeout"`
 }
 
 // SimConfig configures the embedded simulated fleet.
@@ -282,8 +311,8 @@ func (c Config) withDefaults() Config {
 	def(&r.SessionTTL, DefaultSessionTTL)
 	def(&r.SpeculativeTTL, 2*time.Second)
 	r.Saturation = r.Saturation.WithDefaults()
-	if r.TokenizeCacheSize == 0 {
-		r.TokenizeCacheSize = 4096
+	if r.TokenizeCacheBytes == 0 {
+		r.TokenizeCacheBytes = 256 << 20
 	}
 	if r.IndexMaxEntries == 0 {
 		r.IndexMaxEntries = blockindex.DefaultMaxEntries
@@ -294,6 +323,12 @@ func (c Config) withDefaults() Config {
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = 32 << 20
 	}
+	u := &c.Upstream
+	def(&u.ConnectTimeout, 2*time.Second)
+	def(&u.HeaderTimeout, 10*time.Minute)
+	def(&u.FirstByteTimeout, 10*time.Minute)
+	def(&u.IdleTimeout, 2*time.Minute)
+	def(&u.TokenizeTimeout, 2*time.Second)
 	if c.Sim.Replicas == 0 {
 		c.Sim.Replicas = 4
 	}
@@ -343,6 +378,9 @@ func (c *Config) validate() error {
 	} else if _, err := scoring.NewPolicy(c.Routing.Policy, c.Routing.Weights); err != nil {
 		bad("routing.weights", "%v", err)
 	}
+	if c.Routing.TokenizeCacheBytes < 0 {
+		bad("routing.tokenize_cache_bytes", "%d is negative", c.Routing.TokenizeCacheBytes)
+	}
 	if c.Routing.BlockSize < 1 || c.Routing.BlockSize > 4096 {
 		bad("routing.block_size", "%d is not in [1, 4096]", c.Routing.BlockSize)
 	}
@@ -354,6 +392,19 @@ func (c *Config) validate() error {
 	}
 	if c.MaxBodyBytes < 1024 {
 		bad("max_body_bytes", "%d is below 1024", c.MaxBodyBytes)
+	}
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{
+		{"upstream.connect_timeout", c.Upstream.ConnectTimeout}, {"upstream.header_timeout", c.Upstream.HeaderTimeout},
+		{"upstream.first_byte_timeout", c.Upstream.FirstByteTimeout}, {"upstream.idle_timeout", c.Upstream.IdleTimeout},
+		{"upstream.tokenize_timeout", c.Upstream.TokenizeTimeout}, {"health.interval", c.Health.Interval},
+		{"health.timeout", c.Health.Timeout}, {"health.scrape_interval", c.Health.ScrapeInterval}, {"health.stale_after", c.Health.StaleAfter},
+	} {
+		if d.v < 0 {
+			bad(d.field, "%v is negative", d.v)
+		}
 	}
 	if c.Health.Failures < 0 {
 		bad("health.failures", "%d is negative", c.Health.Failures)

@@ -1,12 +1,19 @@
 package gateway
 
 import (
+	"bufio"
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/warmpath/warmpath/internal/redistest"
@@ -156,4 +163,119 @@ func freePortOutsideEphemeral(t *testing.T) string {
 	}
 	t.Fatal("no free port below 32000")
 	return ""
+}
+
+// A replica that accepts connections but never answers (SIGSTOP, a wedged
+// engine) holds nobody: requests waiting on it are released the moment
+// health checks mark it down and retried elsewhere, its /tokenize calls
+// time out and count against it, and no request fails. The header timeout
+// here is an hour, so only the release can make this test pass.
+func TestHungReplicaReleasesRequests(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{Replicas: 4})
+	cfg := fleetConfig(sim)
+	cfg.Debug = true
+	cfg.Upstream = UpstreamConfig{HeaderTimeout: time.Hour, TokenizeTimeout: 300 * time.Millisecond}
+	rdb := redisFor(t, &cfg)
+	gw := startGateway(t, cfg, rdb)
+
+	convs := make([]*conversation, 8)
+	for i := range convs {
+		convs[i] = newConversation(words(fmt.Sprintf("hung%d", i), 200), "start")
+		convs[i].turn(t, gw.URL, "next")
+	}
+	victim := sim.Replicas()[0]
+	victim.SetFaults(vllmsim.Faults{Hang: true})
+	t.Cleanup(func() { victim.SetFaults(vllmsim.Faults{}) })
+	var mu sync.Mutex
+	var served []string
+	parallel(len(convs), func(i int) {
+		for range 3 {
+			r := convs[i].turn(t, gw.URL, "while one replica hangs")
+			mu.Lock()
+			served = append(served, r.replica())
+			mu.Unlock()
+		}
+	})
+	for _, name := range served {
+		if name == victim.Info().Name {
+			t.Errorf("a turn was answered by the hung replica")
+		}
+	}
+	released := counter(t, gw.reg, "warmpath_upstream_errors_total", map[string]string{"replica": victim.Info().Name, "kind": "replica_down"})
+	if gw.fleet.Replica(victim.Info().Name).State().Healthy {
+		t.Error("the hung replica is still healthy")
+	}
+	t.Logf("requests released from the hung replica: %v", released)
+}
+
+// A stream whose replica stalls after it started is ended by the idle
+// timeout with an error event that the OpenAI SDK raises (never a partial
+// answer returned as complete), and counted.
+func TestStalledStreamEndsWithErrorEvent(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{Replicas: 1, Speed: 1, StreamInterval: 20 * time.Millisecond})
+	cfg := fleetConfig(sim)
+	cfg.Upstream = UpstreamConfig{IdleTimeout: 300 * time.Millisecond}
+	rdb := redisFor(t, &cfg)
+	gw := startGateway(t, cfg, rdb)
+
+	client := openai.NewClient(option.WithBaseURL(gw.URL+"/v1"), option.WithAPIKey("x"), option.WithMaxRetries(0))
+	stream := client.Chat.Completions.NewStreaming(t.Context(), openai.ChatCompletionNewParams{
+		Model:     "qwen3-32b",
+		Messages:  []openai.ChatCompletionMessageParamUnion{openai.UserMessage(words("stall", 30))},
+		MaxTokens: openai.Int(400),
+	})
+	var chunks int
+	for stream.Next() {
+		if chunks++; chunks == 2 {
+			sim.Replicas()[0].SetFaults(vllmsim.Faults{Hang: true})
+		}
+	}
+	sim.Replicas()[0].SetFaults(vllmsim.Faults{})
+	err := stream.Err()
+	if err == nil || !strings.Contains(err.Error(), "idle_timeout") {
+		t.Fatalf("stream error = %v after %d chunks; want the idle-timeout error event", err, chunks)
+	}
+	if got := counter(t, gw.reg, "warmpath_streams_cut_total", map[string]string{"reason": "idle_timeout"}); got != 1 {
+		t.Errorf("warmpath_streams_cut_total{reason=idle_timeout} = %v; want 1", got)
+	}
+}
+
+// A stream cut by the replica dying mid-way ends with an error event and
+// [DONE] on the wire.
+func TestCutStreamEndsWithErrorEvent(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{Replicas: 1, Speed: 1, StreamInterval: 20 * time.Millisecond})
+	cfg := fleetConfig(sim)
+	rdb := redisFor(t, &cfg)
+	gw := startGateway(t, cfg, rdb)
+
+	body, _ := json.Marshal(map[string]any{"model": "qwen3-32b", "stream": true, "max_tokens": 400,
+		"messages": []msg{{"user", words("cut", 30)}}})
+	resp, err := http.Post(gw.URL+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	var events []string
+	for {
+		line, err := br.ReadString('\n')
+		if strings.HasPrefix(line, "data: ") {
+			events = append(events, strings.TrimSpace(strings.TrimPrefix(line, "data: ")))
+			if len(events) == 2 {
+				if err := sim.Replicas()[0].SetDown(true); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	n := len(events)
+	if n < 3 || events[n-1] != "[DONE]" || !strings.Contains(events[n-2], `"code":"upstream_error"`) {
+		t.Fatalf("stream ended with %q; want an upstream_error event, then [DONE]", events[max(0, n-2):])
+	}
+	if got := counter(t, gw.reg, "warmpath_streams_cut_total", nil); got != 1 {
+		t.Errorf("warmpath_streams_cut_total = %v; want 1", got)
+	}
 }

@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -11,7 +12,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
+	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/internal/apierror"
 )
 
@@ -41,7 +44,7 @@ func (g *Gateway) forward(ctx context.Context, x *exchange) (*http.Response, err
 		rep, predicted := x.route.candidate(i)
 		fl := rep.Begin(int64(max(0, x.route.plan.PromptTokens-predicted)))
 		x.attempts++
-		resp, err := g.upstream.RoundTrip(g.upstreamRequest(ctx, x, rep.URL().String()))
+		resp, err := g.attempt(ctx, x, rep)
 		if err == nil && !retryable(resp.StatusCode) {
 			rep.ReportSuccess()
 			x.replica, x.flight, x.predicted = rep, fl, predicted
@@ -57,7 +60,7 @@ func (g *Gateway) forward(ctx context.Context, x *exchange) (*http.Response, err
 			}
 			return nil, ctx.Err()
 		}
-		kind := "connect"
+		kind := failureKind(err)
 		if err == nil {
 			kind = "status_" + strconv.Itoa(resp.StatusCode)
 			lastErr = fmt.Errorf("replica %s answered %s", rep.Spec.Name, resp.Status)
@@ -83,6 +86,94 @@ func (g *Gateway) forward(ctx context.Context, x *exchange) (*http.Response, err
 		g.log.Info("retrying on next-best replica", "failed", rep.Spec.Name, "err", lastErr)
 	}
 	return nil, apierror.BadGateway(lastErr, "the upstream replica failed before answering; try again")
+}
+
+// Causes that end an attempt's context.
+var (
+	errHeaderTimeout = errors.New("no response headers within upstream.header_timeout")
+	errReplicaDown   = errors.New("the replica was marked down while the request waited")
+	errFirstByte     = errors.New("no first event within upstream.first_byte_timeout")
+	errIdle          = errors.New("no event within upstream.idle_timeout")
+)
+
+// failureKind labels a failed attempt in warmpath_upstream_errors_total.
+func failureKind(err error) string {
+	switch {
+	case errors.Is(err, errHeaderTimeout):
+		return "header_timeout"
+	case errors.Is(err, errReplicaDown):
+		return "replica_down"
+	}
+	return "connect"
+}
+
+// attempt sends one attempt to rep under its own context: it ends when the
+// client's does, when the headers take longer than header_timeout, or when
+// rep stops being healthy before answering (a hung replica releases its
+// requests as soon as health checks notice). Once the headers are in, the
+// body is watched for first_byte_timeout and idle_timeout, and the context
+// ends with the body.
+func (g *Gateway) attempt(ctx context.Context, x *exchange, rep *fleet.Replica) (*http.Response, error) {
+	actx, cancel := context.WithCancelCause(ctx)
+	timer := time.AfterFunc(g.cfg.Upstream.HeaderTimeout, func() { cancel(errHeaderTimeout) })
+	unwatch := context.AfterFunc(rep.Up(), func() { cancel(errReplicaDown) })
+	resp, err := g.upstream.RoundTrip(g.upstreamRequest(actx, x, rep.URL().String()))
+	timer.Stop()
+	unwatch()
+	if err != nil {
+		if cause := context.Cause(actx); ctx.Err() == nil && cause != nil && !errors.Is(cause, context.Canceled) {
+			err = cause
+		}
+		cancel(nil)
+		return nil, err
+	}
+	resp.Body = newWatchdog(resp.Body, actx, cancel, g.cfg.Upstream.FirstByteTimeout, g.cfg.Upstream.IdleTimeout)
+	return resp, nil
+}
+
+// watchdog bounds the silences of a response body: the first read that
+// returns data must come within first, each later one within idle of the
+// one before. When a bound passes it ends the attempt's context, so the
+// read in progress fails with the cause. Close ends the context too.
+type watchdog struct {
+	src    io.ReadCloser
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	timer  *time.Timer
+	idle   time.Duration
+	began  bool
+}
+
+func newWatchdog(src io.ReadCloser, ctx context.Context, cancel context.CancelCauseFunc, first, idle time.Duration) *watchdog {
+	w := &watchdog{src: src, ctx: ctx, cancel: cancel, idle: idle}
+	w.timer = time.AfterFunc(first, func() { cancel(errFirstByte) })
+	return w
+}
+
+func (w *watchdog) Read(p []byte) (int, error) {
+	n, err := w.src.Read(p)
+	if n > 0 {
+		if !w.began {
+			w.began = true
+			w.timer.Stop()
+			w.timer = time.AfterFunc(w.idle, func() { w.cancel(errIdle) })
+		} else {
+			w.timer.Reset(w.idle)
+		}
+	}
+	if err != nil && err != io.EOF {
+		if cause := context.Cause(w.ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+			err = fmt.Errorf("%w (%v)", cause, err) // not the context's Canceled: the client is still there
+		}
+	}
+	return n, err
+}
+
+func (w *watchdog) Close() error {
+	w.timer.Stop()
+	err := w.src.Close()
+	w.cancel(nil)
+	return err
 }
 
 // upstreamRequest builds one attempt's request to the replica at base: the

@@ -60,8 +60,9 @@ func FuzzParseRequest(f *testing.F) {
 
 // FuzzSSEFilter feeds arbitrary upstream streams through the SSE filter,
 // read in random-sized pieces: it must never panic, must report done
-// exactly once, and with usage dropping off must pass the bytes through
-// unchanged except for error events it rewrites.
+// exactly once, must end every stream with [DONE], and with usage dropping
+// off must pass the bytes through unchanged except for error events it
+// rewrites and the error event that ends a stream cut short.
 func FuzzSSEFilter(f *testing.F) {
 	for _, seed := range []string{
 		"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1,\"prompt_tokens_details\":{\"cached_tokens\":0}}}\n\ndata: [DONE]\n\n",
@@ -93,8 +94,16 @@ func FuzzSSEFilter(f *testing.F) {
 		if dones != 1 {
 			t.Fatalf("done called %d times", dones)
 		}
-		if !drop && !strings.Contains(stream, `"error"`) && out.String() != stream && len(stream) < maxEventBytes {
-			t.Fatalf("stream changed in transit:\nin  %q\nout %q", stream, out.String())
+		got := out.String()
+		if !strings.HasSuffix(got, "data: [DONE]\n\n") && !strings.HasSuffix(got, "data: [DONE]\r\n\r\n") && !strings.HasSuffix(got, "data:[DONE]\n\n") {
+			if sawDone := strings.Contains(got, "[DONE]"); !sawDone {
+				t.Fatalf("stream does not end with [DONE]: %q", got)
+			}
+		}
+		if !drop && !strings.Contains(stream, `"error"`) && len(stream) < maxEventBytes {
+			if rest, ok := strings.CutPrefix(got, stream); !ok || (rest != "" && !strings.Contains(rest, `"code":"upstream_error"`)) {
+				t.Fatalf("stream changed in transit:\nin  %q\nout %q", stream, got)
+			}
 		}
 	})
 }

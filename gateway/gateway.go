@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -63,8 +62,6 @@ type Gateway struct {
 	ln          net.Listener
 	srv         *http.Server
 	started     time.Time
-
-	tokenizeNext atomic.Uint64 // rotates tokenizer calls over replicas
 }
 
 // New builds a gateway from cfg: it fills defaults, validates (errors name
@@ -115,13 +112,13 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	}
 	g.upstream = &http.Transport{
 		Proxy:                 nil,
-		DialContext:           (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:           (&net.Dialer{Timeout: cfg.Upstream.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
 		MaxIdleConns:          4096,
 		MaxIdleConnsPerHost:   512,
 		IdleConnTimeout:       90 * time.Second,
 		ExpectContinueTimeout: time.Second,
 	}
-	g.tok = newTokenizer(&http.Client{Transport: g.upstream, Timeout: 10 * time.Second}, cfg.Routing.TokenizeCacheSize, g.m)
+	g.tok = newTokenizer(&http.Client{Transport: g.upstream, Timeout: cfg.Upstream.TokenizeTimeout}, cfg.Routing.TokenizeCacheBytes, g.m)
 	g.admit = o.Admitter
 	if g.admit == nil {
 		g.admit = admitAll{}

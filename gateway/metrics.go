@@ -25,6 +25,7 @@ type metrics struct {
 	retries         *prometheus.CounterVec // reason
 	upstreamErrors  *prometheus.CounterVec // replica, kind
 	redisErrors     *prometheus.CounterVec // op
+	streamsCut      *prometheus.CounterVec // reason
 	inflight        prometheus.Gauge
 
 	mu    sync.Mutex // guards fracs
@@ -84,6 +85,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		redisErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "warmpath_redis_errors_total", Help: "Redis operations that failed; routing went on without them.",
 		}, []string{"op"}),
+		streamsCut: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warmpath_streams_cut_total", Help: "Streams that ended before the replica finished them, by reason (upstream_error, idle_timeout, first_byte_timeout, truncated, event_too_large); each ended with an error event.",
+		}, []string{"reason"}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "warmpath_inflight_requests", Help: "Requests being proxied now.",
 		}),
@@ -91,7 +95,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	reg.MustRegister(m.requests, m.duration, m.ttft, m.promptTokens, m.cachedTokens, m.predictedTokens,
 		m.cachedFraction, m.mispredicted, m.mispredictedTok, m.decisions, m.rebinds, m.tokenizer,
-		m.tokenizeAvoided, m.retries, m.upstreamErrors, m.redisErrors, m.inflight)
+		m.tokenizeAvoided, m.retries, m.upstreamErrors, m.redisErrors, m.streamsCut, m.inflight)
 	return m
 }
 

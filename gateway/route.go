@@ -256,8 +256,7 @@ func (g *Gateway) stillHolds(rep *fleet.Replica, b session.Binding) bool {
 	return g.index.holds(rep.Spec.Name, b.TipKey)
 }
 
-// tokenize gets r's token ids from one of the available replicas, trying
-// a second one if the first fails.
+// tokenize gets r's token ids from the available replicas.
 func (g *Gateway) tokenize(ctx context.Context, r *Request, reps []*fleet.Replica, eps []scoring.Endpoint) ([]uint32, error) {
 	up := make([]*fleet.Replica, 0, len(reps))
 	for i, rep := range reps {
@@ -265,16 +264,7 @@ func (g *Gateway) tokenize(ctx context.Context, r *Request, reps []*fleet.Replic
 			up = append(up, rep)
 		}
 	}
-	var err error
-	start := int(g.tokenizeNext.Add(1))
-	for i := range min(2, len(up)) {
-		rep := up[(start+i)%len(up)]
-		var ids []uint32
-		if ids, err = g.tok.tokens(ctx, rep.Spec.URL, r); err == nil {
-			return ids, nil
-		}
-	}
-	return nil, err
+	return g.tok.tokens(ctx, r, up)
 }
 
 // debugHeaders names the chosen replica, the decision and each replica's

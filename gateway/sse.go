@@ -3,11 +3,14 @@ package gateway
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"sync"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/warmpath/warmpath/internal/apierror"
 )
 
 // Usage is what a replica reported for one request.
@@ -47,7 +50,9 @@ var errEventTooLarge = errors.New("gateway: upstream SSE event exceeds 8 MiB")
 // each event is released as soon as its terminating blank line arrives, so
 // nothing is held back. On the way it learns usage, drops the usage-only
 // chunk when the client did not ask for one, and rewrites vLLM's
-// mid-stream errors into OpenAI's envelope.
+// mid-stream errors into OpenAI's envelope. A stream that breaks, stalls
+// or ends without [DONE] is ended with an error event and [DONE] (see
+// end), so no client takes a partial answer for a whole one.
 type sseFilter struct {
 	src       io.ReadCloser
 	br        *bufio.Reader
@@ -57,7 +62,9 @@ type sseFilter struct {
 	event   []byte // lines of the event being read
 	out     []byte // processed bytes not yet returned
 	started bool
-	err     error
+	sawDone bool  // the [DONE] event went through
+	err     error // what Read returns once out is drained
+	cause   error // why the stream ended, for done (nil after [DONE])
 	once    sync.Once
 }
 
@@ -68,7 +75,7 @@ func newSSEFilter(src io.ReadCloser, dropUsage bool, obs observer) *sseFilter {
 func (f *sseFilter) Read(p []byte) (int, error) {
 	for len(f.out) == 0 {
 		if f.err != nil {
-			f.finish(f.err)
+			f.finish(f.cause)
 			return 0, f.err
 		}
 		f.readLine()
@@ -83,7 +90,8 @@ func (f *sseFilter) Read(p []byte) (int, error) {
 func (f *sseFilter) readLine() {
 	line, err := f.br.ReadSlice('\n')
 	if len(f.event)+len(line) > maxEventBytes {
-		f.err = errEventTooLarge
+		f.event = f.event[:0]
+		f.end(errEventTooLarge, false)
 		return
 	}
 	f.event = append(f.event, line...)
@@ -91,10 +99,12 @@ func (f *sseFilter) readLine() {
 	case errors.Is(err, bufio.ErrBufferFull):
 		return // the line continues
 	case err != nil:
-		// End of stream: release whatever is pending as is.
+		// End of stream: release whatever is pending as is (an event
+		// without its blank line, which end closes if it must add one).
+		open := len(f.event) > 0
 		f.out = append(f.out, f.event...)
 		f.event = f.event[:0]
-		f.err = err
+		f.end(err, open)
 		return
 	}
 	if len(bytes.TrimRight(line, "\r\n")) == 0 {
@@ -113,6 +123,7 @@ func (f *sseFilter) processEvent() {
 	}
 	data := sseData(ev)
 	if data == nil || bytes.Equal(data, []byte("[DONE]")) {
+		f.sawDone = f.sawDone || data != nil
 		f.out = append(f.out, ev...)
 		return
 	}
@@ -139,6 +150,57 @@ func (f *sseFilter) processEvent() {
 		}
 	}
 	f.out = append(f.out, ev...)
+}
+
+// errTruncated is the cause of a stream that ended without [DONE].
+var errTruncated = errors.New("gateway: upstream stream ended without [DONE]")
+
+// end records why the upstream stream ended. After [DONE] that is a clean
+// end; otherwise the replica broke, stalled past a timeout, or stopped
+// early, and the client gets an error event in OpenAI's envelope (the
+// shape the OpenAI SDKs raise as an APIError) and [DONE], then a clean
+// EOF. A client that went away gets nothing more.
+// open reports that the output ends inside an event.
+func (f *sseFilter) end(err error, open bool) {
+	f.err = io.EOF
+	switch {
+	case errors.Is(err, io.EOF) && f.sawDone:
+		return
+	case errors.Is(err, context.Canceled):
+		f.err, f.cause = err, err
+		return
+	case errors.Is(err, io.EOF):
+		err = errTruncated
+	}
+	f.cause = err
+	if open {
+		f.out = append(f.out, "\n\n"...) // close the event the replica left open
+	}
+	f.out = append(f.out, cutEvent(err)...)
+}
+
+// cutEvent is the error event and [DONE] that end a stream cut short.
+func cutEvent(cause error) []byte {
+	e := &apierror.Error{Type: apierror.TypeServer, Code: "upstream_error",
+		Msg: "The upstream replica stopped before the answer was complete (" + cutReason(cause) + "); the response is incomplete. Try again."}
+	out := append([]byte("data: "), e.Marshal()...)
+	return append(out, "\n\ndata: [DONE]\n\n"...)
+}
+
+// cutReason labels why a stream was cut, for warmpath_streams_cut_total
+// and the client's error message.
+func cutReason(cause error) string {
+	switch {
+	case errors.Is(cause, errIdle):
+		return "idle_timeout"
+	case errors.Is(cause, errFirstByte):
+		return "first_byte_timeout"
+	case errors.Is(cause, errTruncated):
+		return "truncated"
+	case errors.Is(cause, errEventTooLarge):
+		return "event_too_large"
+	}
+	return "upstream_error"
 }
 
 // sseData joins an event's data lines, or returns nil when it has none.

@@ -2,15 +2,22 @@ package gateway
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/cespare/xxhash/v2"
 	lru "github.com/hashicorp/golang-lru/v2"
+	"github.com/warmpath/warmpath/gateway/fleet"
 	"golang.org/x/sync/singleflight"
 )
 
@@ -18,26 +25,33 @@ import (
 // replica's POST /tokenize (vLLM serves it; so does the simulator), and
 // caches them by request body: agents often resend an identical prompt
 // (retries, parallel tool calls), and every replica tokenizes alike.
-// Concurrent requests for the same prompt share one call.
+// Concurrent requests for the same prompt share one call. Replicas whose
+// last call failed are asked last, and a replica that fails (refused,
+// timed out, 5xx) is reported to the fleet at once.
 type tokenizer struct {
 	client *http.Client
-	cache  *lru.Cache[uint64, []uint32] // safe for concurrent use
-	calls  singleflight.Group           // in-flight calls by body hash
+	cache  *tokenCache
+	calls  singleflight.Group // in-flight calls by body hash
 	m      *metrics
+	next   atomic.Uint64 // rotates calls over replicas
+	fails  sync.Map      // replica name → *atomic.Int64: Unix nanos of its last failed or refused call
 }
 
-func newTokenizer(client *http.Client, size int, m *metrics) *tokenizer {
-	c, _ := lru.New[uint64, []uint32](size) // errs only for a non-positive size
-	return &tokenizer{client: client, cache: c, m: m}
+func newTokenizer(client *http.Client, cacheBytes int64, m *metrics) *tokenizer {
+	return &tokenizer{client: client, cache: newTokenCache(cacheBytes), m: m}
 }
 
 // maxTokenizeResponse bounds a /tokenize reply (a 128k-token prompt is
 // under 1 MiB of JSON).
 const maxTokenizeResponse = 16 << 20
 
-// tokens returns r's prompt token ids, asking the replica at baseURL when
-// they are not cached.
-func (t *tokenizer) tokens(ctx context.Context, baseURL string, r *Request) ([]uint32, error) {
+// failMemory is how long a failed call sends a replica to the back of the
+// tokenizer's queue.
+const failMemory = 30 * time.Second
+
+// tokens returns r's prompt token ids, asking up to two of reps (healthy
+// replicas serving r's model) when they are not cached.
+func (t *tokenizer) tokens(ctx context.Context, r *Request, reps []*fleet.Replica) ([]uint32, error) {
 	if ids, ok := r.promptTokenIDs(); ok {
 		return ids, nil
 	}
@@ -46,21 +60,22 @@ func (t *tokenizer) tokens(ctx context.Context, baseURL string, r *Request) ([]u
 		return nil, fmt.Errorf("gateway: prompt cannot be tokenized")
 	}
 	key := xxhash.Sum64(body)
-	if ids, ok := t.cache.Get(key); ok {
+	if ids, ok := t.cache.get(key); ok {
 		t.m.tokenizer.WithLabelValues("cached").Inc()
 		return ids, nil
 	}
+	order := t.order(reps)
 	// The shared call outlives any one caller's cancellation (the client's
 	// timeout still bounds it); each caller waits only as long as its own
 	// context allows.
 	ch := t.calls.DoChan(strconv.FormatUint(key, 16), func() (any, error) {
-		ids, err := t.call(context.WithoutCancel(ctx), baseURL, body)
+		ids, err := t.ask(context.WithoutCancel(ctx), order, body)
 		if err != nil {
 			t.m.tokenizer.WithLabelValues("error").Inc()
 			return nil, err
 		}
 		t.m.tokenizer.WithLabelValues("ok").Inc()
-		t.cache.Add(key, ids)
+		t.cache.add(key, ids)
 		return ids, nil
 	})
 	select {
@@ -73,6 +88,63 @@ func (t *tokenizer) tokens(ctx context.Context, baseURL string, r *Request) ([]u
 		return res.Val.([]uint32), nil
 	}
 }
+
+// order lists reps for asking: those without a recent failure first,
+// rotating, then the rest by how long ago they failed.
+func (t *tokenizer) order(reps []*fleet.Replica) []*fleet.Replica {
+	n := len(reps)
+	start := int(t.next.Add(1))
+	now := time.Now().UnixNano()
+	out := make([]*fleet.Replica, 0, n)
+	var failed []*fleet.Replica
+	for i := range n {
+		rep := reps[(start+i)%n]
+		if now-t.lastFail(rep.Spec.Name) < int64(failMemory) {
+			failed = append(failed, rep)
+			continue
+		}
+		out = append(out, rep)
+	}
+	slices.SortFunc(failed, func(a, b *fleet.Replica) int { return cmp.Compare(t.lastFail(a.Spec.Name), t.lastFail(b.Spec.Name)) })
+	return append(out, failed...)
+}
+
+func (t *tokenizer) lastFail(name string) int64 {
+	if v, ok := t.fails.Load(name); ok {
+		return v.(*atomic.Int64).Load()
+	}
+	return 0
+}
+
+// ask tries the replicas of order in turn until one answers, two have
+// failed, or none is left. A replica that failed or refused is asked last
+// for a while (failMemory); one that failed (not one that refused the
+// prompt, or has no /tokenize) is also reported to the fleet.
+func (t *tokenizer) ask(ctx context.Context, order []*fleet.Replica, body []byte) ([]uint32, error) {
+	err := errors.New("gateway: no replica to tokenize with")
+	failures := 0
+	for _, rep := range order {
+		var ids []uint32
+		if ids, err = t.call(ctx, rep.URL().String(), body); err == nil {
+			return ids, nil
+		}
+		v, _ := t.fails.LoadOrStore(rep.Spec.Name, new(atomic.Int64))
+		v.(*atomic.Int64).Store(time.Now().UnixNano())
+		if errors.Is(err, errTokenizeRefused) {
+			continue
+		}
+		rep.ReportFailure(err)
+		if failures++; failures == 2 {
+			break
+		}
+	}
+	return nil, err
+}
+
+// errTokenizeRefused marks a 4xx from /tokenize: the replica is up but
+// will not tokenize this prompt (or has no /tokenize), which says nothing
+// about its health.
+var errTokenizeRefused = errors.New("gateway: tokenize refused")
 
 func (t *tokenizer) call(ctx context.Context, baseURL string, body []byte) ([]uint32, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL+"/tokenize", bytes.NewReader(body))
@@ -87,7 +159,11 @@ func (t *tokenizer) call(ctx context.Context, baseURL string, body []byte) ([]ui
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return nil, fmt.Errorf("gateway: tokenize at %s: status %d: %s", baseURL, resp.StatusCode, bytes.TrimSpace(msg))
+		err := fmt.Errorf("gateway: tokenize at %s: status %d: %s", baseURL, resp.StatusCode, bytes.TrimSpace(msg))
+		if resp.StatusCode < 500 {
+			err = fmt.Errorf("%w: %w", errTokenizeRefused, err)
+		}
+		return nil, err
 	}
 	var out struct {
 		Tokens []uint32 `json:"tokens"`
@@ -96,4 +172,46 @@ func (t *tokenizer) call(ctx context.Context, baseURL string, body []byte) ([]ui
 		return nil, fmt.Errorf("gateway: tokenize at %s: decode: %w", baseURL, err)
 	}
 	return out.Tokens, nil
+}
+
+// tokenCache is an LRU of tokenized prompts bounded by the bytes its token
+// ids take, not by entries: a 16k-token prompt weighs 64 KiB, a short one
+// almost nothing. It is safe for concurrent use.
+type tokenCache struct {
+	lru    *lru.Cache[uint64, []uint32]
+	budget int64
+	bytes  atomic.Int64
+}
+
+// entryOverhead approximates an entry's bookkeeping (list element, map
+// slot, slice header).
+const entryOverhead = 96
+
+func newTokenCache(budget int64) *tokenCache {
+	c := &tokenCache{budget: budget}
+	// The entry bound only backs up the byte budget.
+	c.lru, _ = lru.NewWithEvict(1<<22, func(_ uint64, ids []uint32) { c.bytes.Add(-weight(ids)) })
+	return c
+}
+
+func weight(ids []uint32) int64 { return int64(4*len(ids) + entryOverhead) }
+
+func (c *tokenCache) get(key uint64) ([]uint32, bool) { return c.lru.Get(key) }
+
+// add caches ids, evicting the least recently used prompts until the cache
+// is within its budget. A prompt larger than the whole budget is not kept.
+func (c *tokenCache) add(key uint64, ids []uint32) {
+	if weight(ids) > c.budget {
+		return
+	}
+	if c.lru.Contains(key) {
+		return
+	}
+	c.bytes.Add(weight(ids))
+	c.lru.Add(key, ids)
+	for c.bytes.Load() > c.budget {
+		if _, _, ok := c.lru.RemoveOldest(); !ok {
+			break
+		}
+	}
 }

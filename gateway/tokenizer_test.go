@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -12,6 +14,8 @@ import (
 	"testing/synctest"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/warmpath/warmpath/gateway/fleet"
 )
 
 type roundTripFunc func(*http.Request) (*http.Response, error)
@@ -29,7 +33,8 @@ func TestTokenizerSharesConcurrentCalls(t *testing.T) {
 			<-release
 			return &http.Response{StatusCode: http.StatusOK, Body: io.NopCloser(strings.NewReader(`{"tokens":[7,8,9]}`))}, nil
 		})}
-		tok := newTokenizer(client, 16, newMetrics(prometheus.NewRegistry()))
+		tok := newTokenizer(client, 1<<20, newMetrics(prometheus.NewRegistry()))
+		reps := testReplicas(t, "http://r:8000")
 		req, err := ParseRequest(APIChat, http.Header{}, []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`), "")
 		if err != nil {
 			t.Fatal(err)
@@ -38,7 +43,7 @@ func TestTokenizerSharesConcurrentCalls(t *testing.T) {
 		got := make([][]uint32, 6)
 		for i := range got {
 			wg.Go(func() {
-				ids, err := tok.tokens(context.Background(), "http://r", req)
+				ids, err := tok.tokens(context.Background(), req, reps)
 				if err != nil {
 					t.Error(err)
 				}
@@ -48,7 +53,7 @@ func TestTokenizerSharesConcurrentCalls(t *testing.T) {
 		gone, cancel := context.WithCancel(context.Background())
 		quit := make(chan error, 1)
 		go func() {
-			_, err := tok.tokens(gone, "http://r", req)
+			_, err := tok.tokens(gone, req, reps)
 			quit <- err
 		}()
 		synctest.Wait() // every caller waits on the one call in flight
@@ -66,8 +71,90 @@ func TestTokenizerSharesConcurrentCalls(t *testing.T) {
 				t.Errorf("caller %d got %v", i, ids)
 			}
 		}
-		if ids, _ := tok.tokens(context.Background(), "http://r", req); !slices.Equal(ids, []uint32{7, 8, 9}) || calls.Load() != 1 {
+		if ids, _ := tok.tokens(context.Background(), req, reps); !slices.Equal(ids, []uint32{7, 8, 9}) || calls.Load() != 1 {
 			t.Errorf("after the call: %v with %d calls; want the cached ids", ids, calls.Load())
 		}
 	})
+}
+
+// testReplicas returns fleet members for urls (the fleet is not run).
+func testReplicas(t *testing.T, urls ...string) []*fleet.Replica {
+	t.Helper()
+	var specs []fleet.ReplicaSpec
+	for _, u := range urls {
+		specs = append(specs, fleet.ReplicaSpec{URL: u, Model: "m"})
+	}
+	f, err := fleet.New(fleet.Config{Replicas: specs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f.Snapshot().Replicas
+}
+
+// The cache is bounded by the bytes of the token ids it holds: long
+// prompts evict the least recently used ones, and a prompt larger than
+// the budget is not kept.
+func TestTokenCacheBytes(t *testing.T) {
+	c := newTokenCache(10 * weight(make([]uint32, 1000)))
+	for k := range uint64(25) {
+		c.add(k, make([]uint32, 1000))
+		if b := c.bytes.Load(); b > c.budget {
+			t.Fatalf("after %d adds: %d bytes > budget %d", k+1, b, c.budget)
+		}
+	}
+	if _, ok := c.get(0); ok {
+		t.Error("the oldest prompt survived")
+	}
+	if _, ok := c.get(24); !ok {
+		t.Error("the newest prompt was evicted")
+	}
+	if n := c.lru.Len(); n != 10 {
+		t.Errorf("%d prompts cached; want 10", n)
+	}
+	c.add(99, make([]uint32, 100_000))
+	if _, ok := c.get(99); ok {
+		t.Error("a prompt larger than the budget was cached")
+	}
+}
+
+// A replica whose /tokenize fails is reported to the fleet and asked last
+// afterwards; one that refuses a prompt (4xx) is neither.
+func TestTokenizerAvoidsFailingReplicas(t *testing.T) {
+	var hits sync.Map
+	client := &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		v, _ := hits.LoadOrStore(r.URL.Host, new(atomic.Int32))
+		v.(*atomic.Int32).Add(1)
+		switch r.URL.Host {
+		case "bad:8000":
+			return nil, errors.New("connection reset")
+		case "no:8000":
+			return &http.Response{StatusCode: http.StatusNotFound, Body: io.NopCloser(strings.NewReader("no"))}, nil
+		}
+		return &http.Response{StatusCode: http.StatusOK, Body: io.NopCloser(strings.NewReader(`{"tokens":[1]}`))}, nil
+	})}
+	tok := newTokenizer(client, 1<<20, newMetrics(prometheus.NewRegistry()))
+	reps := testReplicas(t, "http://bad:8000", "http://good:8000", "http://no:8000")
+	for i := range 12 {
+		body := fmt.Appendf(nil, `{"model":"m","messages":[{"role":"user","content":"p%d"}]}`, i)
+		req, _ := ParseRequest(APIChat, http.Header{}, body, "")
+		if _, err := tok.tokens(context.Background(), req, reps); err != nil && !errors.Is(err, errTokenizeRefused) {
+			t.Fatalf("prompt %d: %v", i, err)
+		}
+	}
+	count := func(host string) int32 {
+		v, _ := hits.LoadOrStore(host, new(atomic.Int32))
+		return v.(*atomic.Int32).Load()
+	}
+	if n := count("bad:8000"); n != 1 {
+		t.Errorf("the failing replica was asked %d times; want once, then last", n)
+	}
+	if !strings.Contains(reps[0].State().HealthReason, "connection reset") {
+		t.Errorf("failure not reported to health: %q", reps[0].State().HealthReason)
+	}
+	if n := count("no:8000"); n != 1 {
+		t.Errorf("the replica without /tokenize was asked %d times; want once, then last", n)
+	}
+	if reps[2].State().HealthReason != reps[1].State().HealthReason {
+		t.Errorf("a 404 from /tokenize was reported to health: %q", reps[2].State().HealthReason)
+	}
 }

@@ -319,6 +319,9 @@ func (f *Fleet) publishLocked() {
 			r.cancel = nil
 		}
 		close(r.removed)
+		if e := r.up.Swap(nil); e != nil {
+			e.cancel() // a member no more: its requests are released too
+		}
 	}
 	for _, r := range added {
 		f.startLocked(r)

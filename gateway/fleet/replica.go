@@ -107,8 +107,35 @@ type Replica struct {
 
 	removed chan struct{} // closed when the replica leaves the fleet
 
+	up atomic.Pointer[upEpoch] // the current healthy period; see Up
+
 	// cancel stops the replica's goroutines; guarded by Fleet.mu.
 	cancel context.CancelFunc
+}
+
+// upEpoch is one period during which a replica is healthy: ctx ends when
+// the period does.
+type upEpoch struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// downEpoch is the epoch of a replica that is not healthy: already ended.
+var downEpoch = func() *upEpoch {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return &upEpoch{ctx, cancel}
+}()
+
+// Up returns a context that ends when the replica stops being healthy (at
+// once if it is not healthy now). Requests waiting on the replica tie
+// their attempts to it (context.AfterFunc), so a replica that hangs
+// releases them for a retry elsewhere as soon as health checks notice.
+func (r *Replica) Up() context.Context {
+	if e := r.up.Load(); e != nil {
+		return e.ctx
+	}
+	return downEpoch.ctx
 }
 
 // newReplica returns a pending replica for the normalized spec s.
@@ -221,6 +248,8 @@ func (r *Replica) activeResult(now time.Time, err error) (recovered bool) {
 	}
 	r.passes = 0
 	r.everHealthy = true
+	ctx, cancel := context.WithCancel(context.Background())
+	r.up.Store(&upEpoch{ctx, cancel})
 	r.update(func(s *State) {
 		s.Healthy, s.HealthReason, s.LastCheck = true, "ok", now
 	})
@@ -247,6 +276,9 @@ func (r *Replica) failLocked(reason string, now time.Time) {
 	})
 	switch {
 	case flip:
+		if e := r.up.Swap(nil); e != nil {
+			e.cancel()
+		}
 		r.toUnhealthy.Add(1)
 		r.logger().Warn("fleet: replica unhealthy", "reason", reason, "failures", r.fails)
 	case !r.everHealthy && r.fails == r.conf().FailureThreshold:

@@ -268,3 +268,30 @@ func TestSetModelsSortsAndDedups(t *testing.T) {
 		t.Errorf("Models = %s; want a,b", got)
 	}
 }
+
+// Up ends when the replica turns unhealthy, and a new one starts when it
+// recovers.
+func TestUpContext(t *testing.T) {
+	r := testReplica(t, nil)
+	if r.Up().Err() == nil {
+		t.Fatal("pending replica: Up is live")
+	}
+	t0 := time.Unix(1000, 0)
+	r.activeResult(t0, nil)
+	up := r.Up()
+	if up.Err() != nil {
+		t.Fatal("healthy replica: Up has ended")
+	}
+	for range DefaultFailureThreshold {
+		r.ReportFailure(errors.New("hung"))
+	}
+	if up.Err() == nil || r.Up().Err() == nil {
+		t.Error("unhealthy replica: Up still live")
+	}
+	for range DefaultRecoveryThreshold {
+		r.activeResult(t0, nil)
+	}
+	if r.Up().Err() != nil || r.Up() == up {
+		t.Error("recovered replica: want a new live Up")
+	}
+}
