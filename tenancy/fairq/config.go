@@ -13,10 +13,9 @@ const (
 	// token counters, and turn priority then least attained service within
 	// a tenant.
 	PolicyFair = "fair"
-	// PolicyStrict is the baseline of strict priority: interactive before
-	// background (still with the background share, unless it is
-	// negative), first come first served within a class, no tenant
-	// fairness.
+	// PolicyStrict is the strict-priority baseline: interactive strictly
+	// before background (BackgroundShare is ignored), first come first
+	// served within a class, no tenant fairness.
 	PolicyStrict = "strict"
 )
 
@@ -45,8 +44,8 @@ type Config struct {
 	Policy string
 	// BackgroundShare is the fraction of the dispatches made while both
 	// classes wait for a model that go to Background, so background work
-	// always progresses; default 0.1. A negative value means 0: strict
-	// priority, background only when no interactive request waits.
+	// always progresses; default 0.1. A negative value means 0: background
+	// only when no interactive request waits. PolicyStrict ignores it.
 	BackgroundShare float64
 	// MaxQueued bounds the requests waiting, over all models and tenants;
 	// default 5000. Past it Admit answers 429.
@@ -162,6 +161,9 @@ func (c Config) withDefaults() (Config, error) {
 		if *f.p < 0 {
 			return c, fmt.Errorf("fairq: %s: negative duration %v", f.name, *f.p)
 		}
+	}
+	if c.Policy == PolicyStrict {
+		c.BackgroundShare = 0
 	}
 	if c.Label == nil {
 		c.Label = func(t string) string { return t }

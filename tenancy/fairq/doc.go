@@ -14,58 +14,65 @@
 //
 // # Queueing model
 //
-// Each model has its own queue. A dispatch takes the first request of the
-// following order, whenever [Capacity] says the model can take one:
+// Each model has its own queue. Whenever [Capacity] says the model can take
+// a request, the queue dispatches the first one of this order: class, then
+// tenant, then the tenant's own turns.
 //
-//  1. Class. Interactive goes before Background, except that every
-//     dispatch made while both classes wait earns Background a credit of
-//     s = Config.BackgroundShare (default 0.1), and a credit of 1 buys a
-//     Background dispatch. So under sustained interactive load Background
-//     still gets a share s of the dispatches and always progresses; credit
-//     is only earned while Background waits, so none is banked.
+// Class. Interactive goes before Background, except that every dispatch
+// made while both classes wait earns Background a credit of
+// s = Config.BackgroundShare (default 0.1), and a credit of 1 buys a
+// Background dispatch:
 //
-//  2. Tenant: weighted fair sharing by virtual token counters, as in VTC
-//     (Sheng et al., "Fairness in Serving Large Language Models", OSDI '24).
-//     Tenant i of weight w_i has a counter c_i per model, charged
+//	credit += s;  if credit ≥ 1 { credit −= 1; dispatch Background } else { dispatch Interactive }
 //
-//     c_i += (prompt − predicted cache hit) / w_i   at dispatch ([Ticket].Cost)
-//     c_i += o · output / w_i                       as output arrives ([Grant.Charge])
+// So under sustained interactive load Background still gets the share s of
+// the dispatches and always progresses; credit is only earned while
+// Background waits, so none is banked.
 //
-//     where o = Config.OutputWeight (default 2; VTC's w_q/w_p). The class
-//     queue's tenant with the least counter goes first. When a tenant starts
-//     waiting (it had nothing queued for the model) its counter is lifted:
+// Tenant: weighted fair sharing by virtual token counters, as in VTC (Sheng
+// et al., "Fairness in Serving Large Language Models", OSDI '24). Tenant i
+// of weight w_i has one counter c_i per model, charged
 //
-//     c_i = max(c_i, min{c_j : j waits})   or, when nobody waits, max(c_i, c_last)
+//	c_i += (prompt − predicted cache hit) / w_i    at dispatch (Ticket.Cost, corrected by Grant.Settle)
+//	c_i += o × output / w_i                        as output arrives (Grant.Charge)
 //
-//     where c_last is the counter of the tenant dispatched last (before its
-//     charge), so idle time is not banked: a tenant returning from idle
-//     competes from the present, not from its past. VTC bounds the service
-//     difference between two continuously waiting tenants by a constant
-//     (a small multiple of the largest request's cost), so over a
-//     saturated period each tenant's share of service approaches
-//     w_i / Σ w_j over the tenants that wait. One counter per tenant serves
-//     both classes: a tenant's background service counts against its
-//     interactive turns too.
+// with o = Config.OutputWeight (default 2, VTC's w_q/w_p). Within the chosen
+// class, the waiting tenant with the least counter goes first. When a tenant
+// starts waiting (it had nothing queued for the model) its counter is
+// lifted, as VTC lifts a newly active client:
 //
-//  3. Within a tenant and class: turns of sessions in progress
-//     (Ticket.Turn > 0) before first turns (and requests without a
-//     session), since finishing started runs frees their cache; then least
-//     attained service, aged so a long session is not starved:
+//	c_i = max(c_i, min{c_j : j waits})      or, when nobody waits,   c_i = max(c_i, c_last)
 //
-//     key = Attained − a · waited = (Attained + a · t_enqueue) − a · now
+// where c_last is the counter of the tenant dispatched last (before its
+// charge). Idle time is therefore not banked: a tenant returning from idle
+// competes from the present, not from its past. VTC bounds the service
+// difference between two continuously waiting tenants by a constant that
+// does not grow with the length of the period, so over a saturated period
+// tenant i's share of service tends to w_i / Σ_j w_j over the tenants that
+// wait. One counter serves both classes: a tenant's background service
+// counts against its interactive turns too.
 //
-//     smallest first, with a = Config.AgeCredit tokens per second (default
-//     1000); the part in parentheses is fixed at enqueue, so the order is a
-//     heap. Ties go by arrival.
+// Within a tenant and class: turns of sessions in progress (Ticket.Turn >
+// 0) go before first turns and requests without a session, since finishing
+// started runs frees their cache; then least attained service, aged so that
+// a long session is not starved by a stream of short ones:
 //
-// PolicyStrict keeps step 1 and replaces steps 2 and 3 by arrival order:
-// the strict-priority baseline.
+//	key = Attained − a × waited = (Attained + a × t_enqueue) − a × now,   smallest first
 //
-// "Saturated" is the gateway's judgement per model ([Capacity]); the queue
-// passes the number of its grants still running so that grants made a
-// moment ago, not yet visible in scraped metrics, can be bounded. A
-// dispatch is attempted when a request waits, when a grant is Done, on
-// [Queue.Kick] and every Config.RecheckInterval.
+// with a = Config.AgeCredit tokens per second (default 1000). The part in
+// parentheses is fixed at enqueue, so the order is a heap. Ties go by
+// arrival.
+//
+// PolicyStrict is the strict-priority baseline: Interactive strictly before
+// Background (no background share), arrival order within a class, no
+// tenant fairness.
+//
+// Saturation is the gateway's judgement per model ([Capacity]); the queue
+// passes the number of its grants still running, so that grants made a
+// moment ago, not yet visible in scraped metrics, can be bounded. A dispatch
+// is attempted when a request starts waiting, when a grant is Done, on
+// [Queue.Kick] and every Config.RecheckInterval, so no request waits while
+// Capacity reports room.
 //
 // # Bounds
 //

@@ -113,10 +113,11 @@ func TestLeastAttainedFirst(t *testing.T) {
 // interactive load, and gets no more than that.
 func TestBackgroundNotStarved(t *testing.T) {
 	for _, tt := range []struct {
+		policy string
 		share  float64
 		wantBg int // of 1000 dispatches
-	}{{0, 100}, {0.25, 250}, {-1, 0}} {
-		q, _ := newTestQueue(t, Config{BackgroundShare: tt.share}, newCap(1), nil)
+	}{{PolicyFair, 0, 100}, {PolicyFair, 0.25, 250}, {PolicyFair, -1, 0}, {PolicyStrict, 0, 0}, {PolicyStrict, 0.5, 0}} {
+		q, _ := newTestQueue(t, Config{Policy: tt.policy, BackgroundShare: tt.share}, newCap(1), nil)
 		s := newStepper(t, grantNow(t, q, Ticket{Tenant: "chat", Model: "m"}))
 		inter := Ticket{Tenant: "chat", Model: "m", Class: Interactive, Cost: 50}
 		bg := Ticket{Tenant: "agents", Model: "m", Class: Background, Cost: 50}
@@ -132,7 +133,7 @@ func TestBackgroundNotStarved(t *testing.T) {
 			s.add(enqueue(t, q, tk)) // sustained load of both classes
 		}
 		if nbg != tt.wantBg {
-			t.Errorf("share %v: background got %d of 1000 dispatches; want %d", tt.share, nbg, tt.wantBg)
+			t.Errorf("%s, share %v: background got %d of 1000 dispatches; want %d", tt.policy, tt.share, nbg, tt.wantBg)
 		}
 	}
 }
