@@ -77,7 +77,6 @@ func (g *Grant) Done() {
 	m.mu.Lock()
 	m.running--
 	g.c.inflight--
-	m.inflight.Dec()
 	if m.queued > 0 {
 		g.q.dispatchLocked(m)
 	}

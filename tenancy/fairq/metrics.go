@@ -63,7 +63,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "warmpath_queue_service_total", Help: "Service charged to virtual token counters, in tokens: prompt tokens net of predicted cache hits, plus output_weight × output tokens (before dividing by the tenant's weight).",
 		}, tc),
 		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "warmpath_queue_inflight", Help: "Admitted requests not finished, per model.",
+			Name: "warmpath_queue_inflight", Help: "Admitted requests not finished, per model (updated every recheck interval).",
 		}, []string{"model"}),
 		saturated: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "warmpath_queue_saturated_seconds_total", Help: "Time requests for the model waited in the queue because its replicas were saturated.",

@@ -256,7 +256,6 @@ func (q *Queue) grantLocked(m *model, g *Grant, c *counter, ten *tenant, t Ticke
 	c.charge(t.Cost / t.Weight)
 	c.inflight++
 	m.running++
-	m.inflight.Inc()
 	g.q, g.m, g.c, g.ten = q, m, c, ten
 	g.class, g.weight, g.cost = t.Class, t.Weight, t.Cost
 	if t.Cost > 0 {

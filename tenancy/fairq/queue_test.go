@@ -3,6 +3,7 @@ package fairq
 import (
 	"math"
 	"testing"
+	"time"
 )
 
 func TestFastPathAndQueue(t *testing.T) {
@@ -25,6 +26,7 @@ func TestFastPathAndQueue(t *testing.T) {
 	if got := enqueue(t, q, tk); ready(got) {
 		t.Fatal("a second Done freed capacity twice")
 	}
+	q.accountSaturated(time.Now())
 	if m := metricValue(t, q.met.inflight.WithLabelValues("m")); m != 2 {
 		t.Errorf("inflight gauge = %v; want 2", m)
 	}

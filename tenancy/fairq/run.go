@@ -47,10 +47,12 @@ func (q *Queue) Run(ctx context.Context) error {
 }
 
 // accountSaturated adds the time models have had requests waiting so far,
-// so the counter advances during a long saturation too.
+// so the counter advances during a long saturation too, and publishes the
+// in-flight gauges (kept off the request path).
 func (q *Queue) accountSaturated(now time.Time) {
 	for _, m := range q.models.snapshot() {
 		m.mu.Lock()
+		m.inflight.Set(float64(m.running))
 		if m.queued > 0 && now.After(m.backlogSince) {
 			m.satTotal.Add(now.Sub(m.backlogSince).Seconds())
 			m.backlogSince = now
