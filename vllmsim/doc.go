@@ -112,8 +112,9 @@
 // needs free blocks for the uncached part of the chunk; a request that
 // does not fit waits at the head of the queue. When a running sequence
 // needs a block and none is free, the newest running sequence (lowest
-// priority under "priority") is preempted and later recomputed, as vLLM's
-// recompute preemption. A sequence whose tokens are all computed samples
+// priority, then newest, under "priority") is preempted and later
+// recomputed, as vLLM's recompute preemption; a sequence that has to
+// preempt itself ends the step's pass over running sequences, as in vLLM. A sequence whose tokens are all computed samples
 // its next token at the end of the step.
 //
 // The step's simulated duration is

@@ -404,8 +404,9 @@ func (e *engine) schedule() (time.Duration, uint64) {
 			}
 		}
 		if !ok {
-			i--
-			continue
+			// s preempted itself: nothing else can be preempted for it, and,
+			// as vLLM's scheduler does, the running loop stops here.
+			break
 		}
 		e.sched = append(e.sched, scheduled{s, n})
 		budget -= n

@@ -477,3 +477,52 @@ func TestEngineRequestOutgrowsCache(t *testing.T) {
 	// The engine still serves requests that fit.
 	submitWait(t, e, newTestSeq(words("small", 10), 5, ""))
 }
+
+// Under priority scheduling a running sequence that must preempt and is
+// itself the lowest-priority one is preempted, and the step schedules no
+// running sequence after it: vLLM's scheduler stops its running loop there
+// ("if new_blocks is None: break") rather than go on with the rest.
+func TestEnginePrioritySelfPreemptionEndsRunningLoop(t *testing.T) {
+	p := testProfile()
+	p.KVBlocks = 7 // room for three sequences of two blocks, plus one
+	e := newTestEngine(p, &recordSink{}, true)
+	a := newTestSeq(words("a", 16), 100, "")
+	low := newTestSeq(words("l", 16), 100, "")
+	low.priority = 5
+	h := newTestSeq(words("h", 16), 100, "")
+	step := func(check func()) {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		e.drainInbox()
+		e.schedule()
+		if check != nil {
+			check()
+		}
+		e.apply()
+	}
+	e.submit(a)
+	e.submit(low)
+	step(nil)
+	e.submit(h) // admitted after low: running is [a, low, h]
+	seen := false
+	for range 100 {
+		wasRunning := low.state == seqRunning
+		step(func() {
+			if !wasRunning || low.state != seqWaiting {
+				return
+			}
+			seen = true
+			for _, sc := range e.sched {
+				if sc.s == h {
+					t.Error("a running sequence after the self-preempted one was scheduled in the same step")
+				}
+			}
+		})
+		if seen {
+			break
+		}
+	}
+	if !seen {
+		t.Fatal("the lowest-priority sequence never preempted itself; the scenario is broken")
+	}
+}
