@@ -389,9 +389,10 @@ func (a *Admin) keyOf(r *http.Request, tenant, key string) bool {
 }
 
 // usageRange parses the usage query: from and to are RFC 3339 (default the
-// last 24h), step a Go duration (default 1h).
+// last 24h, the current minute included), step a Go duration (default 1h).
 func usageRange(fromS, toS, stepS string, now time.Time) (from, to time.Time, step time.Duration, err error) {
-	to, from, step = now, now.Add(-24*time.Hour), time.Hour
+	to = now.Truncate(time.Minute).Add(time.Minute)
+	from, step = to.Add(-24*time.Hour), time.Hour
 	parse := func(s, param string, dst *time.Time) error {
 		if s == "" {
 			return nil

@@ -101,35 +101,35 @@ func (a *Authenticator) Authenticate(ctx context.Context, h http.Header) (*Princ
 }
 
 func (a *Authenticator) byKey(ctx context.Context, id, secret string) (*Principal, error) {
-	k, err := a.store.lookupKey(ctx, id)
+	now := a.now()
+	k, err := a.store.lookupKey(ctx, id, now)
 	if err != nil {
 		return nil, a.lookupErr(err)
 	}
 	if !secretMatches(secret, k.Hash) || k.Imported {
 		return nil, errUnauthorized(errors.New("wrong secret"))
 	}
-	return a.forKey(ctx, k)
+	return a.forKey(ctx, k, now)
 }
 
 func (a *Authenticator) byImported(ctx context.Context, tok string) (*Principal, error) {
-	h := hashSecret(tok)
-	k, err := a.store.lookupHash(ctx, h)
+	now := a.now()
+	k, err := a.store.lookupHash(ctx, hashSecret(tok), now)
 	if err != nil {
 		return nil, a.lookupErr(err)
 	}
 	if !k.Imported || !secretMatches(tok, k.Hash) {
 		return nil, errUnauthorized(errors.New("hash index mismatch"))
 	}
-	return a.forKey(ctx, k)
+	return a.forKey(ctx, k, now)
 }
 
 // forKey checks the key's state and its tenant's, and builds the principal.
-func (a *Authenticator) forKey(ctx context.Context, k *Key) (*Principal, error) {
-	now := a.now()
+func (a *Authenticator) forKey(ctx context.Context, k *Key, now time.Time) (*Principal, error) {
 	if !k.active(now) {
 		return nil, errUnauthorized(errors.New("key revoked or expired"))
 	}
-	t, err := a.store.lookupTenant(ctx, k.Tenant)
+	t, err := a.store.lookupTenant(ctx, k.Tenant, now)
 	if err != nil {
 		return nil, a.lookupErr(err)
 	}
@@ -147,7 +147,7 @@ func (a *Authenticator) byJWT(ctx context.Context, tok string) (*Principal, erro
 	if err != nil {
 		return nil, errUnauthorized(err)
 	}
-	t, err := a.store.lookupTenant(ctx, id.tenant)
+	t, err := a.store.lookupTenant(ctx, id.tenant, a.now())
 	if err != nil {
 		return nil, a.lookupErr(err)
 	}

@@ -77,7 +77,7 @@ func envOn(t testing.TB, rdb *redis.Client, prefix string, cfg Config) *env {
 	var jv *JWTVerifier
 	if cfg.Mode == ModeJWT || cfg.Mode == ModeKeysJWT {
 		var err error
-		if jv, err = NewJWTVerifier(cfg.JWT, c.now, nil); err != nil {
+		if jv, err = NewJWTVerifier(cfg, c.now, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -157,4 +157,10 @@ func waitFor(t testing.TB, ch <-chan string, want string) {
 			t.Fatalf("no invalidation of %q within 10s", want)
 		}
 	}
+}
+
+// deadClient is a client of a port nobody listens on, failing fast.
+func deadClient() *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 10 * time.Millisecond,
+		DialerRetries: 1, DialerRetryTimeout: time.Millisecond})
 }

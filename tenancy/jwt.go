@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+	lru "github.com/hashicorp/golang-lru/v2"
 )
 
 // Supported JWT algorithms. Each verification key is pinned to one.
@@ -181,6 +182,9 @@ func (k jwk) parse() (verificationKey, error) {
 // It is safe for concurrent use; Run reloads the file when it changes.
 type JWTVerifier struct {
 	cfg    JWTConfig
+	ttl    time.Duration // how long a verified token is remembered
+	now    func() time.Time
+	tokens *lru.Cache[[sha256.Size]byte, verifiedToken]
 	static keySet
 	file   atomic.Pointer[keySet] // from cfg.JWKSFile; never nil after New
 	parser *jwt.Parser
@@ -196,17 +200,29 @@ type fileStamp struct {
 	sum  [sha256.Size]byte
 }
 
-// NewJWTVerifier builds a verifier from cfg (after Config.Validate) and
-// loads the JWKS file, if any, once. It starts nothing; call Run to follow
-// the file. now may be nil (time.Now).
-func NewJWTVerifier(cfg JWTConfig, now func() time.Time, log *slog.Logger) (*JWTVerifier, error) {
+// verifiedToken is a token that verified, remembered until until.
+type verifiedToken struct {
+	id    jwtIdentity
+	until time.Time
+}
+
+// NewJWTVerifier builds a verifier from c's JWT section (after
+// Config.Validate) and loads the JWKS file, if any, once. Verified tokens
+// are remembered (by SHA-256) for at most c.CacheTTL and never past their
+// exp, so a repeated token costs a hash, not a signature check; a JWKS
+// reload forgets them all. It starts nothing; call Run to follow the file.
+// now may be nil (time.Now).
+func NewJWTVerifier(c Config, now func() time.Time, log *slog.Logger) (*JWTVerifier, error) {
+	c = c.WithDefaults()
+	cfg := c.JWT
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	if now == nil {
 		now = time.Now
 	}
-	v := &JWTVerifier{cfg: cfg, static: keySet{}, log: log}
+	tokens, _ := lru.New[[sha256.Size]byte, verifiedToken](max(c.CacheSize, 1))
+	v := &JWTVerifier{cfg: cfg, ttl: c.CacheTTL, now: now, tokens: tokens, static: keySet{}, log: log}
 	for i, kc := range cfg.Keys {
 		k, err := kc.parse()
 		if err != nil {
@@ -255,6 +271,7 @@ func (v *JWTVerifier) Reload() error {
 		return fmt.Errorf("tenancy: jwks_file %s: %w", v.cfg.JWKSFile, err)
 	}
 	v.file.Store(&set)
+	v.tokens.Purge()
 	v.seen = stamp
 	v.log.Info("tenancy: loaded JWKS", "file", v.cfg.JWKSFile, "keys", len(set))
 	return nil
@@ -324,17 +341,41 @@ type jwtIdentity struct {
 }
 
 // Verify checks tok's signature (pinned algorithm), iss, aud and exp (with
-// leeway), and returns its subject, tenant and lowering claims.
+// leeway), and returns its subject, tenant and lowering claims. A token
+// verified within CacheTTL is answered from memory.
 func (v *JWTVerifier) Verify(tok string) (jwtIdentity, error) {
+	sum := sha256.Sum256([]byte(tok))
+	now := v.now()
+	if vt, ok := v.tokens.Get(sum); ok && now.Before(vt.until) {
+		return vt.id, nil
+	}
+	id, exp, err := v.verify(tok)
+	if err != nil {
+		return jwtIdentity{}, err
+	}
+	until := now.Add(v.ttl)
+	if exp.Before(until) {
+		until = exp
+	}
+	v.tokens.Add(sum, verifiedToken{id: id, until: until})
+	return id, nil
+}
+
+// verify checks tok in full and returns its identity and expiry.
+func (v *JWTVerifier) verify(tok string) (jwtIdentity, time.Time, error) {
 	claims := jwt.MapClaims{}
 	if _, err := v.parser.ParseWithClaims(tok, claims, v.keyFor); err != nil {
-		return jwtIdentity{}, fmt.Errorf("tenancy: jwt: %w", err)
+		return jwtIdentity{}, time.Time{}, fmt.Errorf("tenancy: jwt: %w", err)
+	}
+	exp, err := claims.GetExpirationTime()
+	if err != nil || exp == nil {
+		return jwtIdentity{}, time.Time{}, errors.New("tenancy: jwt: exp required")
 	}
 	id := jwtIdentity{}
 	id.subject, _ = claims["sub"].(string)
 	id.tenant, _ = claims[v.cfg.TenantClaim].(string)
 	if id.subject == "" || len(id.subject) > 256 || !idPattern.MatchString(id.tenant) {
-		return jwtIdentity{}, errors.New("tenancy: jwt: sub and a valid tenant claim are required")
+		return jwtIdentity{}, time.Time{}, errors.New("tenancy: jwt: sub and a valid tenant claim are required")
 	}
 	if c, ok := claims[v.cfg.ClassClaim].(string); ok && validClass(c) {
 		id.class = c
@@ -343,9 +384,9 @@ func (v *JWTVerifier) Verify(tok string) (jwtIdentity, error) {
 		b, _ := json.Marshal(raw)
 		var l Limits
 		if err := json.Unmarshal(b, &l); err != nil || l.validate("") != nil {
-			return jwtIdentity{}, errors.New("tenancy: jwt: malformed limits claim")
+			return jwtIdentity{}, time.Time{}, errors.New("tenancy: jwt: malformed limits claim")
 		}
 		id.limits = l
 	}
-	return id, nil
+	return id, exp.Time, nil
 }

@@ -1,6 +1,7 @@
 package tenancy
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -132,7 +133,7 @@ func (s *Store) ListKeys(ctx context.Context, tenant string) ([]Key, error) {
 			out = append(out, k.public())
 		}
 	}
-	slices.SortFunc(out, func(a, b Key) int { return a.Created.Compare(b.Created) })
+	slices.SortFunc(out, func(a, b Key) int { return cmp.Or(a.Created.Compare(b.Created), cmp.Compare(a.ID, b.ID)) })
 	return out, nil
 }
 

@@ -160,8 +160,8 @@ func (s *Store) invalidate(ctx context.Context, names ...string) {
 // --- cached lookups (the request path) ---
 
 // lookupKey returns the key with the given id.
-func (s *Store) lookupKey(ctx context.Context, id string) (*Key, error) {
-	e, err := s.lookup(ctx, "k:"+id, func(ctx context.Context) (cached, error) {
+func (s *Store) lookupKey(ctx context.Context, id string, now time.Time) (*Key, error) {
+	e, err := s.lookup(ctx, "k:"+id, now, func(ctx context.Context) (cached, error) {
 		k, err := s.readKey(ctx, id)
 		return cached{key: k}, err
 	})
@@ -169,8 +169,8 @@ func (s *Store) lookupKey(ctx context.Context, id string) (*Key, error) {
 }
 
 // lookupHash returns the imported key whose full-key hash is h.
-func (s *Store) lookupHash(ctx context.Context, h string) (*Key, error) {
-	e, err := s.lookup(ctx, "h:"+h, func(ctx context.Context) (cached, error) {
+func (s *Store) lookupHash(ctx context.Context, h string, now time.Time) (*Key, error) {
+	e, err := s.lookup(ctx, "h:"+h, now, func(ctx context.Context) (cached, error) {
 		id, err := s.rdb.Get(ctx, s.hashKey(h)).Result()
 		if err != nil {
 			return cached{}, err
@@ -182,8 +182,8 @@ func (s *Store) lookupHash(ctx context.Context, h string) (*Key, error) {
 }
 
 // lookupTenant returns the tenant with the given id.
-func (s *Store) lookupTenant(ctx context.Context, id string) (*Tenant, error) {
-	e, err := s.lookup(ctx, "t:"+id, func(ctx context.Context) (cached, error) {
+func (s *Store) lookupTenant(ctx context.Context, id string, now time.Time) (*Tenant, error) {
+	e, err := s.lookup(ctx, "t:"+id, now, func(ctx context.Context) (cached, error) {
 		t, err := s.readTenant(ctx, id)
 		return cached{tenant: t}, err
 	})
@@ -193,8 +193,7 @@ func (s *Store) lookupTenant(ctx context.Context, id string) (*Tenant, error) {
 // lookup serves name from the cache while fresh, else reads it. When the
 // read fails for any reason but absence, a stale entry (within CacheStale)
 // still serves; without one the result is errUnavailable.
-func (s *Store) lookup(ctx context.Context, name string, read func(context.Context) (cached, error)) (cached, error) {
-	now := s.now()
+func (s *Store) lookup(ctx context.Context, name string, now time.Time, read func(context.Context) (cached, error)) (cached, error) {
 	e, ok := s.cache.Get(name)
 	if ok && now.Sub(e.at) < s.ttl {
 		return e, nil
