@@ -7,20 +7,44 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 )
 
+// cachedAuth returns an Authenticator for cfg whose Store has tenant acme
+// in its cache (and a dead Redis behind it: the cached path needs none,
+// which also lets CI's benchmark smoke run without Redis).
+func cachedAuth(b *testing.B, cfg Config) (*Authenticator, *Store) {
+	b.Helper()
+	st := NewStore(Redis{Client: deadClient(), Prefix: "bench:"}, cfg, nil)
+	var jv *JWTVerifier
+	if cfg.Mode != ModeKeys {
+		var err error
+		if jv, err = NewJWTVerifier(cfg, nil, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	a, err := NewAuthenticator(cfg, st, jv, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	tn := Tenant{ID: "acme", Isolated: true, Models: []string{"qwen3-*"}}
+	if err := tn.normalize(); err != nil {
+		b.Fatal(err)
+	}
+	st.cache.Add("t:acme", cached{tenant: &tn, at: time.Now().Add(time.Hour)})
+	return a, st
+}
+
 // BenchmarkAuthenticateCachedKey is the hot path's added latency: an API
 // key whose key and tenant records are in the process cache.
 func BenchmarkAuthenticateCachedKey(b *testing.B) {
-	e := newEnv(b)
-	mustTenant(b, e.store, Tenant{ID: "acme", Isolated: true, Models: []string{"qwen3-*"}})
-	_, full := mustKey(b, e.store, "acme", KeySpec{})
-	e.auth.now, e.store.now = time.Now, time.Now
+	a, st := cachedAuth(b, testConfig(b))
+	id, secret, full := newKeyMaterial()
+	st.cache.Add("k:"+id, cached{key: &Key{ID: id, Tenant: "acme", Hash: hashSecret(secret)}, at: time.Now().Add(time.Hour)})
 	h := bearer(full)
-	if _, err := e.auth.Authenticate(b.Context(), h); err != nil {
+	if _, err := a.Authenticate(b.Context(), h); err != nil {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := e.auth.Authenticate(b.Context(), h); err != nil {
+		if _, err := a.Authenticate(b.Context(), h); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -30,10 +54,7 @@ func BenchmarkAuthenticateCachedKey(b *testing.B) {
 // its hash, the steady state of a client reusing its token); the tenant
 // record is cached. BenchmarkVerifyJWT is the first sight of a token.
 func BenchmarkAuthenticateJWT(b *testing.B) {
-	base := newEnv(b)
-	e := envOn(b, base.rdb, base.r.Prefix, jwtConfig(b))
-	mustTenant(b, e.store, Tenant{ID: "acme"})
-	e.auth.now, e.store.now = time.Now, time.Now
+	a, _ := cachedAuth(b, jwtConfig(b))
 	k := testKeys()
 	now := time.Now()
 	for _, c := range []struct {
@@ -48,12 +69,12 @@ func BenchmarkAuthenticateJWT(b *testing.B) {
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			h := bearer(sign(b, c.m, c.key, c.kid, claims("acme", now)))
-			if _, err := e.auth.Authenticate(b.Context(), h); err != nil {
+			if _, err := a.Authenticate(b.Context(), h); err != nil {
 				b.Fatal(err)
 			}
 			b.ReportAllocs()
 			for b.Loop() {
-				if _, err := e.auth.Authenticate(b.Context(), h); err != nil {
+				if _, err := a.Authenticate(b.Context(), h); err != nil {
 					b.Fatal(err)
 				}
 			}

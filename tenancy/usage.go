@@ -196,11 +196,15 @@ type Point struct {
 // Query returns usage of tenant (of one key when key is not "") from from to
 // to (exclusive, minute resolution) in steps of step (a whole number of
 // minutes, at least one), with every step present, and the range's total.
-// The range is clipped to the retention.
+// The range is clipped to the retention and to the current minute.
 func (u *Usage) Query(ctx context.Context, tenant, key string, from, to time.Time, step time.Duration) ([]Point, Counts, error) {
 	from, to = from.UTC().Truncate(time.Minute), to.UTC().Truncate(time.Minute)
-	if oldest := u.now().UTC().Add(-u.retention).Truncate(time.Minute); from.Before(oldest) {
+	now := u.now().UTC().Truncate(time.Minute)
+	if oldest := now.Add(-u.retention); from.Before(oldest) {
 		from = oldest
+	}
+	if end := now.Add(time.Minute); to.After(end) {
+		to = end // nothing is recorded in the future
 	}
 	step = step.Truncate(time.Minute)
 	if step <= 0 || !to.After(from) || to.Sub(from)/step > 10000 {
