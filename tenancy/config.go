@@ -99,7 +99,8 @@ type JWTConfig struct {
 // JWTKeyConfig is one verification key, pinned to one algorithm.
 type JWTKeyConfig struct {
 	// KID matches the token header's kid. It may be empty only when it is
-	// the only key (then tokens without kid use it).
+	// the only key; then it verifies every token, whatever its kid (the
+	// algorithm pin still applies).
 	KID string `yaml:"kid"`
 	// Alg is HS256, RS256 or ES256; tokens signed otherwise are refused.
 	Alg string `yaml:"alg"`

@@ -306,8 +306,14 @@ func (v *JWTVerifier) keyFor(t *jwt.Token) (any, error) {
 	if !ok {
 		k, ok = file[kid]
 	}
-	if !ok && kid == "" {
-		k, ok = onlyKey(v.static, file)
+	if !ok {
+		// A key configured without a kid is the only key; it verifies
+		// tokens whatever kid they name. Otherwise only a token without
+		// a kid may use the single key there is.
+		if only, single := onlyKey(v.static, file); single {
+			_, noKID := v.static[""]
+			k, ok = only, noKID || kid == ""
+		}
 	}
 	if !ok {
 		return nil, errors.New("unknown kid")

@@ -76,6 +76,12 @@ func TestJWTSingleKeyWithoutKID(t *testing.T) {
 	if _, err := v.Verify(sign(t, jwt.SigningMethodHS256, []byte(testHS), "", claims("acme", time.Now()))); err != nil {
 		t.Fatalf("single key, no kid: %v", err)
 	}
+	if _, err := v.Verify(sign(t, jwt.SigningMethodHS256, []byte(testHS), "idp-key-7", claims("acme", time.Now()))); err != nil {
+		t.Fatalf("single key configured without kid, token with kid: %v", err)
+	}
+	if _, err := v.Verify(sign(t, jwt.SigningMethodRS256, testKeys().rsa, "idp-key-7", claims("acme", time.Now()))); err == nil {
+		t.Fatal("the single HS256 key verified an RS256 token")
+	}
 }
 
 // TestJWKSReload: Run picks up a changed JWKS file at its next poll; a

@@ -137,8 +137,8 @@ func (l *Limiter) admitTokensAndSlots(ctx context.Context, le *Lease, model stri
 	v, err := admitScript.Run(ctx, l.r.Client, []string{le.t.tok, le.t.conc, le.k.tok, le.k.conc},
 		le.id, l.ttl.Milliseconds(), le.est, tl.TokensPerMinute, tl.Concurrent, kl.TokensPerMinute, kl.Concurrent).Slice()
 	if err != nil {
-		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
-			return err
+		if errors.Is(err, context.Canceled) {
+			return err // the client has gone
 		}
 		closed := (l.failRPM && (tl.TokensPerMinute > 0 || kl.TokensPerMinute > 0)) || (l.failCon && (tl.Concurrent > 0 || kl.Concurrent > 0))
 		if closed {
@@ -204,6 +204,9 @@ func (l *Limiter) admitRequests(ctx context.Context, le *Lease, model string) er
 		}
 		res, err := l.rate.Allow(ctx, c.key, redis_rate.PerMinute(c.rate))
 		if err != nil {
+			if errors.Is(err, context.Canceled) {
+				return err // the client has gone
+			}
 			if l.failRPM {
 				return apierror.Unavailable(err, "Rate limiting is temporarily unavailable; retry shortly.")
 			}
