@@ -31,6 +31,9 @@
 // disconnected are lost. So a revocation takes effect on every gateway
 // within the pub/sub latency (well under a second) while pub/sub is up, and
 // within CacheTTL in any case. Expiry is checked locally on every request.
+// A verified JWT is remembered by its SHA-256 for at most CacheTTL and never
+// past its exp, so a key removed from the JWKS stops verifying within
+// JWKSPoll (the reload forgets every remembered token).
 //
 // # Redis unreachable
 //
