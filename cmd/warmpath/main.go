@@ -25,6 +25,8 @@ func commands() []command {
 		{"sim", "run a simulated vLLM fleet", runSim},
 		{"bench", "benchmark routing policies live on a simulated (or given) fleet", runBench},
 		{"analyze", "replay a request log offline through every routing policy", runAnalyze},
+		{"admin", "manage tenants, keys and usage through a gateway's admin API", runAdmin},
+		{"migrate", "apply pending Redis keyspace migrations", runMigrate},
 	}
 }
 

@@ -1,0 +1,133 @@
+package migrations
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/warmpath/warmpath/internal/redistest"
+)
+
+// counting returns n steps that each count their runs in <prefix>runs:<v>.
+func counting(n int) []Step {
+	var steps []Step
+	for v := 1; v <= n; v++ {
+		steps = append(steps, Step{Version: v, Name: "count " + strconv.Itoa(v),
+			Up: func(ctx context.Context, rdb redis.UniversalClient, prefix string) error {
+				return rdb.Incr(ctx, prefix+"runs:"+strconv.Itoa(v)).Err()
+			}})
+	}
+	return steps
+}
+
+// TestConcurrentApply: gateways starting together apply each step once.
+func TestConcurrentApply(t *testing.T) {
+	rdb, prefix := redistest.Client(t)
+	steps := counting(5)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	total := 0
+	for range 8 {
+		c := redis.NewClient(&redis.Options{Addr: rdb.Options().Addr}) // one client per "gateway"
+		defer c.Close()
+		wg.Go(func() {
+			done, err := Apply(t.Context(), c, prefix, steps)
+			if err != nil {
+				t.Error(err)
+			}
+			mu.Lock()
+			total += len(done)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if total != 5 {
+		t.Errorf("steps applied %d times in all; want 5", total)
+	}
+	for v := 1; v <= 5; v++ {
+		if n, _ := rdb.Get(t.Context(), prefix+"runs:"+strconv.Itoa(v)).Int(); n != 1 {
+			t.Errorf("step %d ran %d times", v, n)
+		}
+	}
+	if v, _ := rdb.Get(t.Context(), prefix+"schema:version").Int(); v != 5 {
+		t.Errorf("schema:version = %d; want 5", v)
+	}
+	if n, _ := rdb.Exists(t.Context(), prefix+"schema:lock").Result(); n != 0 {
+		t.Error("lock left behind")
+	}
+	done, err := Apply(t.Context(), rdb, prefix, steps)
+	if err != nil || len(done) != 0 {
+		t.Errorf("re-run applied %v, %v; want nothing", done, err)
+	}
+}
+
+func TestFailedStepStopsAndResumes(t *testing.T) {
+	rdb, prefix := redistest.Client(t)
+	steps := counting(3)
+	boom := errors.New("boom")
+	broken := append([]Step(nil), steps...)
+	broken[1].Up = func(context.Context, redis.UniversalClient, string) error { return boom }
+	done, err := Apply(t.Context(), rdb, prefix, broken)
+	if !errors.Is(err, boom) || len(done) != 1 {
+		t.Fatalf("Apply = %v, %v; want step 1 done, then boom", done, err)
+	}
+	st, _ := Check(t.Context(), rdb, prefix, steps)
+	if st.Version != 1 || !st.Behind() {
+		t.Fatalf("state after failure = %+v", st)
+	}
+	done, err = Apply(t.Context(), rdb, prefix, steps)
+	if err != nil || len(done) != 2 || done[0].Version != 2 {
+		t.Fatalf("resume = %v, %v", done, err)
+	}
+}
+
+func TestCheck(t *testing.T) {
+	rdb, prefix := redistest.Client(t)
+	st, err := Check(t.Context(), rdb, prefix, nil)
+	if err != nil || st != (State{}) || st.Behind() {
+		t.Fatalf("empty keyspace, no steps: %+v %v", st, err)
+	}
+	rdb.Set(t.Context(), prefix+"schema:version", 3, 0)
+	if _, err := Check(t.Context(), rdb, prefix, counting(2)); !errors.Is(err, ErrKeyspaceNewer) {
+		t.Errorf("newer keyspace: %v", err)
+	}
+	if _, err := Apply(t.Context(), rdb, prefix, counting(2)); !errors.Is(err, ErrKeyspaceNewer) {
+		t.Errorf("Apply on a newer keyspace: %v", err)
+	}
+	if st, err := Check(t.Context(), rdb, prefix, counting(4)); err != nil || !st.Behind() {
+		t.Errorf("older keyspace: %+v %v", st, err)
+	}
+	rdb.Set(t.Context(), prefix+"schema:version", "x", 0)
+	if _, err := Check(t.Context(), rdb, prefix, nil); err == nil {
+		t.Error("garbage version accepted")
+	}
+	if _, err := Check(t.Context(), rdb, prefix, []Step{{Version: 2, Name: "skip", Up: counting(1)[0].Up}}); err == nil {
+		t.Error("steps not numbered from 1 accepted")
+	}
+	if err := validate(Steps()); err != nil {
+		t.Errorf("Steps(): %v", err)
+	}
+}
+
+// TestLockHeldElsewhere: while another process holds the lock, Apply waits
+// and runs nothing.
+func TestLockHeldElsewhere(t *testing.T) {
+	rdb, prefix := redistest.Client(t)
+	rdb.Set(t.Context(), prefix+"schema:lock", "someone-else", time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	if _, err := Apply(ctx, rdb, prefix, counting(1)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Apply under a foreign lock = %v", err)
+	}
+	if n, _ := rdb.Exists(t.Context(), prefix+"runs:1").Result(); n != 0 {
+		t.Fatal("a step ran without the lock")
+	}
+	if v, _ := rdb.Get(t.Context(), prefix+"schema:lock").Result(); v != "someone-else" {
+		t.Fatal("the foreign lock was released by a waiter")
+	}
+}
