@@ -410,7 +410,7 @@ func sessionKey(format string, r *TraceRequest) string {
 		}
 		return "m:" + strconv.FormatUint(r.Blocks[1], 16)
 	}
-	req, err := gateway.ParseRequest(gateway.APIChat, http.Header{}, r.Body, "")
+	req, err := gateway.ParseRequest(gateway.APIChat, http.Header{}, r.Body, nil)
 	if err != nil {
 		return ""
 	}

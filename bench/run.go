@@ -21,6 +21,7 @@ import (
 	"github.com/warmpath/warmpath/gateway"
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/scoring"
+	"github.com/warmpath/warmpath/tenancy"
 	"github.com/warmpath/warmpath/vllmsim"
 )
 
@@ -442,6 +443,7 @@ func runGateway(ctx context.Context, cfg Config, policy string, urls, kv, replay
 		gc.Replicas = append(gc.Replicas, fleet.ReplicaSpec{URL: u, Model: cfg.Model, KVEndpoint: kv[i], ReplayEndpoint: replay[i]})
 	}
 	gc.Routing.Policy = policy
+	gc.Auth.Mode = tenancy.ModeNone // the load generator is one anonymous tenant
 	// The gateway's one token-denominated threshold scales with the
 	// workload's tokens, so that saturation trips at the same load.
 	gc.Routing.MaxInflightPrefillTokens = int64(math.Round(scoring.DefaultMaxInflightPrefillTokens * cfg.Scale))

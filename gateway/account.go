@@ -18,6 +18,11 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 	if g.cfg.Debug {
 		g.debugHeaders(resp.Header, x)
 	}
+	if x.lease != nil {
+		for k, v := range x.lease.Header() {
+			resp.Header[k] = v
+		}
+	}
 	if resp.StatusCode >= 400 {
 		return g.upstreamError(x, resp)
 	}
@@ -37,7 +42,7 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 		usage: func(u Usage) { got, have = u, true },
 		done: func(err error) {
 			x.flight.Done()
-			x.release(got)
+			g.finish(x, got, have)
 			if have {
 				g.m.account(g.tenant(x), x.req.model, got, x.predicted, g.cfg.Routing.BlockSize)
 				if err == nil {
@@ -72,7 +77,7 @@ func (g *Gateway) upstreamError(x *exchange, resp *http.Response) (*http.Respons
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	resp.Body.Close()
 	x.flight.Done()
-	x.release(Usage{})
+	g.finish(x, Usage{}, false)
 	if err != nil {
 		return nil, fmt.Errorf("gateway: read upstream error: %w", err)
 	}
@@ -86,6 +91,11 @@ func (g *Gateway) upstreamError(x *exchange, resp *http.Response) (*http.Respons
 	return resp, nil
 }
 
-// tenant labels accounting metrics; every request is the default tenant
-// until tenancy lands.
-func (g *Gateway) tenant(*exchange) string { return "default" }
+// tenant labels accounting metrics: the sender's tenant name while it is
+// among the busiest (tenancy.Labeler), "other" beyond them.
+func (g *Gateway) tenant(x *exchange) string {
+	if p := x.req.principal; p != nil {
+		return g.tenants.labels.Label(p.TenantName)
+	}
+	return "default"
+}

@@ -22,7 +22,7 @@ import (
 func TestOpenAIGoClient(t *testing.T) {
 	sim := startSim(t, vllmsim.Config{Replicas: 2})
 	cfg := fleetConfig(sim)
-	cfg.DevKey = "sk-test-key"
+	cfg.DevKey, cfg.Auth.Mode = "sk-test-key", ""
 	rdb := redisFor(t, &cfg)
 	gw := startGateway(t, cfg, rdb)
 	client := openai.NewClient(option.WithBaseURL(gw.URL+"/v1"), option.WithAPIKey("sk-test-key"), option.WithMaxRetries(0))
@@ -156,11 +156,11 @@ func TestStreamUsageChunk(t *testing.T) {
 func TestBadInput(t *testing.T) {
 	sim := startSim(t, vllmsim.Config{Replicas: 1})
 	cfg := fleetConfig(sim)
-	cfg.DevKey = "sk-k"
+	cfg.DevKey, cfg.Auth.Mode = "sk-k-test", ""
 	cfg.MaxBodyBytes = 4096
 	rdb := redisFor(t, &cfg)
 	gw := startGateway(t, cfg, rdb)
-	auth := map[string]string{"Authorization": "Bearer sk-k"}
+	auth := map[string]string{"Authorization": "Bearer sk-k-test"}
 	tests := []struct {
 		name   string
 		method string

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/tenancy"
 )
 
 // exchange is one request on its way through the routed client: admitted,
@@ -19,7 +20,11 @@ type exchange struct {
 	start   time.Time
 	body    []byte // upstream body
 	route   *route
-	release func(Usage)
+	release func(Usage)    // the Admitter's
+	lease   *tenancy.Lease // the sender's limits; nil without them
+	// finished is set by finish; only the goroutine that owns the
+	// exchange's current step touches it.
+	finished bool
 
 	replica   *fleet.Replica // the replica that answered
 	flight    *fleet.Flight
@@ -40,16 +45,16 @@ func (g *Gateway) Do(ctx context.Context, r *Request) (*http.Response, error) {
 	if x.body, err = r.upstreamBody(); err != nil {
 		return nil, fmt.Errorf("gateway: build upstream body: %w", err)
 	}
-	if x.release, err = g.admit.Admit(ctx, r); err != nil {
+	if err = g.admitExchange(ctx, x); err != nil {
 		return nil, err
 	}
 	if x.route, err = g.route(ctx, r); err != nil {
-		x.release(Usage{})
+		g.finish(x, Usage{}, false)
 		return nil, err
 	}
 	resp, err := g.forward(ctx, x)
 	if err != nil {
-		x.release(Usage{})
+		g.finish(x, Usage{}, false)
 		return nil, err
 	}
 	return g.account(x, resp)

@@ -19,6 +19,7 @@ import (
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/scoring/blockindex"
+	"github.com/warmpath/warmpath/tenancy"
 )
 
 // Config is the gateway's configuration. Build it with LoadConfig (YAML
@@ -28,6 +29,9 @@ import (
 type Config struct {
 	// Listen is the HTTP listen address; default "127.0.0.1:8080".
 	Listen string `yaml:"listen"`
+	// MetricsListen, when set, serves /metrics on its own address (and
+	// not on Listen), so it can stay inside the cluster network.
+	MetricsListen string `yaml:"metrics_listen"`
 	// Redis is where session bindings live; empty means an embedded,
 	// in-process store (development only: it dies with the process).
 	Redis RedisConfig `yaml:"redis"`
@@ -51,10 +55,13 @@ type Config struct {
 	// Debug adds response headers naming the chosen replica and its score
 	// breakdown.
 	Debug bool `yaml:"debug"`
-	// DevKey, when set, is the API key every request must present as
-	// "Authorization: Bearer <key>". Empty in production configuration
-	// means requests are not authenticated (until tenancy lands); the
-	// embedded development setup always sets one.
+	// Auth configures tenants, API keys and JWTs (see tenancy.Config). A
+	// configuration with replicas must set auth.mode (keys, jwt,
+	// keys+jwt, or none to run open, which warns at every start).
+	Auth tenancy.Config `yaml:"auth"`
+	// DevKey, when set, is imported as the key of the "dev" tenant, and
+	// implies auth.mode keys (with a per-process salt secret) when no mode
+	// is set. The embedded development setup always sets one.
 	DevKey string `yaml:"dev_key"`
 	// Sim configures the embedded simulated fleet used when no replica and
 	// no discovery is configured.
@@ -214,6 +221,7 @@ func (c *Config) applyEnv(getenv func(string) string) error {
 		}
 	}
 	str("WARMPATH_LISTEN", &c.Listen)
+	str("WARMPATH_METRICS_LISTEN", &c.MetricsListen)
 	str("WARMPATH_REDIS_URL", &c.Redis.URL)
 	str("WARMPATH_REDIS_KEY_PREFIX", &c.Redis.KeyPrefix)
 	str("WARMPATH_POLICY", &c.Routing.Policy)
@@ -350,6 +358,9 @@ func (c *Config) validate() error {
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		bad("listen", "%v", err)
 	}
+	if _, _, err := net.SplitHostPort(c.MetricsListen); c.MetricsListen != "" && err != nil {
+		bad("metrics_listen", "%v", err)
+	}
 	if c.Redis.URL != "" && len(c.Redis.Addrs) > 0 {
 		bad("redis", "set url or addrs, not both")
 	}
@@ -389,6 +400,9 @@ func (c *Config) validate() error {
 	}
 	if c.Routing.MaxWaiting < 0 {
 		bad("routing.max_waiting", "%d is negative", c.Routing.MaxWaiting)
+	}
+	if c.DevKey != "" && (len(c.DevKey) < 8 || strings.ContainsFunc(c.DevKey, func(r rune) bool { return r <= ' ' || r > '~' })) {
+		bad("dev_key", "must be 8 or more printable characters without spaces")
 	}
 	if c.MaxBodyBytes < 1024 {
 		bad("max_body_bytes", "%d is below 1024", c.MaxBodyBytes)

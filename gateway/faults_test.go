@@ -66,7 +66,11 @@ func TestRedisRestart(t *testing.T) {
 func (g *testGateway) sessionKeyFor(t *testing.T, c *conversation) string {
 	t.Helper()
 	body := fmt.Appendf(nil, `{"model":%q,"messages":[{"role":"system","content":%q},{"role":"user","content":%q}]}`, c.model, c.messages[0].Content, c.messages[1].Content)
-	r, err := ParseRequest(APIChat, http.Header{}, body, "")
+	p, err := g.tenants.auth.Authenticate(t.Context(), http.Header{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := ParseRequest(APIChat, http.Header{}, body, p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,11 +183,20 @@ func TestHungReplicaReleasesRequests(t *testing.T) {
 	gw := startGateway(t, cfg, rdb)
 
 	convs := make([]*conversation, 8)
+	var home string
 	for i := range convs {
 		convs[i] = newConversation(words(fmt.Sprintf("hung%d", i), 200), "start")
-		convs[i].turn(t, gw.URL, "next")
+		if r := convs[i].turn(t, gw.URL, "next"); i == 0 {
+			home = r.replica()
+		}
 	}
-	victim := sim.Replicas()[0]
+	// The victim is where session 0 lives: its next turn goes there.
+	var victim *vllmsim.Replica
+	for _, r := range sim.Replicas() {
+		if r.Info().Name == home {
+			victim = r
+		}
+	}
 	victim.SetFaults(vllmsim.Faults{Hang: true})
 	t.Cleanup(func() { victim.SetFaults(vllmsim.Faults{}) })
 	var mu sync.Mutex
@@ -202,10 +215,12 @@ func TestHungReplicaReleasesRequests(t *testing.T) {
 		}
 	}
 	released := counter(t, gw.reg, "warmpath_upstream_errors_total", map[string]string{"replica": victim.Info().Name, "kind": "replica_down"})
+	if released < 1 {
+		t.Errorf("%v requests released from the hung replica; want at least session 0's", released)
+	}
 	if gw.fleet.Replica(victim.Info().Name).State().Healthy {
 		t.Error("the hung replica is still healthy")
 	}
-	t.Logf("requests released from the hung replica: %v", released)
 }
 
 // A stream whose replica stalls after it started is ended by the idle

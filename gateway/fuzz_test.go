@@ -33,7 +33,7 @@ func FuzzParseRequest(f *testing.F) {
 		if chat {
 			kind = APIChat
 		}
-		r, err := ParseRequest(kind, http.Header{}, []byte(body), "")
+		r, err := ParseRequest(kind, http.Header{}, []byte(body), nil)
 		if err != nil {
 			if _, ok := err.(*apierror.Error); !ok {
 				t.Fatalf("parse error is not an httpError: %T %v", err, err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
 
@@ -56,11 +56,14 @@ type Gateway struct {
 	index       *preciseIndex
 	approx      *approxIndex
 	tok         *tokenizer
+	tenants     *tenants
 	admit       Admitter
 	upstream    *http.Transport
 	upstreamKey string
 	ln          net.Listener
 	srv         *http.Server
+	metricsLn   net.Listener // nil: /metrics is served on ln
+	metricsSrv  *http.Server
 	started     time.Time
 }
 
@@ -68,16 +71,17 @@ type Gateway struct {
 // the offending field), connects nothing yet but binds the listen address,
 // so Addr is known before Run. It starts no goroutine.
 func New(cfg Config, o Options) (*Gateway, error) {
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	cfg = cfg.withDefaults()
+	cfg.devAuth(log)
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	if cfg.Embedded() {
 		return nil, errors.New("config: no replicas and no discovery configured (warmpath serve starts a simulated fleet in that case)")
-	}
-	log := o.Logger
-	if log == nil {
-		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	reg := o.Registry
 	if reg == nil {
@@ -97,6 +101,10 @@ func New(cfg Config, o Options) (*Gateway, error) {
 			return nil, err
 		}
 		g.ownsRedis = true
+	}
+	if g.tenants, err = newTenants(&cfg, g.rdb, log); err != nil {
+		g.close()
+		return nil, err
 	}
 	g.sessions = session.NewStore(g.rdb, session.Options{Prefix: cfg.Redis.KeyPrefix, TTL: cfg.Routing.SessionTTL, Timeout: cfg.Redis.Timeout})
 
@@ -128,6 +136,13 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		g.close()
 		return nil, fmt.Errorf("config: listen: %w", err)
 	}
+	if cfg.MetricsListen != "" {
+		if g.metricsLn, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
+			g.close()
+			return nil, fmt.Errorf("config: metrics_listen: %w", err)
+		}
+		g.metricsSrv = &http.Server{Handler: promhttp.HandlerFor(g.reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 10 * time.Second}
+	}
 	g.srv = &http.Server{
 		Handler:           g.routes(),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -135,6 +150,14 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	return g, nil
+}
+
+// MetricsAddr returns the address /metrics is served on.
+func (g *Gateway) MetricsAddr() string {
+	if g.metricsLn != nil {
+		return g.metricsLn.Addr().String()
+	}
+	return g.Addr()
 }
 
 // fleetConfig translates the configuration into the fleet's: the replica
@@ -196,28 +219,42 @@ func (g *Gateway) Registry() *prometheus.Registry { return g.reg }
 func (g *Gateway) Run(ctx context.Context) error {
 	defer g.close()
 	eg, ctx := errgroup.WithContext(ctx)
+	if err := g.tenants.start(ctx, eg, g.rdb, g.cfg.Redis.KeyPrefix, g.log); err != nil {
+		return err
+	}
 	eg.Go(func() error { return g.fleet.Run(ctx) })
 	eg.Go(func() error { return g.runKVEvents(ctx) })
+	serve(ctx, eg, g.srv, g.ln)
+	if g.metricsSrv != nil {
+		serve(ctx, eg, g.metricsSrv, g.metricsLn)
+	}
+	return eg.Wait()
+}
+
+// serve runs srv on ln under eg until ctx ends, then shuts it down.
+func serve(ctx context.Context, eg *errgroup.Group, srv *http.Server, ln net.Listener) {
 	eg.Go(func() error {
-		err := g.srv.Serve(g.ln)
+		err := srv.Serve(ln)
 		if errors.Is(err, http.ErrServerClosed) {
 			return nil
 		}
-		return fmt.Errorf("gateway: serve: %w", err)
+		return fmt.Errorf("gateway: serve %s: %w", ln.Addr(), err)
 	})
 	eg.Go(func() error {
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if err := g.srv.Shutdown(sctx); err != nil {
-			g.srv.Close() // streams still open after the grace period
+		if err := srv.Shutdown(sctx); err != nil {
+			srv.Close() // streams still open after the grace period
 		}
 		return nil
 	})
-	return eg.Wait()
 }
 
 func (g *Gateway) close() {
+	if g.metricsLn != nil {
+		g.metricsLn.Close()
+	}
 	if g.upstream != nil {
 		g.upstream.CloseIdleConnections()
 	}

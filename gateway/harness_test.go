@@ -21,6 +21,7 @@ import (
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/internal/redistest"
 	"github.com/warmpath/warmpath/internal/testrun"
+	"github.com/warmpath/warmpath/tenancy"
 	"github.com/warmpath/warmpath/vllmsim"
 )
 
@@ -47,6 +48,9 @@ func fleetConfig(f *vllmsim.Fleet) Config {
 		in := r.Info()
 		c.Replicas = append(c.Replicas, fleet.ReplicaSpec{Name: in.Name, URL: in.URL, Model: in.Model, KVEndpoint: in.KVEndpoint, ReplayEndpoint: in.ReplayEndpoint})
 	}
+	// Tests run open unless they set up tenants (mode none warns at
+	// start); a test that sets DevKey clears the mode for keys.
+	c.Auth.Mode = tenancy.ModeNone
 	c.Health = HealthConfig{Interval: 50 * time.Millisecond, Timeout: 500 * time.Millisecond, Failures: 2, ScrapeInterval: 50 * time.Millisecond, StaleAfter: 2 * time.Second}
 	return c
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/warmpath/warmpath/internal/apierror"
 	"github.com/warmpath/warmpath/session"
+	"github.com/warmpath/warmpath/tenancy"
 )
 
 // API says which OpenAI endpoint a request came in on.
@@ -42,13 +43,14 @@ type Request struct {
 	// wantUsage reports that a streaming client asked for the usage chunk.
 	wantUsage bool
 	session   session.Key
-	tenant    string
+	principal *tenancy.Principal // who sent it; nil without tenancy (the analyzer)
 	// messages, tools (chat) and prompt (completions) are views into body.
 	messages, tools, prompt gjson.Result
 	// textBytes is the size of the prompt text, for estimating tokens
 	// before (or instead of) tokenizing.
 	textBytes int
 	cacheSalt string
+	maxTokens int    // max_completion_tokens or max_tokens, 0 when unset
 	text      []byte // approxText, rendered once on first use
 }
 
@@ -59,6 +61,14 @@ func (r *Request) estimatedTokens() int { return max(1, r.textBytes/4) }
 // Model returns the requested model.
 func (r *Request) Model() string { return r.model }
 
+// tenantID is the sender's tenant, "" when unknown.
+func (r *Request) tenantID() string {
+	if r.principal == nil {
+		return ""
+	}
+	return r.principal.TenantID
+}
+
 // Session returns the request's session key.
 func (r *Request) Session() session.Key { return r.session }
 
@@ -67,9 +77,12 @@ func (r *Request) Session() session.Key { return r.session }
 func (r *Request) SetSession(k session.Key) { r.session = k }
 
 // ParseRequest validates and parses a chat or completions body sent with
-// headers h by tenant (folded into the session key; "" before tenancy).
-// Its errors are 400s naming the offending parameter.
-func ParseRequest(api API, h http.Header, body []byte, tenant string) (*Request, error) {
+// headers h by p (nil when nobody authenticated it, as in the offline
+// analyzer). The tenant scopes the session key, so one tenant can neither
+// steer nor read another's session; a model outside p's allow-list is a
+// 403; an isolated tenant's cache salt joins the client's own. Its other
+// errors are 400s naming the offending parameter.
+func ParseRequest(api API, h http.Header, body []byte, p *tenancy.Principal) (*Request, error) {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return nil, apierror.BadRequest("", "request body is empty; expected a JSON object")
 	}
@@ -80,7 +93,7 @@ func ParseRequest(api API, h http.Header, body []byte, tenant string) (*Request,
 	if !root.IsObject() {
 		return nil, apierror.BadRequest("", "request body must be a JSON object")
 	}
-	r := &Request{api: api, body: body, header: h, tenant: tenant}
+	r := &Request{api: api, body: body, header: h, principal: p}
 	m := root.Get("model")
 	if m.Type != gjson.String || m.String() == "" {
 		return nil, apierror.BadRequest("model", "you must provide a model parameter")
@@ -103,6 +116,17 @@ func ParseRequest(api API, h http.Header, body []byte, tenant string) (*Request,
 			return nil, apierror.BadRequest("cache_salt", "cache_salt must be a non-empty string")
 		}
 		r.cacheSalt = cs.String()
+	}
+	if mt := root.Get("max_completion_tokens"); mt.Type == gjson.Number {
+		r.maxTokens = int(max(0, min(mt.Int(), 1<<20)))
+	} else if mt := root.Get("max_tokens"); mt.Type == gjson.Number {
+		r.maxTokens = int(max(0, min(mt.Int(), 1<<20)))
+	}
+	if p != nil {
+		if err := p.Allows(r.model); err != nil {
+			return nil, err
+		}
+		r.cacheSalt = p.CacheSalt(r.cacheSalt)
 	}
 	var opening []byte
 	switch api {
@@ -144,7 +168,7 @@ func ParseRequest(api API, h http.Header, body []byte, tenant string) (*Request,
 		// that shares a system prompt into one session. They are sessions
 		// only when the client names one; prefix routing still applies.
 	}
-	r.session = session.Identify(tenant, h, session.Body{
+	r.session = session.Identify(r.tenantID(), h, session.Body{
 		SessionID:        root.Get("session_id").String(),
 		PromptCacheKey:   root.Get("prompt_cache_key").String(),
 		User:             root.Get("user").String(),
@@ -211,8 +235,8 @@ func (r *Request) scanMessages() ([]byte, error) {
 // upstreamBody is the body sent to the replica: the client's, with
 // stream_options.include_usage forced on for streams (the gateway meters
 // every request; the extra chunk is removed again for clients that did not
-// ask), and the session key passed on as vLLM's session_id so the engine
-// tags the blocks it stores with it.
+// ask), the session key passed on as vLLM's session_id so the engine tags
+// the blocks it stores with it, and an isolated tenant's cache_salt.
 func (r *Request) upstreamBody() ([]byte, error) {
 	body := r.body
 	var err error
@@ -223,6 +247,13 @@ func (r *Request) upstreamBody() ([]byte, error) {
 	}
 	if r.session.Value != "" && !gjson.GetBytes(r.body, "session_id").Exists() {
 		if body, err = sjson.SetBytes(body, "session_id", r.session.Value); err != nil {
+			return nil, err
+		}
+	}
+	if r.cacheSalt != "" && gjson.GetBytes(r.body, "cache_salt").String() != r.cacheSalt {
+		// An isolated tenant's salt (joined with the client's own): its
+		// cached prefixes are shared with nobody, nor can they be timed.
+		if body, err = sjson.SetBytes(body, "cache_salt", r.cacheSalt); err != nil {
 			return nil, err
 		}
 	}

@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"crypto/rand"
-	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -16,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/warmpath/warmpath/internal/apierror"
+	"github.com/warmpath/warmpath/tenancy"
 )
 
 // handler is an http handler that returns its error; serve maps the error
@@ -105,9 +105,14 @@ func (g *Gateway) routes() http.Handler {
 	}))
 	r.Get("/healthz", func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	r.Get("/readyz", g.serve("readyz", g.ready))
-	r.Handle("/metrics", promhttp.HandlerFor(g.reg, promhttp.HandlerOpts{}))
+	if g.metricsSrv == nil {
+		r.Handle("/metrics", promhttp.HandlerFor(g.reg, promhttp.HandlerOpts{}))
+	}
+	if g.tenants.admin != nil {
+		r.Handle("/admin/*", g.tenants.admin)
+	}
 	r.Group(func(r chi.Router) {
-		r.Use(g.authenticate)
+		r.Use(g.tenants.auth.Middleware)
 		r.Post("/v1/chat/completions", g.serve("chat_completions", g.inference(APIChat)))
 		r.Post("/v1/completions", g.serve("completions", g.inference(APICompletions)))
 		r.Get("/v1/models", g.serve("models", g.listModels))
@@ -131,28 +136,6 @@ func requestID(next http.Handler) http.Handler {
 	})
 }
 
-// authenticate requires the dev key as a bearer token when one is set.
-func (g *Gateway) authenticate(next http.Handler) http.Handler {
-	if g.cfg.DevKey == "" {
-		return next
-	}
-	want := []byte(g.cfg.DevKey)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), want) != 1 {
-			g.serve("unauthorized", func(http.ResponseWriter, *http.Request) error {
-				msg := "You didn't provide an API key. Provide it in the Authorization header as Bearer <key>."
-				if ok {
-					msg = "Incorrect API key provided."
-				}
-				return &apierror.Error{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key", Msg: msg}
-			})(w, r)
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
-}
-
 // inference handles POST /v1/chat/completions and /v1/completions: read
 // the body once (size-limited), parse it, send it through the routed
 // client (Do) and stream the answer back.
@@ -169,7 +152,8 @@ func (g *Gateway) inference(api API) handler {
 		setForwarded(h, r)
 		// The Content-Type is not checked: a bare `curl -d` sends form
 		// encoding, and the body either parses as JSON or is rejected.
-		req, err := ParseRequest(api, h, body, "")
+		p, _ := tenancy.FromContext(r.Context())
+		req, err := ParseRequest(api, h, body, p)
 		if err != nil {
 			return err
 		}
@@ -204,17 +188,24 @@ func (g *Gateway) model(id string) modelObject {
 	return modelObject{ID: id, Object: "model", Created: g.started.Unix(), OwnedBy: "warmpath"}
 }
 
-// listModels answers the union of the fleet's models.
+// listModels answers the union of the fleet's models that the caller may
+// use.
 func (g *Gateway) listModels(w http.ResponseWriter, r *http.Request) error {
+	p, _ := tenancy.FromContext(r.Context())
 	data := []modelObject{}
 	for _, id := range g.fleet.Models() {
-		data = append(data, g.model(id))
+		if p == nil || p.Allows(id) == nil {
+			data = append(data, g.model(id))
+		}
 	}
 	return writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
 }
 
 func (g *Gateway) getModel(w http.ResponseWriter, r *http.Request) error {
 	id := chi.URLParam(r, "*")
+	if p, ok := tenancy.FromContext(r.Context()); ok && p.Allows(id) != nil {
+		return apierror.NotFound("model_not_found", "The model '%s' does not exist.", id)
+	}
 	for _, m := range g.fleet.Models() {
 		if m == id {
 			return writeJSON(w, http.StatusOK, g.model(id))

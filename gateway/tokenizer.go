@@ -17,8 +17,9 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	lru "github.com/hashicorp/golang-lru/v2"
-	"github.com/warmpath/warmpath/gateway/fleet"
 	"golang.org/x/sync/singleflight"
+
+	"github.com/warmpath/warmpath/gateway/fleet"
 )
 
 // tokenizer gets a prompt's token ids, after the chat template, from a

@@ -35,7 +35,7 @@ func TestTokenizerSharesConcurrentCalls(t *testing.T) {
 		})}
 		tok := newTokenizer(client, 1<<20, newMetrics(prometheus.NewRegistry()))
 		reps := testReplicas(t, "http://r:8000")
-		req, err := ParseRequest(APIChat, http.Header{}, []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`), "")
+		req, err := ParseRequest(APIChat, http.Header{}, []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -136,7 +136,7 @@ func TestTokenizerAvoidsFailingReplicas(t *testing.T) {
 	reps := testReplicas(t, "http://bad:8000", "http://good:8000", "http://no:8000")
 	for i := range 12 {
 		body := fmt.Appendf(nil, `{"model":"m","messages":[{"role":"user","content":"p%d"}]}`, i)
-		req, _ := ParseRequest(APIChat, http.Header{}, body, "")
+		req, _ := ParseRequest(APIChat, http.Header{}, body, nil)
 		if _, err := tok.tokens(context.Background(), req, reps); err != nil && !errors.Is(err, errTokenizeRefused) {
 			t.Fatalf("prompt %d: %v", i, err)
 		}

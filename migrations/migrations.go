@@ -33,6 +33,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/warmpath/warmpath/session"
 )
 
 // Step is one keyspace migration.
@@ -47,7 +49,17 @@ type Step struct {
 }
 
 // Steps returns warmpath's migrations, oldest first.
-func Steps() []Step { return nil }
+//
+//  1. session bindings (P sess:*) from the pipe-separated version 1 record
+//     to the versioned JSON record (session.MigrateBindings); TTLs kept.
+func Steps() []Step {
+	return []Step{
+		{Version: 1, Name: "session bindings as versioned JSON records", Up: func(ctx context.Context, rdb redis.UniversalClient, prefix string) error {
+			_, err := session.MigrateBindings(ctx, rdb, prefix)
+			return err
+		}},
+	}
+}
 
 // ErrKeyspaceNewer is Check's and Apply's error when the keyspace was
 // migrated by a newer warmpath than this one.

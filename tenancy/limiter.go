@@ -214,6 +214,7 @@ func (l *Limiter) admitRequests(ctx context.Context, le *Lease, model string) er
 			return nil
 		}
 		if res.Allowed == 0 {
+			setRequestHeaders(le.header, res)
 			return tooMany("requests", model, res.RetryAfter, le.header)
 		}
 		if tightest == nil || res.Remaining < tightest.Remaining {
@@ -221,12 +222,17 @@ func (l *Limiter) admitRequests(ctx context.Context, le *Lease, model string) er
 		}
 	}
 	if tightest != nil {
-		h := le.header
-		h.Set("X-Ratelimit-Limit-Requests", strconv.Itoa(tightest.Limit.Rate))
-		h.Set("X-Ratelimit-Remaining-Requests", strconv.Itoa(tightest.Remaining))
-		h.Set("X-Ratelimit-Reset-Requests", fmtReset(tightest.ResetAfter))
+		setRequestHeaders(le.header, tightest)
 	}
 	return nil
+}
+
+// setRequestHeaders sets the x-ratelimit-*-requests headers OpenAI
+// clients read, on success and on a 429 alike.
+func setRequestHeaders(h http.Header, res *redis_rate.Result) {
+	h.Set("X-Ratelimit-Limit-Requests", strconv.Itoa(res.Limit.Rate))
+	h.Set("X-Ratelimit-Remaining-Requests", strconv.Itoa(res.Remaining))
+	h.Set("X-Ratelimit-Reset-Requests", fmtReset(res.ResetAfter))
 }
 
 // tooMany is the 429 of a limit reached; its type names the limit
