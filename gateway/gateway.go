@@ -29,8 +29,8 @@ type Options struct {
 	// on /metrics either way).
 	Registry *prometheus.Registry
 	// Redis overrides the client built from Config.Redis (tests pass one
-	// with a key prefix). Nil with an empty Config.Redis keeps session
-	// bindings in process memory only.
+	// with a key prefix); the gateway adds its breaker hook to it. Nil with
+	// an empty Config.Redis keeps session bindings in process memory only.
 	Redis redis.UniversalClient
 	// UpstreamAPIKey is sent to replicas as a bearer token (vLLM's
 	// --api-key); empty sends none.
@@ -53,6 +53,7 @@ type Gateway struct {
 	sessions    *session.Store
 	rdb         redis.UniversalClient
 	ownsRedis   bool
+	breaker     *redisBreaker // nil without Redis
 	index       *preciseIndex
 	approx      *approxIndex
 	tok         *tokenizer
@@ -101,6 +102,9 @@ func New(cfg Config, o Options) (*Gateway, error) {
 			return nil, err
 		}
 		g.ownsRedis = true
+	}
+	if g.rdb != nil {
+		g.breaker = newRedisBreaker(g.rdb, log, wrapped)
 	}
 	if g.tenants, err = newTenants(&cfg, g.rdb, log); err != nil {
 		g.close()
@@ -221,6 +225,9 @@ func (g *Gateway) Run(ctx context.Context) error {
 	eg, ctx := errgroup.WithContext(ctx)
 	if err := g.tenants.start(ctx, eg, g.rdb, g.cfg.Redis.KeyPrefix, g.log); err != nil {
 		return err
+	}
+	if g.breaker != nil {
+		eg.Go(func() error { return g.breaker.Run(ctx) })
 	}
 	eg.Go(func() error { return g.fleet.Run(ctx) })
 	eg.Go(func() error { return g.runKVEvents(ctx) })
