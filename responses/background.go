@@ -104,7 +104,7 @@ func (s *Service) tail(w http.ResponseWriter, r *http.Request, tenant, id string
 	last := seqID(after)
 	sw := newSSEWriter(w)
 	for {
-		res, err := s.opts.Redis.XRead(ctx, &redis.XReadArgs{Streams: []string{key, last}, Count: 256, Block: s.opts.LeaseTTL / 3}).Result()
+		res, err := s.opts.Redis.XRead(ctx, &redis.XReadArgs{Streams: []string{key, last}, Count: 256, Block: s.pollBlock()}).Result()
 		switch {
 		case ctx.Err() != nil:
 			return nil
@@ -166,12 +166,17 @@ func (s *Service) ensureGroup(ctx context.Context) error {
 	return nil
 }
 
+// pollBlock is how long a worker's blocking read waits: LeaseTTL/3, at
+// most 2s. go-redis cannot interrupt a blocking read, so this also bounds
+// how long Run takes to return after its context ends.
+func (s *Service) pollBlock() time.Duration { return min(2*time.Second, s.opts.LeaseTTL/3) }
+
 // workLoop runs one worker: it reads jobs from the group and runs them one
 // at a time until ctx ends.
 func (s *Service) workLoop(ctx context.Context, consumer string) error {
 	for ctx.Err() == nil {
 		res, err := s.opts.Redis.XReadGroup(ctx, &redis.XReadGroupArgs{Group: jobGroup, Consumer: consumer,
-			Streams: []string{s.st.jobsKey(), ">"}, Count: 1, Block: 2 * time.Second}).Result()
+			Streams: []string{s.st.jobsKey(), ">"}, Count: 1, Block: s.pollBlock()}).Result()
 		if errors.Is(err, redis.Nil) || ctx.Err() != nil {
 			continue
 		}

@@ -268,6 +268,9 @@ func (s *Service) checkModel(model string) error {
 // subscriber. It blocks until ctx ends, then waits for them.
 func (s *Service) Run(ctx context.Context) error {
 	if err := s.ensureGroup(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
 		return err
 	}
 	g, ctx := errgroup.WithContext(ctx)
