@@ -126,10 +126,17 @@ type envOpt func(*Options)
 // an HTTP server for it.
 func newEnv(t testing.TB, cfg vllmsim.Config, opts ...envOpt) *env {
 	t.Helper()
+	return newEnvWith(t, cfg, func(c *simChat) Chat { return c }, opts...)
+}
+
+// newEnvWith is newEnv with the Service's Chat wrapped around the
+// simulator's.
+func newEnvWith(t testing.TB, cfg vllmsim.Config, wrap func(*simChat) Chat, opts ...envOpt) *env {
+	t.Helper()
 	rdb, prefix := redistest.Client(t)
 	f := startSim(t, cfg)
 	e := &env{chat: newSimChat(f), fleet: f, rdb: rdb, prefix: prefix}
-	e.start(t, e.chat, opts...)
+	e.start(t, wrap(e.chat), opts...)
 	return e
 }
 
