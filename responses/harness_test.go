@@ -118,6 +118,8 @@ type env struct {
 	prefix string
 	srv    *httptest.Server
 	url    string
+	// wrap, when set before start, wraps the handler the server serves.
+	wrap func(http.Handler) http.Handler
 }
 
 type envOpt func(*Options)
@@ -133,11 +135,17 @@ func newEnv(t testing.TB, cfg vllmsim.Config, opts ...envOpt) *env {
 // simulator's.
 func newEnvWith(t testing.TB, cfg vllmsim.Config, wrap func(*simChat) Chat, opts ...envOpt) *env {
 	t.Helper()
-	rdb, prefix := redistest.Client(t)
-	f := startSim(t, cfg)
-	e := &env{chat: newSimChat(f), fleet: f, rdb: rdb, prefix: prefix}
+	e := newEnvStopped(t, cfg)
 	e.start(t, wrap(e.chat), opts...)
 	return e
+}
+
+// newEnvStopped is a fleet and a Redis prefix, without a Service yet.
+func newEnvStopped(t testing.TB, cfg vllmsim.Config) *env {
+	t.Helper()
+	rdb, prefix := redistest.Client(t)
+	f := startSim(t, cfg)
+	return &env{chat: newSimChat(f), fleet: f, rdb: rdb, prefix: prefix}
 }
 
 func (e *env) start(t testing.TB, chat Chat, opts ...envOpt) {
@@ -152,7 +160,11 @@ func (e *env) start(t testing.TB, chat Chat, opts ...envOpt) {
 	}
 	e.svc = svc
 	runService(t, svc)
-	e.srv = httptest.NewServer(withTenant(svc.Handler()))
+	h := withTenant(svc.Handler())
+	if e.wrap != nil {
+		h = e.wrap(h)
+	}
+	e.srv = httptest.NewServer(h)
 	t.Cleanup(e.srv.Close)
 	e.url = e.srv.URL
 }
