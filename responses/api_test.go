@@ -1,6 +1,7 @@
 package responses
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -477,5 +478,23 @@ func TestUpstreamErrorPassesThrough(t *testing.T) {
 	msg, _, _, errCode := envelope(t, b)
 	if code != 404 || msg == "" || errCode != nil {
 		t.Fatalf("unknown model upstream: %d %s (vLLM's integer code must become null)", code, b)
+	}
+}
+
+func TestModelsAndTokenizeOptions(t *testing.T) {
+	e := newEnv(t, vllmsim.Config{}, func(o *Options) {
+		o.Models = func() []string { return []string{vllmsim.DefaultModel} }
+		o.Tokenize = func(_ context.Context, body []byte) (int, error) { return len(body), nil }
+	})
+	code, b := e.do(t, "POST", "/v1/responses", "", map[string]any{"model": "other", "input": "x"})
+	if _, _, _, c := envelope(t, b); code != 404 || deref(c) != "model_not_found" {
+		t.Fatalf("unlisted model: %d %s", code, b)
+	}
+	code, b = e.do(t, "POST", "/v1/responses/input_tokens", "", map[string]any{"model": vllmsim.DefaultModel, "input": "x"})
+	if code != 200 || !strings.Contains(string(b), `"input_tokens":`) || len(e.chat.recorded()) != 0 {
+		t.Fatalf("input_tokens with Tokenize: %d %s (upstream calls %d)", code, b, len(e.chat.recorded()))
+	}
+	if code, b := e.do(t, "GET", "/v1/nothing", "", nil); code != 404 {
+		t.Fatalf("unknown path: %d %s", code, b)
 	}
 }

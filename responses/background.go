@@ -246,12 +246,14 @@ func (s *Service) runBackground(ctx context.Context, tenant, id string) error {
 	if err := s.opts.Redis.ZAdd(ctx, s.st.leasesKey(), redis.Z{Score: float64(s.opts.Now().Add(s.opts.LeaseTTL).UnixMilli()), Member: rec}).Err(); err != nil {
 		return fmt.Errorf("responses: lease %s: %w", id, err)
 	}
-	defer s.opts.Redis.ZRem(context.WithoutCancel(ctx), s.st.leasesKey(), rec)
+	unlease := func() { s.opts.Redis.ZRem(context.WithoutCancel(ctx), s.st.leasesKey(), rec) }
 	found, err := claimScript.Run(ctx, s.opts.Redis, []string{rec}, deadline()).Text()
 	if err != nil {
+		unlease()
 		return fmt.Errorf("responses: claim %s: %w", id, err)
 	}
 	if found != StatusQueued {
+		unlease()
 		return nil // cancelled while queued, or run by another worker
 	}
 	rctx, cancel := context.WithCancel(ctx)
@@ -274,8 +276,15 @@ func (s *Service) runBackground(ctx context.Context, tenant, id string) error {
 	err = s.execBackground(rctx, tenant, id)
 	cancel()
 	<-done
+	if ctx.Err() != nil {
+		// Shutting down mid-run: the lease stays and lapses, and a sweeper
+		// (of any gateway) fails the response with a reason and closes its
+		// stream.
+		return ctx.Err()
+	}
+	unlease()
 	s.endEvents(context.WithoutCancel(ctx), tenant, id)
-	if errors.Is(err, errCancelled) || (errors.Is(err, context.Canceled) && ctx.Err() == nil) {
+	if errors.Is(err, errCancelled) || errors.Is(err, context.Canceled) {
 		return nil
 	}
 	return err

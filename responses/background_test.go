@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -211,5 +213,64 @@ func TestRedisRestartMidRun(t *testing.T) {
 	r4 := e.create(t, "", map[string]any{"input": "fresh"})
 	if r5 := e.create(t, "", map[string]any{"input": "more", "previous_response_id": r4.ID}); r5.Status != StatusCompleted {
 		t.Fatalf("new chain after restart: %+v", r5)
+	}
+}
+
+// TestBackgroundStreamAndConversation creates a background turn on a
+// conversation with stream: true: the creating request streams from the
+// first event, the worker takes the conversation's lock, and the turn's
+// items are appended.
+func TestBackgroundStreamAndConversation(t *testing.T) {
+	e := newEnv(t, vllmsim.Config{})
+	_, b := e.do(t, "POST", "/v1/conversations", "", map[string]any{"items": []any{map[string]any{"role": "user", "content": "seed"}}})
+	var c Conversation
+	_ = json.Unmarshal(b, &c)
+	evs := e.stream(t, "", map[string]any{"input": "go on", "background": true, "conversation": c.ID})
+	ts := types(evs)
+	if ts[0] != "response.created" || ts[1] != "response.queued" || ts[len(ts)-1] != "response.completed" {
+		t.Fatalf("events = %v", ts)
+	}
+	_, b = e.do(t, "GET", "/v1/conversations/"+c.ID+"/items?order=asc", "", nil)
+	var l itemList
+	if json.Unmarshal(b, &l) != nil || len(l.Data) != 3 || l.Data[1].Content[0].Text != "go on" || l.Data[2].Role != "assistant" {
+		t.Fatalf("conversation items: %s", b)
+	}
+	if turns := e.chat.recorded(); len(turns) != 1 || turns[0].Session != c.ID || !strings.Contains(string(turns[0].Body), `"seed"`) {
+		t.Fatalf("upstream turn: %+v", turns)
+	}
+}
+
+// TestBackgroundShutdownMidRun stops gateway A's Run while its background
+// response is upstream: A leaves the lease to lapse, and gateway B's
+// sweeper fails the response and ends its stream with response.failed.
+func TestBackgroundShutdownMidRun(t *testing.T) {
+	shared, prefix := redistest.Client(t)
+	f := startSim(t, vllmsim.Config{})
+	chat := newSimChat(f)
+	g := newGate(chat)
+	svcA, err := New(Options{Redis: shared, KeyPrefix: prefix, Logger: testLogger(t), LeaseTTL: 900 * time.Millisecond}, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	stopped := make(chan error, 1)
+	go func() { stopped <- svcA.Run(ctx) }()
+	a := &env{svc: svcA, srv: httptest.NewServer(svcA.Handler())}
+	t.Cleanup(a.srv.Close)
+	a.url = a.srv.URL
+	r := a.create(t, "", map[string]any{"input": "long job", "background": true})
+	<-g.entered
+	stop()
+	if err := <-stopped; err != nil {
+		t.Fatalf("A's Run: %v", err)
+	}
+	b := &env{rdb: shared, prefix: prefix}
+	b.start(t, chat)
+	evs := b.getStream(t, r.ID, "")
+	if last := evs[len(evs)-1]; last.Type != "response.failed" || !strings.Contains(string(last.Data), "lease lapsed") {
+		t.Fatalf("events %v; last %s", types(evs), last.Data)
+	}
+	if got := b.get(t, r.ID); got.Status != StatusFailed {
+		t.Fatalf("status = %q", got.Status)
 	}
 }
