@@ -2,7 +2,6 @@ package responses
 
 import (
 	"bytes"
-	"encoding/json"
 	"strings"
 
 	"github.com/warmpath/warmpath/internal/apierror"
@@ -247,20 +246,4 @@ func chatBody(p *params, msgs [][]byte) ([]byte, error) {
 // form stored per turn.
 func joinMessages(msgs [][]byte) []byte {
 	return bytes.Join(msgs, []byte{','})
-}
-
-// splitMessages undoes joinMessages.
-func splitMessages(b []byte) ([][]byte, error) {
-	if len(bytes.TrimSpace(b)) == 0 {
-		return nil, nil
-	}
-	var raws []json.RawMessage
-	if err := json.Unmarshal(append(append([]byte{'['}, b...), ']'), &raws); err != nil {
-		return nil, err
-	}
-	out := make([][]byte, len(raws))
-	for i, r := range raws {
-		out[i] = r
-	}
-	return out, nil
 }
