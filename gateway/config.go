@@ -50,6 +50,8 @@ type Config struct {
 	Health HealthConfig `yaml:"health"`
 	// Upstream bounds every call to a replica.
 	Upstream UpstreamConfig `yaml:"upstream"`
+	// Responses tunes the Responses and Conversations API.
+	Responses ResponsesConfig `yaml:"responses"`
 	// MaxBodyBytes bounds request bodies; default 32 MiB.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 	// Debug adds response headers naming the chosen replica and its score

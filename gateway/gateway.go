@@ -17,6 +17,7 @@ import (
 
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/kvevents"
+	"github.com/warmpath/warmpath/responses"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/session"
 )
@@ -58,7 +59,9 @@ type Gateway struct {
 	approx      *approxIndex
 	tok         *tokenizer
 	tenants     *tenants
+	responses   *responses.Service // nil without Redis
 	admit       Admitter
+	wrapped     prometheus.Registerer // reg with the policy label
 	upstream    *http.Transport
 	upstreamKey string
 	ln          net.Listener
@@ -90,7 +93,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 	wrapped := prometheus.WrapRegistererWith(prometheus.Labels{"policy": cfg.Routing.Policy}, reg)
-	g := &Gateway{cfg: cfg, log: log, reg: reg, m: newMetrics(wrapped), kvm: kvevents.NewMetrics(wrapped), upstreamKey: o.UpstreamAPIKey, started: time.Now()}
+	g := &Gateway{cfg: cfg, log: log, reg: reg, wrapped: wrapped, m: newMetrics(wrapped), kvm: kvevents.NewMetrics(wrapped), upstreamKey: o.UpstreamAPIKey, started: time.Now()}
 
 	var err error
 	if g.policy, err = scoring.NewPolicy(cfg.Routing.Policy, cfg.Routing.Weights); err != nil {
@@ -134,6 +137,10 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	g.admit = o.Admitter
 	if g.admit == nil {
 		g.admit = admitAll{}
+	}
+	if g.responses, err = g.newResponses(); err != nil {
+		g.close()
+		return nil, fmt.Errorf("config: responses: %w", err)
 	}
 
 	if g.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
@@ -228,6 +235,9 @@ func (g *Gateway) Run(ctx context.Context) error {
 	}
 	if g.breaker != nil {
 		eg.Go(func() error { return g.breaker.Run(ctx) })
+	}
+	if g.responses != nil {
+		eg.Go(func() error { return ignoreCanceled(g.responses.Run(ctx)) })
 	}
 	eg.Go(func() error { return g.fleet.Run(ctx) })
 	eg.Go(func() error { return g.runKVEvents(ctx) })

@@ -50,8 +50,10 @@ type Request struct {
 	// before (or instead of) tokenizing.
 	textBytes int
 	cacheSalt string
-	maxTokens int    // max_completion_tokens or max_tokens, 0 when unset
-	text      []byte // approxText, rendered once on first use
+	maxTokens int // max_completion_tokens or max_tokens, 0 when unset
+	// background marks a Responses background turn (background: true).
+	background bool
+	text       []byte // approxText, rendered once on first use
 }
 
 // estimatedTokens guesses the prompt's token count from its text: about

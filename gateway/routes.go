@@ -115,6 +115,12 @@ func (g *Gateway) routes() http.Handler {
 		r.Use(g.tenants.auth.Middleware)
 		r.Post("/v1/chat/completions", g.serve("chat_completions", g.inference(APIChat)))
 		r.Post("/v1/completions", g.serve("completions", g.inference(APICompletions)))
+		if g.responses != nil {
+			h := g.responses.Handler()
+			for _, p := range []string{"/v1/responses", "/v1/responses/*", "/v1/conversations", "/v1/conversations/*"} {
+				r.Handle(p, h)
+			}
+		}
 		r.Get("/v1/models", g.serve("models", g.listModels))
 		r.Get("/v1/models/*", g.serve("model", g.getModel)) // ids may contain "/"
 	})

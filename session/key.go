@@ -16,6 +16,7 @@ const (
 	SourceUser           = "user"
 	SourceOpening        = "opening"
 	SourceNone           = "none"
+	SourceChain          = "chain" // a Responses chain root or conversation, see Chain
 )
 
 // Headers are the request headers that name a session, in order of
@@ -76,6 +77,14 @@ func Identify(scope string, h http.Header, b Body) Key {
 		return Key{Value: "o:" + hex.EncodeToString(d.Sum(sum[:0])), Source: SourceOpening}
 	}
 	return Key{Source: SourceNone}
+}
+
+// Chain is the session key of a Responses API chain: every turn chained to
+// the response id root (or appended to the conversation id root) shares
+// it, so the whole run is routed to the replica holding its prefix. scope
+// is the tenant.
+func Chain(scope, root string) Key {
+	return Key{Value: mk(scope, "r", root), Source: SourceChain}
 }
 
 // mk builds a key from a client identifier; long or unprintable
