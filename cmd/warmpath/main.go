@@ -25,6 +25,7 @@ func commands() []command {
 		{"sim", "run a simulated vLLM fleet", runSim},
 		{"bench", "benchmark routing policies live on a simulated (or given) fleet", runBench},
 		{"analyze", "replay a request log offline through every routing policy", runAnalyze},
+		{"config", "check FILE: validate a configuration offline, naming every bad field", runConfig},
 	}
 }
 
