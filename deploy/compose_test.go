@@ -273,3 +273,62 @@ func checkRedis(t *testing.T, f composeFile, cfg gateway.Config) {
 		t.Errorf("redis.url %q names no redis service on 6379", cfg.Redis.URL)
 	}
 }
+
+// The Dockerfile is multi-stage, runs as the non-root user the Kubernetes
+// manifests name, listens on every interface and exposes that port.
+func TestDockerfile(t *testing.T) {
+	b, err := os.ReadFile("../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stages, final [][]string // instructions, one []string{OP, args…} each
+	for _, l := range strings.Split(strings.ReplaceAll(string(b), "\\\n", " "), "\n") {
+		f := strings.Fields(l)
+		if len(f) == 0 || strings.HasPrefix(f[0], "#") {
+			continue
+		}
+		f[0] = strings.ToUpper(f[0])
+		if f[0] == "FROM" {
+			stages = append(stages, f)
+			final = nil
+		}
+		final = append(final, f)
+	}
+	if len(stages) < 2 {
+		t.Fatalf("%d stages; want a build stage and a runtime stage", len(stages))
+	}
+	get := func(op string) []string {
+		for _, f := range final {
+			if f[0] == op {
+				return f[1:]
+			}
+		}
+		return nil
+	}
+	user := get("USER")
+	if len(user) != 1 || strings.HasPrefix(user[0], "0") || strings.HasPrefix(user[0], "root") {
+		t.Errorf("runtime USER %v; want a non-root numeric uid", user)
+	}
+	env := get("ENV")
+	if len(env) != 1 || env[0] != "WARMPATH_LISTEN=0.0.0.0:8080" {
+		t.Errorf("runtime ENV %v; want WARMPATH_LISTEN=0.0.0.0:8080", env)
+	}
+	if expose := get("EXPOSE"); !slices.Contains(expose, "8080") {
+		t.Errorf("EXPOSE %v; want 8080", expose)
+	}
+	if len(user) != 1 {
+		return
+	}
+	if uid, _, _ := strings.Cut(user[0], ":"); !strings.Contains(mustRead(t, "kubernetes/warmpath.yaml"), "runAsUser: "+uid) {
+		t.Errorf("the gateway Deployment does not run as the image's uid %s", uid)
+	}
+}
+
+func mustRead(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}

@@ -13,6 +13,9 @@
 //     mounted gateway configurations parse and agree with the services'
 //     ports, models and KV-event endpoints, for the simulated fleet and the
 //     real-vLLM profile.
+//   - compose_test.go also checks the Dockerfile (stages, non-root user,
+//     listen address, exposed port), and run_test.go that ./run installs a
+//     C compiler where cgo cannot build.
 //   - recipe_test.go serves the README's real-vLLM gateway configuration
 //     against the simulator started under the model id the README's vllm
 //     serve command would serve, through the real gateway.
