@@ -139,10 +139,10 @@ func find[T any](t *testing.T, ms []manifest, name string) *T {
 
 func TestDecodeIsStrict(t *testing.T) {
 	for _, doc := range []string{
-		"apiVersion: v1\nkind: Service\nspec: {clusterIp: None}\n",         // wrong case
+		"apiVersion: v1\nkind: Service\nspec: {clusterIp: None}\n",           // wrong case
 		"apiVersion: v1\nkind: Service\nspec: {clusterIP: None, ports: 1}\n", // wrong type
-		"apiVersion: v1\nkind: Service\nspec: {selectors: {a: b}}\n",        // unknown
-		"apiVersion: v1\nkind: Service\nmetadata: {name: a, name: b}\n",     // duplicate
+		"apiVersion: v1\nkind: Service\nspec: {selectors: {a: b}}\n",         // unknown
+		"apiVersion: v1\nkind: Service\nmetadata: {name: a, name: b}\n",      // duplicate
 	} {
 		if err := decodeStrict([]byte(doc), &corev1.Service{}); err == nil {
 			t.Errorf("decoded without error:\n%s", doc)
