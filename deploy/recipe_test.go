@@ -300,20 +300,26 @@ func serveRecipe(t *testing.T, cfg gateway.Config, model string) recipeResult {
 		t.Fatalf("gateway not ready: %v", err)
 	}
 
-	body := fmt.Sprintf(`{"model":%q,"max_tokens":8,"messages":[{"role":"user","content":"Hello from the README recipe"}]}`, cfg.Replicas[0].Model)
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+gw.Addr()+"/v1/chat/completions", strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
+	// A prompt of many full KV blocks (the simulator's tokens are words),
+	// so the replica publishes BlockStored events for it.
+	prompt := strings.Repeat("the README recipe serves this prompt ", 40)
+	body := fmt.Sprintf(`{"model":%q,"max_tokens":8,"messages":[{"role":"user","content":%q}]}`, cfg.Replicas[0].Model, prompt)
+	chat := func() recipeResult {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+gw.Addr()+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return recipeResult{status: resp.StatusCode, body: string(b)}
 	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	res := recipeResult{status: resp.StatusCode, body: string(b)}
+	res := chat()
 
 	const warning = "does not serve the configured model"
 	deadline := time.Now().Add(30 * time.Second)
-	for {
+	for i := 1; ; i++ {
 		res.logs = logs.String()
 		res.warned = strings.Contains(res.logs, warning)
 		done := res.warned // the mismatch is reported once a replica is healthy
@@ -327,6 +333,14 @@ func serveRecipe(t *testing.T, cfg gateway.Config, model string) recipeResult {
 			t.Fatalf("after 30 s: status %d, %.0f KV events, warned %v", res.status, kvEvents(t, gw), res.warned)
 		}
 		time.Sleep(20 * time.Millisecond)
+		if res.status == http.StatusOK && i%25 == 0 {
+			// A subscriber that connected after the replica published
+			// its first batch sees the next one's sequence number and
+			// asks for a replay: send another turn every half second.
+			if r := chat(); r.status != http.StatusOK {
+				t.Fatalf("a later chat completion: %d %s", r.status, r.body)
+			}
+		}
 	}
 }
 
