@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/url"
 	"os"
@@ -230,6 +229,9 @@ func (c *Config) applyEnv(getenv func(string) string) error {
 	str("WARMPATH_KV_TOPOLOGY", &c.KVEvents.Topology)
 	str("WARMPATH_KV_BIND", &c.KVEvents.Bind)
 	str("WARMPATH_DEV_KEY", &c.DevKey)
+	str("WARMPATH_AUTH_MODE", &c.Auth.Mode)
+	str("WARMPATH_ADMIN_KEY", &c.Auth.AdminKey)
+	str("WARMPATH_SALT_SECRET", &c.Auth.SaltSecret)
 	if v := getenv("WARMPATH_REDIS_ADDRS"); v != "" {
 		c.Redis.Addrs = splitList(v)
 	}
@@ -351,6 +353,34 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// validateFleet checks every replica and discovery spec with the fleet's
+// own checks (fleet.CheckReplica, fleet.CheckDNS: base URLs without /v1,
+// ZMQ endpoints that can be dialled, replay ports clear of the
+// data-parallel KV ports), each error naming its spec's field.
+func (c *Config) validateFleet() []error {
+	var errs []error
+	names := map[string]int{}
+	for i, r := range c.Replicas {
+		ns, err := fleet.CheckReplica(r)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("config: replicas[%d].%w", i, err))
+			continue
+		}
+		if j, dup := names[ns.Name]; dup {
+			errs = append(errs, fmt.Errorf("config: replicas[%d].name: duplicate %q (also replicas[%d])", i, ns.Name, j))
+		}
+		names[ns.Name] = i
+	}
+	for i, d := range c.Discovery {
+		if _, err := fleet.CheckDNS(d); err != nil {
+			for _, e := range fleet.Each(err) {
+				errs = append(errs, fmt.Errorf("config: discovery[%d].%w", i, e))
+			}
+		}
+	}
+	return errs
+}
+
 // validate checks a defaulted configuration; errors name the field.
 func (c *Config) validate() error {
 	var errs []error
@@ -376,11 +406,7 @@ func (c *Config) validate() error {
 			bad(fmt.Sprintf("redis.addrs[%d]", i), "%v", err)
 		}
 	}
-	if !c.Embedded() {
-		if err := c.fleetConfig(Options{}, slog.New(slog.DiscardHandler), nil).Check(); err != nil {
-			errs = append(errs, fmt.Errorf("config: %w", err))
-		}
-	}
+	errs = append(errs, c.validateFleet()...)
 	switch c.KVEvents.Topology {
 	case TopologyPerReplica, TopologyCentral:
 	default:

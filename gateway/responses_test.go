@@ -32,7 +32,7 @@ func TestResponsesChainedRunThroughGateway(t *testing.T) {
 	prev := ""
 	for i := range turns {
 		p := responses.ResponseNewParams{Model: vllmsim.DefaultModel, Instructions: openai.String(words("instructions", 200)),
-			Input: responses.ResponseNewParamsInputUnion{OfString: openai.String(fmt.Sprintf("turn %d: %s", i, words(fmt.Sprint("q", i), 20)))},
+			Input:           responses.ResponseNewParamsInputUnion{OfString: openai.String(fmt.Sprintf("turn %d: %s", i, words(fmt.Sprint("q", i), 20)))},
 			MaxOutputTokens: openai.Int(24)}
 		if prev != "" {
 			p.PreviousResponseID = openai.String(prev)

@@ -27,6 +27,7 @@ func commands() []command {
 		{"analyze", "replay a request log offline through every routing policy", runAnalyze},
 		{"admin", "manage tenants, keys and usage through a gateway's admin API", runAdmin},
 		{"migrate", "apply pending Redis keyspace migrations", runMigrate},
+		{"config", "check FILE: validate a configuration offline, naming every bad field", runConfig},
 	}
 }
 

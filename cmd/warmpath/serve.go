@@ -81,7 +81,7 @@ func printBanner(w io.Writer, addr, policy string, cfg *gateway.Config, dev *dev
 		model = cfg.Replicas[0].Model
 	}
 	if dev != nil {
-		fmt.Fprintf(w, "warmpath: embedded development setup: in-process Redis (miniredis) and %d simulated vLLM replicas of %s\n", len(cfg.Replicas), model)
+		fmt.Fprintf(w, "warmpath: embedded development setup: %s and %d simulated vLLM replicas of %s\n", dev.store(), len(cfg.Replicas), model)
 	}
 	fmt.Fprintf(w, "try:\n  curl -s %s/v1/chat/completions%s -H \"Content-Type: application/json\" -d '{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello from warmpath\"}]}'\n", base, auth, model)
 }
