@@ -50,13 +50,14 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 				}
 			}
 			if err != nil && !errors.Is(err, context.Canceled) && x.ctx.Err() == nil {
-				// The body broke after the first byte: too late to retry,
-				// but the replica is suspect. A stream was ended with an
-				// error event (sseFilter.end).
-				x.replica.ReportFailure(err)
-				g.m.upstreamErrors.WithLabelValues(x.replica.Spec.Name, "broken_body").Inc()
+				// The body broke after the first byte: too late to retry.
+				// A stream was ended with an error event (sseFilter.end).
 				if stream {
 					g.m.streamsCut.WithLabelValues(cutReason(err)).Inc()
+				}
+				if !errors.Is(err, errDraining) { // then the replica is suspect
+					x.replica.ReportFailure(err)
+					g.m.upstreamErrors.WithLabelValues(x.replica.Spec.Name, "broken_body").Inc()
 				}
 			}
 		},

@@ -47,6 +47,9 @@ type Config struct {
 	Routing RoutingConfig `yaml:"routing"`
 	// Health configures active health checks and metrics scraping.
 	Health HealthConfig `yaml:"health"`
+	// Server bounds what clients can hold of the HTTP server, and how it
+	// drains on SIGTERM.
+	Server ServerConfig `yaml:"server"`
 	// Upstream bounds every call to a replica.
 	Upstream UpstreamConfig `yaml:"upstream"`
 	// Responses tunes the Responses and Conversations API.
@@ -335,6 +338,7 @@ func (c Config) withDefaults() Config {
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = 32 << 20
 	}
+	c.Server.withDefaults()
 	u := &c.Upstream
 	def(&u.ConnectTimeout, 2*time.Second)
 	def(&u.HeaderTimeout, 10*time.Minute)
@@ -442,11 +446,16 @@ func (c *Config) validate() error {
 		{"upstream.connect_timeout", c.Upstream.ConnectTimeout}, {"upstream.header_timeout", c.Upstream.HeaderTimeout},
 		{"upstream.first_byte_timeout", c.Upstream.FirstByteTimeout}, {"upstream.idle_timeout", c.Upstream.IdleTimeout},
 		{"upstream.tokenize_timeout", c.Upstream.TokenizeTimeout}, {"health.interval", c.Health.Interval},
+		{"server.header_timeout", c.Server.HeaderTimeout}, {"server.body_timeout", c.Server.BodyTimeout},
+		{"server.idle_timeout", c.Server.IdleTimeout}, {"server.pre_stop", c.Server.PreStop}, {"server.drain_timeout", c.Server.DrainTimeout},
 		{"health.timeout", c.Health.Timeout}, {"health.scrape_interval", c.Health.ScrapeInterval}, {"health.stale_after", c.Health.StaleAfter},
 	} {
 		if d.v < 0 {
 			bad(d.field, "%v is negative", d.v)
 		}
+	}
+	if c.Server.MaxHeaderBytes < 4096 {
+		bad("server.max_header_bytes", "%d is below 4096", c.Server.MaxHeaderBytes)
 	}
 	if c.Health.Failures < 0 {
 		bad("health.failures", "%d is negative", c.Health.Failures)

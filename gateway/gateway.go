@@ -7,13 +7,13 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/kvevents"
@@ -68,6 +68,9 @@ type Gateway struct {
 	srv         *http.Server
 	metricsLn   net.Listener // nil: /metrics is served on ln
 	metricsSrv  *http.Server
+	draining    atomic.Bool     // SIGTERM arrived: /readyz answers 503
+	drainCtx    context.Context // ends when the drain timeout passes, cutting open streams
+	cutStreams  context.CancelFunc
 	started     time.Time
 }
 
@@ -95,6 +98,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	wrapped := prometheus.WrapRegistererWith(prometheus.Labels{"policy": cfg.Routing.Policy}, reg)
 	g := &Gateway{cfg: cfg, log: log, reg: reg, wrapped: wrapped, m: newMetrics(wrapped), kvm: kvevents.NewMetrics(wrapped), upstreamKey: o.UpstreamAPIKey, started: time.Now()}
 
+	g.drainCtx, g.cutStreams = context.WithCancel(context.Background())
 	var err error
 	if g.policy, err = scoring.NewPolicy(cfg.Routing.Policy, cfg.Routing.Weights); err != nil {
 		return nil, fmt.Errorf("config: routing: %w", err)
@@ -147,6 +151,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		g.close()
 		return nil, fmt.Errorf("config: listen: %w", err)
 	}
+	g.ln = limitClients(g.ln, cfg.Server.MaxConnsPerClient, g.m.connsRejected)
 	if cfg.MetricsListen != "" {
 		if g.metricsLn, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
 			g.close()
@@ -156,8 +161,9 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	}
 	g.srv = &http.Server{
 		Handler:           g.routes(),
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       120 * time.Second,
+		ReadHeaderTimeout: cfg.Server.HeaderTimeout,
+		MaxHeaderBytes:    cfg.Server.MaxHeaderBytes,
+		IdleTimeout:       cfg.Server.IdleTimeout,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	return g, nil
@@ -222,51 +228,6 @@ func (g *Gateway) Policy() string { return g.policy.Name }
 
 // Registry returns the registry behind /metrics.
 func (g *Gateway) Registry() *prometheus.Registry { return g.reg }
-
-// Run serves until ctx ends, with every goroutine the gateway needs: the
-// HTTP server, the fleet's health checks and scrapes, and the KV-event
-// subscribers. It returns nil after a clean shutdown, or the first
-// component's error.
-func (g *Gateway) Run(ctx context.Context) error {
-	defer g.close()
-	eg, ctx := errgroup.WithContext(ctx)
-	if err := g.tenants.start(ctx, eg, g.rdb, g.cfg.Redis.KeyPrefix, g.log); err != nil {
-		return err
-	}
-	if g.breaker != nil {
-		eg.Go(func() error { return g.breaker.Run(ctx) })
-	}
-	if g.responses != nil {
-		eg.Go(func() error { return ignoreCanceled(g.responses.Run(ctx)) })
-	}
-	eg.Go(func() error { return g.fleet.Run(ctx) })
-	eg.Go(func() error { return g.runKVEvents(ctx) })
-	serve(ctx, eg, g.srv, g.ln)
-	if g.metricsSrv != nil {
-		serve(ctx, eg, g.metricsSrv, g.metricsLn)
-	}
-	return eg.Wait()
-}
-
-// serve runs srv on ln under eg until ctx ends, then shuts it down.
-func serve(ctx context.Context, eg *errgroup.Group, srv *http.Server, ln net.Listener) {
-	eg.Go(func() error {
-		err := srv.Serve(ln)
-		if errors.Is(err, http.ErrServerClosed) {
-			return nil
-		}
-		return fmt.Errorf("gateway: serve %s: %w", ln.Addr(), err)
-	})
-	eg.Go(func() error {
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := srv.Shutdown(sctx); err != nil {
-			srv.Close() // streams still open after the grace period
-		}
-		return nil
-	})
-}
 
 func (g *Gateway) close() {
 	if g.metricsLn != nil {

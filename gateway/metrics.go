@@ -26,6 +26,7 @@ type metrics struct {
 	upstreamErrors  *prometheus.CounterVec // replica, kind
 	redisErrors     *prometheus.CounterVec // op
 	streamsCut      *prometheus.CounterVec // reason
+	connsRejected   prometheus.Counter
 	inflight        prometheus.Gauge
 
 	mu    sync.Mutex // guards fracs
@@ -88,6 +89,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		streamsCut: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "warmpath_streams_cut_total", Help: "Streams that ended before the replica finished them, by reason (upstream_error, idle_timeout, first_byte_timeout, truncated, event_too_large); each ended with an error event.",
 		}, []string{"reason"}),
+		connsRejected: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "warmpath_connections_rejected_total", Help: "Client connections closed on arrival because their address already held server.max_conns_per_client.",
+		}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "warmpath_inflight_requests", Help: "Requests being proxied now.",
 		}),
@@ -95,7 +99,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	reg.MustRegister(m.requests, m.duration, m.ttft, m.promptTokens, m.cachedTokens, m.predictedTokens,
 		m.cachedFraction, m.mispredicted, m.mispredictedTok, m.decisions, m.rebinds, m.tokenizer,
-		m.tokenizeAvoided, m.retries, m.upstreamErrors, m.redisErrors, m.streamsCut, m.inflight)
+		m.tokenizeAvoided, m.retries, m.upstreamErrors, m.redisErrors, m.streamsCut, m.connsRejected, m.inflight)
 	return m
 }
 

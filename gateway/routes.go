@@ -4,7 +4,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"io"
 	"net/http"
 	"strconv"
@@ -95,7 +94,7 @@ func (s *statusRecorder) code() int {
 // routes builds the HTTP surface.
 func (g *Gateway) routes() http.Handler {
 	r := chi.NewRouter()
-	r.Use(requestID)
+	r.Use(requestID, g.bodyDeadline)
 	r.NotFound(g.serve("not_found", func(w http.ResponseWriter, r *http.Request) error {
 		return apierror.NotFound("unknown_url", "Unknown request URL: %s %s.", r.Method, r.URL.Path)
 	}))
@@ -149,10 +148,7 @@ func (g *Gateway) inference(api API) handler {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, g.cfg.MaxBodyBytes))
 		if err != nil {
-			if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-				return err
-			}
-			return apierror.BadRequest("", "reading request body: %v", err)
+			return bodyError(err)
 		}
 		h := r.Header.Clone()
 		setForwarded(h, r)
@@ -174,6 +170,9 @@ func (g *Gateway) inference(api API) handler {
 
 // ready reports whether at least one replica can take traffic.
 func (g *Gateway) ready(w http.ResponseWriter, r *http.Request) error {
+	if g.draining.Load() {
+		return apierror.Unavailable(nil, "draining: the gateway is shutting down")
+	}
 	for _, rep := range g.fleet.Snapshot().Replicas {
 		if rep.State().Healthy {
 			_, err := w.Write([]byte("ready\n"))
