@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"mime"
 	"net/http"
 	"strconv"
@@ -43,6 +44,11 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 		done: func(err error) {
 			x.flight.Done()
 			g.finish(x, got, have)
+			if g.log.Enabled(context.Background(), slog.LevelDebug) {
+				g.logFor(x).Debug("request", "model", x.req.model, "status", resp.StatusCode, "stream", stream,
+					"prompt_tokens", got.PromptTokens, "cached_tokens", got.CachedTokens, "predicted_cached", x.predicted,
+					"attempts", x.attempts, "duration_ms", time.Since(x.start).Milliseconds(), "err", err)
+			}
 			if have {
 				g.m.account(g.tenant(x), x.req.model, got, x.predicted, g.cfg.Routing.BlockSize)
 				if err == nil {

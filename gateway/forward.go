@@ -83,7 +83,7 @@ func (g *Gateway) forward(ctx context.Context, x *exchange) (*http.Response, err
 			resp.Body.Close()
 		}
 		g.m.retries.WithLabelValues(kind).Inc()
-		g.log.Info("retrying on next-best replica", "failed", rep.Spec.Name, "err", lastErr)
+		g.logFor(x).Info("retrying on next-best replica", "failed", rep.Spec.Name, "err", lastErr)
 	}
 	return nil, apierror.BadGateway(lastErr, "the upstream replica failed before answering; try again")
 }

@@ -68,10 +68,12 @@ type Gateway struct {
 	srv         *http.Server
 	metricsLn   net.Listener // nil: /metrics is served on ln
 	metricsSrv  *http.Server
-	draining    atomic.Bool     // SIGTERM arrived: /readyz answers 503
-	drainCtx    context.Context // ends when the drain timeout passes, cutting open streams
-	cutStreams  context.CancelFunc
-	started     time.Time
+	draining    atomic.Bool // SIGTERM arrived: /readyz answers 503
+	// tokenizeWarn rate-limits a warning any client can trigger.
+	tokenizeWarn sometimes
+	drainCtx     context.Context // ends when the drain timeout passes, cutting open streams
+	cutStreams   context.CancelFunc
+	started      time.Time
 }
 
 // New builds a gateway from cfg: it fills defaults, validates (errors name
@@ -99,6 +101,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	g := &Gateway{cfg: cfg, log: log, reg: reg, wrapped: wrapped, m: newMetrics(wrapped), kvm: kvevents.NewMetrics(wrapped), upstreamKey: o.UpstreamAPIKey, started: time.Now()}
 
 	g.drainCtx, g.cutStreams = context.WithCancel(context.Background())
+	g.tokenizeWarn.period = 10 * time.Second
 	var err error
 	if g.policy, err = scoring.NewPolicy(cfg.Routing.Policy, cfg.Routing.Weights); err != nil {
 		return nil, fmt.Errorf("config: routing: %w", err)

@@ -141,7 +141,9 @@ func (g *Gateway) matchPrefix(ctx context.Context, r *Request, reps []*fleet.Rep
 	case g.policy.UsesPrecise:
 		tokens, err := g.tokenize(ctx, r, reps, in.Endpoints)
 		if err != nil {
-			g.log.Warn("tokenize failed; routing without prefix information", "err", err)
+			if ok, held := g.tokenizeWarn.allow(); ok {
+				g.log.Warn("tokenize failed; routing without prefix information", "request_id", r.id, "err", err, "held_back", held)
+			}
 			in.Matched = make([]int, len(names))
 			return nil, nil
 		}

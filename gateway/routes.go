@@ -137,6 +137,7 @@ func requestID(next http.Handler) http.Handler {
 			id = "req_" + hex.EncodeToString(b[:])
 		}
 		w.Header().Set("X-Request-Id", id)
+		r.Header.Set("X-Request-Id", id) // passed on to the engine, which logs it
 		next.ServeHTTP(w, r)
 	})
 }
