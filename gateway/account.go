@@ -51,6 +51,7 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 			}
 			if have {
 				g.m.account(g.tenant(x), x.req.model, got, x.predicted, g.cfg.Routing.BlockSize)
+				g.activity.served(time.Now(), g.tenant(x), got)
 				if err == nil {
 					g.rememberCompleted(x.route, x.replica.Spec.Name, got)
 				}

@@ -59,6 +59,7 @@ type Gateway struct {
 	approx      *approxIndex
 	tok         *tokenizer
 	tenants     *tenants
+	activity    *activity          // what the status page shows
 	responses   *responses.Service // nil without Redis
 	admit       Admitter
 	wrapped     prometheus.Registerer // reg with the policy label
@@ -101,6 +102,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	g := &Gateway{cfg: cfg, log: log, reg: reg, wrapped: wrapped, m: newMetrics(wrapped), kvm: kvevents.NewMetrics(wrapped), upstreamKey: o.UpstreamAPIKey, started: time.Now()}
 
 	g.drainCtx, g.cutStreams = context.WithCancel(context.Background())
+	g.activity = newActivity()
 	g.tokenizeWarn.period = 10 * time.Second
 	var err error
 	if g.policy, err = scoring.NewPolicy(cfg.Routing.Policy, cfg.Routing.Weights); err != nil {

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,8 +18,8 @@ type preciseIndex struct {
 	ix        *blockindex.Index
 	blockSize int
 
-	mu      sync.RWMutex    // guards sources and models
-	sources map[string]bool // replicas whose events have arrived
+	mu      sync.RWMutex             // guards sources and models
+	sources map[string]*atomic.Int64 // replicas whose events have arrived → Unix nanos of the last batch
 	models  map[string]string
 }
 
@@ -29,7 +30,7 @@ func newPreciseIndex(rc RoutingConfig, reg prometheus.Registerer) (*preciseIndex
 	if err != nil {
 		return nil, err
 	}
-	p := &preciseIndex{ix: ix, blockSize: rc.BlockSize, sources: map[string]bool{}, models: map[string]string{}}
+	p := &preciseIndex{ix: ix, blockSize: rc.BlockSize, sources: map[string]*atomic.Int64{}, models: map[string]string{}}
 	reg.MustRegister(indexCollector{p})
 	return p, nil
 }
@@ -37,14 +38,28 @@ func newPreciseIndex(rc RoutingConfig, reg prometheus.Registerer) (*preciseIndex
 // Apply implements kvevents.Handler.
 func (p *preciseIndex) Apply(replica string, b kvevents.Batch) {
 	p.mu.RLock()
-	seen := p.sources[replica]
+	last := p.sources[replica]
 	p.mu.RUnlock()
-	if !seen {
+	if last == nil {
 		p.mu.Lock()
-		p.sources[replica] = true
+		if last = p.sources[replica]; last == nil {
+			last = new(atomic.Int64)
+			p.sources[replica] = last
+		}
 		p.mu.Unlock()
 	}
+	last.Store(time.Now().UnixNano())
 	p.ix.Apply(replica, b)
+}
+
+// lastEvent returns when the replica's last batch arrived, zero if none.
+func (p *preciseIndex) lastEvent(replica string) time.Time {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if last := p.sources[replica]; last != nil {
+		return time.Unix(0, last.Load())
+	}
+	return time.Time{}
 }
 
 // Clear implements kvevents.Handler.
@@ -77,7 +92,7 @@ func (p *preciseIndex) forget(replica string) {
 func (p *preciseIndex) receiving(replica string) bool {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	return p.sources[replica]
+	return p.sources[replica] != nil
 }
 
 func (p *preciseIndex) keys(tokens []uint32, model, salt string) []uint64 {

@@ -200,6 +200,8 @@ func (g *Gateway) commit(ctx context.Context, r *Request, rt *route, bind sessio
 	if p.Reason == scoring.ReasonSticky {
 		g.m.tokenizeAvoided.Inc()
 	}
+	g.activity.decided(decision{Time: time.Now(), RequestID: r.id, Tenant: r.tenantID(), Replica: rt.eps[p.Chosen()].ID,
+		Reason: p.Reason, Rebind: p.Rebind, Prompt: p.PromptTokens, Predicted: p.Predicted[0], Scores: scoreSummary(rt.eps, p)})
 }
 
 // newBinding is the session binding after this turn: the plan's, plus

@@ -104,6 +104,8 @@ func (g *Gateway) routes() http.Handler {
 	}))
 	r.Get("/healthz", func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	r.Get("/readyz", g.serve("readyz", g.ready))
+	r.Get("/ui", uiPageHandler) // the page holds no data; its JSON needs the admin key
+	r.Get("/ui/status.json", g.serve("status", g.status))
 	if g.metricsSrv == nil {
 		r.Handle("/metrics", promhttp.HandlerFor(g.reg, promhttp.HandlerOpts{}))
 	}

@@ -63,6 +63,12 @@ func startDev(cfg *gateway.Config, log *slog.Logger) (*devStack, error) {
 			Name: info.Name, URL: info.URL, Model: info.Model, KVEndpoint: info.KVEndpoint, ReplayEndpoint: info.ReplayEndpoint,
 		})
 	}
+	if cfg.Auth.AdminKey == "" && cfg.Auth.AdminKeyFile == "" {
+		// The admin API and the status page, for the developer.
+		var b [16]byte
+		_, _ = rand.Read(b[:])
+		cfg.Auth.AdminKey = "wp-admin-dev-" + hex.EncodeToString(b[:])
+	}
 	if cfg.DevKey == "" {
 		var b [16]byte
 		_, _ = rand.Read(b[:])

@@ -85,6 +85,9 @@ func printBanner(w io.Writer, addr, policy string, cfg *gateway.Config, dev *dev
 	}
 	if dev != nil {
 		fmt.Fprintf(w, "warmpath: embedded development setup: %s and %d simulated vLLM replicas of %s\n", dev.store(), len(cfg.Replicas), model)
+		if cfg.Auth.AdminKey != "" {
+			fmt.Fprintf(w, "warmpath: admin key: %s (admin API under /admin/, status page %s/ui#key=%s)\n", cfg.Auth.AdminKey, base, cfg.Auth.AdminKey)
+		}
 	}
 	fmt.Fprintf(w, "try:\n  curl -s %s/v1/chat/completions%s -H \"Content-Type: application/json\" -d '{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello from warmpath\"}]}'\n", base, auth, model)
 }
