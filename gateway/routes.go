@@ -47,7 +47,7 @@ func (g *Gateway) serve(route string, h handler) http.HandlerFunc {
 			if he.Status == apierror.StatusClientClosed {
 				rec.status = apierror.StatusClientClosed
 			}
-			if he.Status >= 500 || (he.Err != nil && he.Status != apierror.StatusClientClosed) {
+			if route != "readyz" && (he.Status >= 500 || (he.Err != nil && he.Status != apierror.StatusClientClosed)) {
 				g.log.Warn("request failed", "route", route, "status", he.Status, "msg", he.Msg, "err", he.Err, "request_id", w.Header().Get("X-Request-Id"))
 			}
 		}
