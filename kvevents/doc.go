@@ -56,10 +56,23 @@
 //     times out, returns nothing, or starts later than asked because the
 //     publisher's buffer moved on): Clear, then go on from the next batch.
 //
-// A Clear of a replica also resets the sequence state of its other DP
-// ranks, which resync from 0 (with replay) on their next batch. Replays
-// are bounded by an overall and an idle timeout and by the number of live
-// batches buffered meanwhile.
+// A replay from 0 (joining, or after a restart) asks for everything, and
+// what the publisher still holds from its first retained batch on is
+// everything there is: it is complete whether the publisher numbers from 1
+// (llm-d-inference-sim) or has dropped its oldest batches. Live batches
+// that a replay already applied are dropped without counting as
+// duplicates.
+//
+// A data-parallel engine is one replica whose ranks publish separate
+// streams (separate sockets in vLLM, rank r on port + r; see
+// OffsetEndpoint and CheckPortLayout). When the Handler implements
+// [RankClearer], each rank joins, restarts and clears on its own
+// (ClearRank), and the other ranks keep their state and their sync. A
+// plain Handler only knows Clear(replica), which also wipes what the other
+// ranks contributed, so their sequence state is reset and they resync
+// from 0 (with replay) on their next batch. Replays are bounded by an
+// overall and an idle timeout and by the number of live batches buffered
+// meanwhile.
 //
 // # Goroutines and concurrency
 //
@@ -80,7 +93,7 @@
 //		Replica:        "10.0.0.7:8000",
 //		Endpoint:       "tcp://10.0.0.7:5557",
 //		ReplayEndpoint: "tcp://10.0.0.7:5558",
-//		Handler:        index, // Apply(replica, batch), Clear(replica)
+//		Handler:        index, // Apply(replica, batch), ClearRank(replica, rank)
 //		Metrics:        kvevents.NewMetrics(registry),
 //		Logger:         logger,
 //	})

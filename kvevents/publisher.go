@@ -72,6 +72,10 @@ type PublisherConfig struct {
 	// when it is full Publish drops the batch and counts it. Zero or less
 	// means DefaultQueueSize.
 	QueueSize int
+	// FirstSeq is the sequence number of the first batch after Run starts
+	// and after each Reset. vLLM numbers from 0, the default;
+	// llm-d-inference-sim numbers from 1.
+	FirstSeq uint64
 	// Logger receives warnings (malformed replay requests, send errors);
 	// nil discards them.
 	Logger *slog.Logger
@@ -80,7 +84,8 @@ type PublisherConfig struct {
 // Publisher publishes KV-event batches the way a vLLM engine does: live on
 // a PUB socket as [topic, seq, payload] with seq counting from 0, and, when
 // configured, replayed on request from a bounded ring buffer over a ROUTER
-// socket. The simulator uses it.
+// socket. The simulator uses it. PublisherConfig.FirstSeq moves the first
+// sequence number, as some publishers other than vLLM do.
 //
 // NewPublisher creates, binds or connects the sockets; Run is the one
 // goroutine that uses them from then on (starting it is the happens-before
@@ -154,10 +159,11 @@ func NewPublisher(zctx *zmq.Context, cfg PublisherConfig) (*Publisher, error) {
 		cfg.QueueSize = DefaultQueueSize
 	}
 	p := &Publisher{
-		cfg:   cfg,
-		log:   loggerOrDiscard(cfg.Logger),
-		topic: []byte(cfg.Topic),
-		wake:  make(chan struct{}, 1),
+		cfg:     cfg,
+		log:     loggerOrDiscard(cfg.Logger),
+		topic:   []byte(cfg.Topic),
+		wake:    make(chan struct{}, 1),
+		nextSeq: cfg.FirstSeq,
 	}
 	var err error
 	p.pub, p.endpoint, err = openSocket(zctx, zmq.PUB, cfg.Endpoint, bindsEndpoint(cfg.Endpoint), func(s *zmq.Socket) error {
@@ -259,14 +265,15 @@ func (p *Publisher) Publish(b Batch) error {
 }
 
 // Reset simulates an engine restart: the next published batch gets
-// sequence number 0 and the replay buffer is emptied. It is ordered with
+// sequence number FirstSeq (0 by default) and the replay buffer is
+// emptied. It is ordered with
 // respect to Publish: batches published before Reset keep their numbers
 // and are still sent; they are gone from the replay buffer once the socket
 // goroutine reaches the reset. Reset never blocks and is safe for
 // concurrent use.
 func (p *Publisher) Reset() {
 	p.mu.Lock()
-	p.nextSeq = 0
+	p.nextSeq = p.cfg.FirstSeq
 	if p.state != pubClosed {
 		p.queue = append(p.queue, pubItem{reset: true})
 	}

@@ -156,7 +156,8 @@
 //   - AllBlocksCleared on POST /reset_prefix_cache.
 //
 // A restart (Replica.Restart) empties the cache silently and resets the
-// publisher, so the next batch has sequence number 0, as a restarted vLLM.
+// publisher, so the next batch has sequence number 0 (Config.FirstSeq), as
+// a restarted vLLM.
 //
 // # Faults
 //

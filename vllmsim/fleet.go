@@ -62,6 +62,10 @@ type Config struct {
 	EventFormat kvevents.Format
 	// ReplayFraming selects the replay reply framing (zero: with topic).
 	ReplayFraming kvevents.ReplayFraming
+	// FirstSeq is the sequence number of a replica's first KV-event batch,
+	// at start and after a restart; default 0, as vLLM. 1 mimics
+	// llm-d-inference-sim.
+	FirstSeq uint64
 	// SchedulingPolicy is "fcfs" (default) or "priority" (lower priority
 	// values are scheduled first; with "fcfs" a non-zero priority is
 	// rejected with 400, as vLLM does).

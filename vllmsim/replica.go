@@ -101,6 +101,7 @@ func newReplica(cfg Config, zctx *zmq.Context, i int) (*Replica, error) {
 		Topic:          topic,
 		Format:         cfg.EventFormat,
 		ReplayFraming:  cfg.ReplayFraming,
+		FirstSeq:       cfg.FirstSeq,
 		Logger:         logger,
 	})
 	if err != nil {
@@ -207,7 +208,8 @@ func (r *Replica) waitHang(ctx context.Context) error {
 // flight fail (500, or an error event mid-stream), the KV cache is emptied
 // without an AllBlocksCleared event, the block-hash root is re-drawn
 // (unless Config.Seed is set), counters restart, and the next KV-event
-// batch has sequence number 0. The HTTP listener stays up.
+// batch has sequence number Config.FirstSeq (0 by default). The HTTP
+// listener stays up.
 func (r *Replica) Restart() { r.eng.restart() }
 
 // SetDown closes (down true) or reopens (down false) the replica's HTTP
