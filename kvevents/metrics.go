@@ -3,6 +3,7 @@ package kvevents
 import (
 	"errors"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,6 +27,9 @@ type Metrics struct {
 	unknownKeys   *prometheus.CounterVec   // replica
 	lag           *prometheus.HistogramVec // replica
 	lastSeq       *prometheus.GaugeVec     // replica, dp_rank
+
+	mu    sync.Mutex     // guards users
+	users map[string]int // replica → Subscriber.Run calls in progress
 }
 
 // Replay results, the values of the result label of
@@ -199,8 +203,36 @@ func (m *Metrics) clear(replica, reason string) {
 	}
 }
 
-// forget deletes every series of replica, so a fleet with churning
-// replica names does not grow the registry forever.
+// acquire registers a subscriber of replica; release undoes it and, for
+// the last one, deletes every series of replica, so a fleet with churning
+// replica names does not grow the registry forever while the subscribers
+// of a replica's other data-parallel ranks keep theirs.
+func (m *Metrics) acquire(replica string) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	if m.users == nil {
+		m.users = map[string]int{}
+	}
+	m.users[replica]++
+	m.mu.Unlock()
+}
+
+func (m *Metrics) release(replica string) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.users[replica]--; m.users[replica] > 0 {
+		return
+	}
+	delete(m.users, replica)
+	m.forget(replica)
+}
+
+// forget deletes every series of replica.
 func (m *Metrics) forget(replica string) {
 	if m == nil {
 		return

@@ -89,8 +89,8 @@ type PublisherConfig struct {
 //
 // NewPublisher creates, binds or connects the sockets; Run is the one
 // goroutine that uses them from then on (starting it is the happens-before
-// edge that hands them over). Publish, Reset, Dropped, Endpoint and
-// ReplayEndpoint are safe for concurrent use, also with Run.
+// edge that hands them over). Publish, Reset, DropNext, Dropped, Endpoint
+// and ReplayEndpoint are safe for concurrent use, also with Run.
 type Publisher struct {
 	cfg            PublisherConfig
 	log            *slog.Logger
@@ -109,8 +109,9 @@ type Publisher struct {
 	state   pubState
 	wake    chan struct{} // capacity 1; signals queue activity to Run
 
-	dropped atomic.Uint64
-	sent    atomic.Uint64 // live batches handed to the PUB socket (or skipped); read by tests
+	dropped  atomic.Uint64
+	sent     atomic.Uint64 // live batches handed to the PUB socket (or skipped); read by tests
+	dropNext atomic.Int64  // live sends still to skip, see DropNext
 
 	// skipLive, when set before Run, makes Run buffer but not send the
 	// batches for which it returns true (tests simulate loss with it).
@@ -388,9 +389,31 @@ func (p *Publisher) Run(ctx context.Context) error {
 	}
 }
 
+// DropNext makes Run keep the next n batches it sends for replay without
+// sending them live, as libzmq drops messages for a subscriber past the
+// send high-water mark: subscribers see a sequence gap. It simulates loss
+// (for the simulator and tests); n ≤ 0 cancels drops still pending.
+func (p *Publisher) DropNext(n int) { p.dropNext.Store(int64(max(n, 0))) }
+
+// skipSend reports whether the live send of seq is dropped.
+func (p *Publisher) skipSend(seq uint64) bool {
+	if p.skipLive != nil && p.skipLive(seq) {
+		return true
+	}
+	for {
+		n := p.dropNext.Load()
+		if n <= 0 {
+			return false
+		}
+		if p.dropNext.CompareAndSwap(n, n-1) {
+			return true
+		}
+	}
+}
+
 // send writes one live message.
 func (p *Publisher) send(it pubItem) error {
-	if p.skipLive != nil && p.skipLive(it.seq) {
+	if p.skipSend(it.seq) {
 		return nil
 	}
 	if _, err := p.pub.SendMessage(p.topic, seqFrame(it.seq), it.payload); err != nil {

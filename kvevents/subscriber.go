@@ -100,13 +100,15 @@ func NewSubscriber(zctx *zmq.Context, cfg SubscriberConfig) (*Subscriber, error)
 // the DEALERs it opens for replays) and the only caller of the Handler. A
 // failing SUB socket is closed and re-created after a short backoff; Run
 // returns another error only when the zmq context is terminated. When it
-// returns it has closed its sockets and deleted the replica's metric
-// series. Run may be called once.
+// returns it has closed its sockets and, if it was the replica's last
+// running Subscriber on its Metrics (a data-parallel engine has one per
+// rank), deleted the replica's metric series. Run may be called once.
 func (s *Subscriber) Run(ctx context.Context) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return errors.New("kvevents: subscriber: Run called twice")
 	}
-	defer s.cfg.Metrics.forget(s.cfg.Replica)
+	s.cfg.Metrics.acquire(s.cfg.Replica)
+	defer s.cfg.Metrics.release(s.cfg.Replica)
 	var replayEP func(string, *int) string
 	if ep := s.cfg.ReplayEndpoint; ep != "" {
 		replayEP = func(string, *int) string { return ep }

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1133,4 +1134,60 @@ func TestCentralDPRanksClearApart(t *testing.T) {
 	if got := metricValue(t, reg, "warmpath_kvevents_clears_total", map[string]string{"reason": ClearRestart}); got != 1 {
 		t.Errorf("clears_total{reason=restart} = %v; want 1", got)
 	}
+}
+
+// TestSubscriberRankMetricsOutliveSiblings runs two subscribers for two
+// data-parallel ranks of one replica on one Metrics: stopping one keeps
+// the replica's series (its sibling still reports); stopping the last
+// deletes them.
+func TestSubscriberRankMetricsOutliveSiblings(t *testing.T) {
+	zctx := newZCtx(t)
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	rec := &rankRecorder{}
+	var stops []func()
+	var feeders []*feeder
+	for rank := range 2 {
+		p := newTestPublisher(t, zctx, PublisherConfig{}, nil)
+		feeders = append(feeders, &feeder{t: t, p: p, next: uint64(rank) << 20, rank: rank})
+		stops = append(stops, newTestSubscriber(t, zctx, SubscriberConfig{Endpoint: p.Endpoint(), Handler: rec, Metrics: m}))
+	}
+	seen := func(rank string) bool {
+		return metricValue(t, reg, "warmpath_kvevents_batches_total", map[string]string{"replica": "r1"}) > 0 &&
+			len(gatherLabels(t, reg, "warmpath_kvevents_last_seq", "dp_rank", rank)) > 0
+	}
+	for rank, f := range feeders {
+		f.until("rank's batches", func() bool { return seen(strconv.Itoa(rank)) })
+	}
+	stops[1]()
+	if !seen("0") {
+		t.Fatal("stopping rank 1's subscriber deleted rank 0's series")
+	}
+	stops[0]()
+	if n := metricValue(t, reg, "warmpath_kvevents_batches_total", map[string]string{"replica": "r1"}); n != 0 {
+		t.Errorf("batches_total{replica=r1} = %v after the last subscriber stopped; want the series gone", n)
+	}
+}
+
+// gatherLabels returns the values of label on the samples of name.
+func gatherLabels(t *testing.T, reg *prometheus.Registry, name, label, value string) []string {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == label && lp.GetValue() == value {
+					out = append(out, lp.GetValue())
+				}
+			}
+		}
+	}
+	return out
 }
