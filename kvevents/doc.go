@@ -30,11 +30,19 @@
 // # Topologies
 //
 // A [Subscriber] connects one SUB socket to one replica's PUB endpoint
-// (vLLM binds tcp://*:5557); the gateway runs one per replica and cancels
-// it when the replica leaves. A [Central] binds one SUB socket that
-// engines' PUB sockets connect to, naming replicas by topic. A [Publisher]
-// binds or connects its PUB socket by vLLM's rule and binds an optional
-// replay ROUTER.
+// (vLLM binds tcp://*:5557); the gateway runs one per replica (and per
+// data-parallel rank, at the endpoint's port + rank) and cancels it when
+// the replica leaves. A [Central] binds one SUB socket that engines' PUB
+// sockets connect to (one per data-parallel rank, CentralConfig.Ranks),
+// naming replicas by topic, which CentralConfig.Resolve maps to fleet
+// names: batches of a replica the fleet does not know are dropped,
+// counted by topic and warned about once. Only one process can bind the
+// address connecting engines dial, so several gateways put a [Relay] there
+// (`warmpath kv-relay`): it binds that address and republishes every
+// message unchanged on an XPUB socket that each gateway's Central connects
+// to (CentralConfig.Connect); replays still go to each engine's ROUTER. A
+// [Publisher] binds or connects its PUB socket by vLLM's rule and binds an
+// optional replay ROUTER.
 //
 // # Sequencing
 //
@@ -76,10 +84,11 @@
 //
 // # Goroutines and concurrency
 //
-// Constructors start nothing. Each of Publisher.Run, Subscriber.Run and
-// Central.Run is one blocking goroutine that owns every socket of its
-// component (pebbe/zmq4 sockets are not safe for concurrent use); sockets
-// created by NewPublisher and NewCentral pass to Run when it starts. Run
+// Constructors start nothing. Each of Publisher.Run, Subscriber.Run,
+// Central.Run and Relay.Run is one blocking goroutine that owns every
+// socket of its component (pebbe/zmq4 sockets are not safe for concurrent
+// use); sockets created by NewPublisher, NewCentral and NewRelay pass to
+// Run when it starts. Run
 // polls at least every 50 ms, returns ctx.Err() soon after ctx ends, and
 // closes its sockets before returning. Publisher.Publish and Reset are safe
 // for concurrent use and never block: they queue work for Run. Decode,

@@ -504,11 +504,12 @@ func (s *sequencer) expire(now time.Time) {
 	}
 }
 
-// addSockets adds the replay sockets to p.
-func (s *sequencer) addSockets(p *zmq.Poller) {
+// addSockets adds the replay sockets to p and returns how many.
+func (s *sequencer) addSockets(p *zmq.Poller) int {
 	for _, rp := range s.replays {
 		p.Add(rp.sock, zmq.POLLIN)
 	}
+	return len(s.replays)
 }
 
 // close closes the replay sockets; the sequencer is done.

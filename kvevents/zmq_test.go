@@ -923,7 +923,7 @@ func TestRunExitsWithoutLeaks(t *testing.T) {
 		defer zctx.Term()
 		ctx, cancel := context.WithCancel(context.Background())
 		var wg sync.WaitGroup
-		errs := make(chan error, 4)
+		errs := make(chan error, 5)
 		start := func(fn func(context.Context) error) { wg.Go(func() { errs <- fn(ctx) }) }
 
 		rec := &recorder{}
@@ -944,10 +944,15 @@ func TestRunExitsWithoutLeaks(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		relay, err := NewRelay(zctx, RelayConfig{Bind: "tcp://127.0.0.1:*", Publish: "tcp://127.0.0.1:*", Metrics: NewRelayMetrics(nil)})
+		if err != nil {
+			t.Fatal(err)
+		}
 		start(c.Run)
 		start(p1.Run)
 		start(p2.Run)
 		start(s.Run)
+		start(relay.Run)
 		f1, f2 := &feeder{t: t, p: p1}, &feeder{t: t, p: p2}
 		f1.until("both streams", func() bool {
 			f2.publish(1)
@@ -967,19 +972,37 @@ func TestRunExitsWithoutLeaks(t *testing.T) {
 	eventually(t, waitFor, "goroutines to exit", func() bool { return runtime.NumGoroutine() <= before })
 }
 
-// logSink is a slog.Handler that keeps every record's message.
+// logSink is a slog.Handler that keeps every record's message and
+// attributes.
 type logSink struct {
 	mu   sync.Mutex
 	msgs []string
+	recs []map[string]string
 }
 
 func (l *logSink) Enabled(context.Context, slog.Level) bool { return true }
 
 func (l *logSink) Handle(_ context.Context, r slog.Record) error {
+	a := map[string]string{}
+	r.Attrs(func(at slog.Attr) bool { a[at.Key] = at.Value.String(); return true })
 	l.mu.Lock()
 	l.msgs = append(l.msgs, r.Message)
+	l.recs = append(l.recs, a)
 	l.mu.Unlock()
 	return nil
+}
+
+// attrs returns the values of key over every record that has it.
+func (l *logSink) attrs(key string) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, a := range l.recs {
+		if v, ok := a[key]; ok {
+			out = append(out, v)
+		}
+	}
+	return out
 }
 
 func (l *logSink) WithAttrs([]slog.Attr) slog.Handler { return l }

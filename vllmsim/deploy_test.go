@@ -565,3 +565,224 @@ func TestQuirkBlockSize64(t *testing.T) {
 		t.Errorf("engine cached %d tokens; the index predicts %d (%d in 64-token blocks)", got, index, index/64*64)
 	}
 }
+
+// central starts a Central feeding g's index and returns it.
+func (g *gatewaySide) central(cfg kvevents.CentralConfig) *kvevents.Central {
+	g.t.Helper()
+	cfg.Handler, cfg.Metrics, cfg.Logger = g.ix, g.m, slog.New(g.logs)
+	if cfg.ReplayIdleTimeout == 0 {
+		cfg.ReplayIdleTimeout = 5 * time.Second
+	}
+	c, err := kvevents.NewCentral(g.zctx, cfg)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	g.run("central", c.Run)
+	return c
+}
+
+// replayEndpoints returns a Central's ReplayEndpoint hook for f: rank 0's
+// ROUTER of each replica (the Central offsets it by rank).
+func replayEndpoints(f *Fleet) func(string) string {
+	m := map[string]string{}
+	for _, r := range f.Replicas() {
+		m[r.Info().Name] = r.Info().ReplayEndpoint
+	}
+	return func(name string) string { return m[name] }
+}
+
+// knownNames is a Resolve hook that knows f's replicas by name.
+func knownNames(f *Fleet) func(string) (string, bool) {
+	m := map[string]bool{}
+	for _, r := range f.Replicas() {
+		m[r.Info().Name] = true
+	}
+	return func(name string) (string, bool) { return name, m[name] }
+}
+
+// onFreePorts calls try with base ports until it succeeds, failing the
+// test after 50 tries.
+func onFreePorts(t *testing.T, try func(base int) error) {
+	t.Helper()
+	var err error
+	for i := range 50 {
+		base := 20000 + (i*7919+int(time.Now().UnixNano()%997))%40000
+		if err = try(base); err == nil {
+			return
+		}
+	}
+	t.Fatalf("no free ports: %v", err)
+}
+
+// TestDeployRelayTwoGateways runs three engines whose PUB sockets connect
+// (the central topology) through one kv-relay to two gateways, each a
+// connect-mode Central feeding its own index: both indexes end identical,
+// and batches lost on one engine's live stream are replayed by both,
+// straight from that engine. With data parallelism, each rank dials the
+// relay's port + rank.
+func TestDeployRelayTwoGateways(t *testing.T) {
+	for _, dp := range []int{1, 2} {
+		t.Run("dp"+strconv.Itoa(dp), func(t *testing.T) {
+			var relay *kvevents.Relay
+			var f *Fleet
+			zctx, err := zmq.NewContext()
+			if err != nil {
+				t.Fatal(err)
+			}
+			onFreePorts(t, func(base int) (err error) {
+				relay, err = kvevents.NewRelay(zctx, kvevents.RelayConfig{Bind: "tcp://127.0.0.1:" + strconv.Itoa(base),
+					Ranks: dp, Publish: "tcp://127.0.0.1:*", Metrics: kvevents.NewRelayMetrics(nil)})
+				if err != nil {
+					return err
+				}
+				// Replay ports in a fixed layout: rank r at rank 0's + r.
+				f, err = NewFleet(Config{Replicas: 3, DataParallelSize: dp, KVConnect: relay.Endpoints()[0],
+					ReplayPort: base + 10, Speed: 1000})
+				if err != nil {
+					relay.Close()
+				}
+				return err
+			})
+			runFleet(t, f)
+			ctx, cancel := context.WithCancel(context.Background())
+			relayDone := make(chan error, 1)
+			go func() { relayDone <- relay.Run(ctx) }()
+			t.Cleanup(func() {
+				cancel()
+				<-relayDone
+				_ = zctx.Term()
+			})
+
+			var gws []*gatewaySide
+			for range 2 {
+				g := newGatewaySide(t, f, blockindex.Config{})
+				g.central(kvevents.CentralConfig{Connect: relay.PublishEndpoint(), Resolve: knownNames(f), ReplayEndpoint: replayEndpoints(f)})
+				gws = append(gws, g)
+			}
+			pin := func(rank int) []string { return []string{"X-data-parallel-rank", strconv.Itoa(rank)} }
+			var prompts [][]Message
+			for _, rep := range f.Replicas() {
+				in := rep.Info()
+				for rank := range dp {
+					for _, g := range gws {
+						g.warm(in.Name, in.URL, pin(rank)...)
+					}
+				}
+			}
+			for round := range 3 {
+				if round == 1 {
+					f.Replicas()[1].DropKVEvents(dp-1, 1) // lost on the live stream, kept for replay; round 2 shows the gap
+				}
+				for i, rep := range f.Replicas() {
+					in := rep.Info()
+					for rank := range dp {
+						p := prompt("relay"+strconv.Itoa(round)+"r"+strconv.Itoa(i)+"k"+strconv.Itoa(rank), 80+20*i)
+						send(t, in.URL, p, pin(rank)...)
+						prompts = append(prompts, p)
+					}
+				}
+			}
+			for _, g := range gws {
+				for i, p := range prompts {
+					g.waitDepth("prompt "+strconv.Itoa(i), f.Replicas()[i/dp%3].Info().Name, p, fullBlocks(p))
+				}
+			}
+			names := make([]string, 0, 3)
+			for _, rep := range f.Replicas() {
+				names = append(names, rep.Info().Name)
+			}
+			for i, p := range prompts {
+				h0, h1 := gws[0].ix.Match(gws[0].keys(p), names, nil), gws[1].ix.Match(gws[1].keys(p), names, nil)
+				for j := range names {
+					if h0[j] != h1[j] {
+						t.Errorf("prompt %d on %s: gateway 0 holds %+v, gateway 1 %+v", i, names[j], h0[j], h1[j])
+					}
+				}
+			}
+			s0, s1 := gws[0].ix.Stats(), gws[1].ix.Stats()
+			if s0.Keys != s1.Keys || s0.Entries != s1.Entries {
+				t.Errorf("gateway 0 holds %d keys, %d entries; gateway 1 %d, %d", s0.Keys, s0.Entries, s1.Keys, s1.Entries)
+			}
+			for _, n := range names {
+				if a, b := s0.Replicas[n], s1.Replicas[n]; a.Entries != b.Entries || a.EngineBlocks != b.EngineBlocks || a.Ranks != dp {
+					t.Errorf("replica %s: gateway 0 %+v, gateway 1 %+v", n, a, b)
+				}
+			}
+			for k, g := range gws {
+				if n := g.metric("warmpath_kvevents_gaps_total", nil); n == 0 {
+					t.Errorf("gateway %d saw no gap", k)
+				}
+				if n := g.metric("warmpath_kvevents_replays_total", map[string]string{"result": kvevents.ReplayOK}); n == 0 {
+					t.Errorf("gateway %d replayed nothing", k)
+				}
+				g.noReplayTrouble()
+			}
+		})
+	}
+}
+
+// runFleet runs f until the test ends.
+func runFleet(t *testing.T, f *Fleet) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("fleet Run: %v", err)
+		}
+	})
+}
+
+// TestDeployUnknownTopic runs two engines publishing to one central whose
+// fleet knows the first under another name (its kv_topic names the
+// engine's host:port) and not the second: the first is indexed under the
+// fleet's name, the second's batches are counted by topic and warned about
+// once, and nothing is indexed under a replica that does not exist.
+func TestDeployUnknownTopic(t *testing.T) {
+	ix, err := blockindex.New(blockindex.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	zctx, err := zmq.NewContext()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = zctx.Term() })
+	reg := prometheus.NewRegistry()
+	g := &gatewaySide{t: t, ix: ix, reg: reg, m: kvevents.NewMetrics(reg), logs: &logSink{}, zctx: zctx}
+	var known string // the first engine's host:port, as its topic names it
+	c := g.central(kvevents.CentralConfig{Bind: "tcp://127.0.0.1:*", Resolve: func(name string) (string, bool) {
+		if name == known {
+			return "engine-a", true
+		}
+		return "", false
+	}})
+	f := startFleet(t, Config{Replicas: 2, KVConnect: c.Endpoint()})
+	a, b := f.Replicas()[0].Info(), f.Replicas()[1].Info()
+	known = a.Name // set before either engine publishes: read by Run's goroutine afterwards
+	if err := ix.SetReplicaModel("engine-a", a.Model); err != nil {
+		t.Fatal(err)
+	}
+	g.warm("engine-a", a.URL)
+	unknown := func() float64 {
+		return g.metric("warmpath_kvevents_unknown_replica_batches_total", map[string]string{"topic": b.Topic})
+	}
+	for i := 0; unknown() < 3; i++ {
+		if i == 1000 {
+			t.Fatal("no batch of the unknown engine counted")
+		}
+		send(t, b.URL, prompt("unknown"+strconv.Itoa(i), 40))
+	}
+	st := ix.Stats()
+	if _, ok := st.Replicas[b.Name]; ok {
+		t.Errorf("index holds replica %s, which is not in the fleet: %+v", b.Name, st.Replicas)
+	}
+	if _, ok := st.Replicas[a.Name]; ok {
+		t.Errorf("index holds the first engine under its topic name %s too", a.Name)
+	}
+	if n := g.logs.count("not in the fleet"); n != 1 {
+		t.Errorf("%d warnings about the unknown engine; want 1", n)
+	}
+}

@@ -25,6 +25,7 @@ func commands() []command {
 		{"sim", "run a simulated vLLM fleet", runSim},
 		{"bench", "benchmark routing policies live on a simulated (or given) fleet", runBench},
 		{"analyze", "replay a request log offline through every routing policy", runAnalyze},
+		{"kv-relay", "relay connecting engines' KV events to several gateways", runKVRelay},
 	}
 }
 
