@@ -2,6 +2,7 @@ package blockindex
 
 import (
 	"fmt"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 
@@ -25,19 +26,12 @@ const DefaultCPUMaxEntries = 1 << 15
 // the tier's read lock.
 type cpuTier struct {
 	mu         sync.RWMutex
-	keys       map[uint64]cpuRef // own key → blocks holding it
-	head, tail *cpuBlock         // most recently stored first
-	n          int               // own keys referenced by the list, with multiplicity
-	cap        int               // bound on n
+	keys       cpuKeys   // own key → blocks holding it
+	head, tail *cpuBlock // most recently stored first
+	n          int       // own keys referenced by the list, with multiplicity
+	cap        int       // bound on n
 
-	keysHeld atomic.Int64 // len(keys), for Stats and Match's fast path
-}
-
-// cpuRef is an own key's entry in a CPU tier: how many blocks hold it, and
-// the one that stored it last (nil once that one is gone), for touches.
-type cpuRef struct {
-	blk *cpuBlock
-	n   int32
+	keysHeld atomic.Int64 // keys.len(), for Stats and Match's fast path
 }
 
 // cpuBlock is one engine block in a CPU tier.
@@ -51,10 +45,7 @@ type cpuBlock struct {
 	prev, next *cpuBlock
 }
 
-func (c *cpuTier) init(capacity int) {
-	c.keys = map[uint64]cpuRef{}
-	c.cap = capacity
-}
+func (c *cpuTier) init(capacity int) { c.cap = capacity }
 
 // SetCPUCapacity bounds replica's CPU tier to blocks own keys (blocks of
 // the index's block size), evicting the least recently stored beyond it;
@@ -104,7 +95,7 @@ func (ix *Index) applyOffload(r *replica, st *rankState, e *kvevents.BlockStored
 			r.cpu.mu.Lock()
 			r.cpu.moveToFront(b)
 			r.cpu.mu.Unlock()
-			ix.stored[tierCPU].Add(1)
+			r.tally.stored[tierCPU]++
 			continue
 		}
 		v, ok := st.eng.get(eh)
@@ -112,7 +103,7 @@ func (ix *Index) applyOffload(r *replica, st *rankState, e *kvevents.BlockStored
 			unknown = true
 			continue
 		}
-		ix.stored[tierCPU].Add(1)
+		r.tally.stored[tierCPU]++
 		if v&auxFlag == 0 {
 			ix.cpuRecord(r, st, eh, v, []uint64{v}, nil, false)
 			continue
@@ -143,14 +134,12 @@ func (ix *Index) cpuRecord(r *replica, st *rankState, eh, state uint64, keys []u
 	b.own = append(b.own[:0], keys...)
 	b.part = append(b.part[:0], part...)
 	for _, k := range b.own {
-		ref := c.keys[k]
-		if ref.n == 0 {
+		if c.keys.ref(k, b) {
 			ix.cpuKeys.Add(1)
 		}
-		c.keys[k] = cpuRef{blk: b, n: ref.n + 1}
 	}
 	c.n += len(b.own)
-	c.keysHeld.Store(int64(len(c.keys)))
+	c.keysHeld.Store(int64(c.keys.len()))
 	c.pushFront(b)
 	ix.cpuEvict(c)
 }
@@ -198,23 +187,14 @@ func (ix *Index) cpuDrop(c *cpuTier, b *cpuBlock) {
 	c.unlink(b)
 	ix.cpuUnref(c, b)
 	delete(b.st.cpu, b.eh)
-	c.keysHeld.Store(int64(len(c.keys)))
+	c.keysHeld.Store(int64(c.keys.len()))
 }
 
 // cpuUnref releases b's references to its own keys. The caller holds c.mu.
 func (ix *Index) cpuUnref(c *cpuTier, b *cpuBlock) {
 	for _, k := range b.own {
-		ref := c.keys[k]
-		switch {
-		case ref.n <= 1:
-			delete(c.keys, k)
+		if c.keys.unref(k, b) {
 			ix.cpuKeys.Add(-1)
-		default:
-			if ref.blk == b {
-				ref.blk = nil
-			}
-			ref.n--
-			c.keys[k] = ref
 		}
 	}
 	c.n -= len(b.own)
@@ -226,8 +206,8 @@ func (c *cpuTier) touch(keys []uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, k := range keys {
-		if ref, ok := c.keys[k]; ok && ref.blk != nil {
-			c.moveToFront(ref.blk)
+		if blk := c.keys.last(k); blk != nil {
+			c.moveToFront(blk)
 		}
 	}
 }
@@ -270,12 +250,137 @@ func (c *cpuTier) continuation(keys []uint64) int {
 	defer c.mu.RUnlock()
 	n := 0
 	for _, k := range keys {
-		if _, ok := c.keys[k&keyMask]; !ok {
+		if !c.keys.has(k & keyMask) {
 			break
 		}
 		n++
 	}
 	return n
+}
+
+// cpuKeys is an open-addressing map (linear probing, backward-shift
+// deletion, as engTable) from own key to the CPU blocks holding it: how
+// many, and the one that stored it last (nil once that one is gone), for
+// touches. Match probes it once per key of a CPU continuation, so it
+// avoids a Go map's hashing. The zero value is empty.
+type cpuKeys struct {
+	s []cpuKeySlot
+	n int
+}
+
+type cpuKeySlot struct {
+	k   uint64 // 0 for an empty slot
+	n   int32
+	blk *cpuBlock
+}
+
+func (t *cpuKeys) len() int { return t.n }
+
+func (t *cpuKeys) home(k uint64) int {
+	hi, _ := bits.Mul64(k*fib, uint64(len(t.s)))
+	return int(hi)
+}
+
+// find returns k's slot index, or -1.
+func (t *cpuKeys) find(k uint64) int {
+	n := len(t.s)
+	if n == 0 {
+		return -1
+	}
+	for i := t.home(k); ; {
+		switch t.s[i].k {
+		case k:
+			return i
+		case 0:
+			return -1
+		}
+		if i++; i == n {
+			i = 0
+		}
+	}
+}
+
+func (t *cpuKeys) has(k uint64) bool { return t.find(k) >= 0 }
+
+// last returns the block that stored k last, or nil.
+func (t *cpuKeys) last(k uint64) *cpuBlock {
+	if i := t.find(k); i >= 0 {
+		return t.s[i].blk
+	}
+	return nil
+}
+
+// ref records that b holds k, reporting whether k is new.
+func (t *cpuKeys) ref(k uint64, b *cpuBlock) bool {
+	if i := t.find(k); i >= 0 {
+		t.s[i].n++
+		t.s[i].blk = b
+		return false
+	}
+	if (t.n+1)*loadDen > len(t.s)*loadNum {
+		t.resize(max(minSlots, len(t.s)+len(t.s)/2))
+	}
+	i := t.home(k)
+	for t.s[i].k != 0 {
+		if i++; i == len(t.s) {
+			i = 0
+		}
+	}
+	t.s[i] = cpuKeySlot{k: k, n: 1, blk: b}
+	t.n++
+	return true
+}
+
+// unref records that b no longer holds k, reporting whether k is gone.
+func (t *cpuKeys) unref(k uint64, b *cpuBlock) bool {
+	i := t.find(k)
+	if i < 0 {
+		return false
+	}
+	if e := &t.s[i]; e.n > 1 {
+		e.n--
+		if e.blk == b {
+			e.blk = nil
+		}
+		return false
+	}
+	n := len(t.s)
+	for j := i; ; {
+		if j++; j == n {
+			j = 0
+		}
+		e := t.s[j]
+		if e.k == 0 {
+			break
+		}
+		if home := t.home(e.k); (j-home+n)%n >= (j-i+n)%n {
+			t.s[i] = e
+			i = j
+		}
+	}
+	t.s[i] = cpuKeySlot{}
+	t.n--
+	if n > minSlots && t.n*shrinkDiv < n {
+		t.resize(max(minSlots, 2*t.n))
+	}
+	return true
+}
+
+func (t *cpuKeys) resize(n int) {
+	old := t.s
+	t.s = make([]cpuKeySlot, n)
+	for _, e := range old {
+		if e.k == 0 {
+			continue
+		}
+		i := t.home(e.k)
+		for t.s[i].k != 0 {
+			if i++; i == n {
+				i = 0
+			}
+		}
+		t.s[i] = e
+	}
 }
 
 // matchCPU sets Hit.CPU for the candidates whose CPU tier holds keys: how

@@ -115,6 +115,13 @@ func FuzzApply(f *testing.F) {
 		clk := newFakeClock()
 		names := []string{"r0", "r1", "r2"}
 		ix := newIndex(t, Config{BlockSize: m.ours, Now: clk.Now, MaxEntries: maxEntries}, names...)
+		if m.capped {
+			for _, n := range names {
+				if err := ix.SetCPUCapacity(n, 1+maxEntries%8); err != nil { // CPU evictions too
+					t.Fatal(err)
+				}
+			}
+		}
 		for _, d := range m.docs {
 			m.keys = append(m.keys, ix.Keys(d.tokens, Root{Model: "m", CacheSalt: d.salt}))
 		}

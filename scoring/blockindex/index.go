@@ -199,8 +199,28 @@ type replica struct {
 	keys     []uint64         // scratch: own keys of one engine block
 	part     []uint32         // scratch: tokens of the current partial own block
 	join     []uint32         // scratch for blockKey2
+	tally    tally            // this batch's counts, added to the index's at its end
 
 	cpu cpuTier // guarded by its own lock for readers; writers hold mu too
+}
+
+// tally counts a batch's engine blocks by tier, so that Apply touches the
+// index-wide counters once per batch rather than once per event.
+type tally struct {
+	stored, removed [numTiers]int64
+}
+
+// flush adds t to ix's counters and resets it.
+func (t *tally) flush(ix *Index) {
+	for i := range numTiers {
+		if t.stored[i] != 0 {
+			ix.stored[i].Add(t.stored[i])
+		}
+		if t.removed[i] != 0 {
+			ix.removed[i].Add(t.removed[i])
+		}
+	}
+	*t = tally{}
 }
 
 // rankState is what one data-parallel rank of a replica contributed: its
@@ -372,6 +392,7 @@ func (ix *Index) Apply(replica string, b kvevents.Batch) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	st := r.rankState(b.Rank())
+	defer r.tally.flush(ix)
 	for _, ev := range b.Events {
 		switch e := ev.(type) {
 		case *kvevents.BlockStored:
@@ -632,7 +653,7 @@ func (ix *Index) applyStored(r *replica, st *rankState, e *kvevents.BlockStored)
 			return
 		}
 	}
-	ix.stored[tier].Add(int64(n))
+	r.tally.stored[tier] += int64(n)
 	bs, es := ix.hasher.size(), e.BlockSize
 	for j, h := range e.BlockHashes {
 		toks := e.TokenIDs[j*es : (j+1)*es]
@@ -833,7 +854,7 @@ func (ix *Index) applyRemoved(r *replica, st *rankState, e *kvevents.BlockRemove
 		ix.skip(SkipMedium, 1)
 		return
 	}
-	ix.removed[tier].Add(int64(len(e.BlockHashes)))
+	r.tally.removed[tier] += int64(len(e.BlockHashes))
 	g := groupMix(e.GroupIdx)
 	for _, h := range e.BlockHashes {
 		eh := h ^ g

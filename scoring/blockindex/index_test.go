@@ -617,12 +617,22 @@ func TestConcurrentApplyMatch(t *testing.T) {
 			nEng := blocks * 16 / eng.blockSize
 			for i := range rounds {
 				d := docs[(r+i)%len(docs)]
-				ix.Apply(names[r], batch(eng.store(d, 0, nEng, 3)))
+				b := rankBatch(i%2, eng.store(d, 0, nEng, 3)) // two data-parallel ranks
+				if i%3 == 0 {
+					b.Events = append(b.Events, eng.offload(d, 0, nEng/2)...) // and a CPU tier
+				}
+				ix.Apply(names[r], b)
 				if i%7 == 0 {
-					ix.Apply(names[r], batch(eng.remove(d, nEng/2, nEng)))
+					ix.Apply(names[r], rankBatch(i%2, eng.remove(d, nEng/2, nEng), eng.cpuRemove(d, 0, 1)))
 				}
 				if i%31 == 0 {
 					ix.Clear(names[r])
+				}
+				if i%17 == 0 {
+					ix.ClearRank(names[r], 1)
+				}
+				if i%40 == 0 {
+					_ = ix.SetCPUCapacity(names[r], 5+i%20)
 				}
 			}
 		})
@@ -639,7 +649,7 @@ func TestConcurrentApplyMatch(t *testing.T) {
 				k := keys[(m+i)%len(keys)]
 				dst = ix.Match(k, names, dst)
 				for j, h := range dst {
-					if h.Blocks > len(k) || h.Speculative > h.Blocks {
+					if h.Blocks+h.CPU > len(k) || h.Speculative > h.Blocks {
 						t.Errorf("%s: hit %+v for %d keys", names[j], h, len(k))
 						return
 					}
@@ -661,7 +671,7 @@ func TestConcurrentApplyMatch(t *testing.T) {
 	for _, n := range names {
 		ix.Clear(n)
 	}
-	if st := checkCounts(t, ix); st.Entries != 0 || st.Keys != 0 {
-		t.Errorf("after clearing all replicas: %d entries, %d keys", st.Entries, st.Keys)
+	if st := checkCounts(t, ix); st.Entries != 0 || st.Keys != 0 || st.CPUEntries != 0 {
+		t.Errorf("after clearing all replicas: %d entries, %d keys, %d CPU entries", st.Entries, st.Keys, st.CPUEntries)
 	}
 }
