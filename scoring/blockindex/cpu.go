@@ -95,7 +95,7 @@ func (ix *Index) applyOffload(r *replica, st *rankState, e *kvevents.BlockStored
 			r.cpu.mu.Lock()
 			r.cpu.moveToFront(b)
 			r.cpu.mu.Unlock()
-			r.tally.stored[tierCPU]++
+			r.stored[tierCPU]++
 			continue
 		}
 		v, ok := st.eng.get(eh)
@@ -103,7 +103,7 @@ func (ix *Index) applyOffload(r *replica, st *rankState, e *kvevents.BlockStored
 			unknown = true
 			continue
 		}
-		r.tally.stored[tierCPU]++
+		r.stored[tierCPU]++
 		if v&auxFlag == 0 {
 			ix.cpuRecord(r, st, eh, v, []uint64{v}, nil, false)
 			continue

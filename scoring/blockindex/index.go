@@ -173,7 +173,6 @@ type Index struct {
 	expired         atomic.Int64
 	confirmed       atomic.Int64
 	unknownRemovals atomic.Int64
-	stored, removed [numTiers]atomic.Int64
 	cpuKeys         atomic.Int64 // keys in all CPU tiers; 0 skips Match's CPU pass
 	cpuEvictions    atomic.Int64
 }
@@ -199,28 +198,10 @@ type replica struct {
 	keys     []uint64         // scratch: own keys of one engine block
 	part     []uint32         // scratch: tokens of the current partial own block
 	join     []uint32         // scratch for blockKey2
-	tally    tally            // this batch's counts, added to the index's at its end
+	stored   [numTiers]int64  // engine blocks of applied BlockStored, by tier, for Stats
+	removed  [numTiers]int64  // the same for BlockRemoved
 
 	cpu cpuTier // guarded by its own lock for readers; writers hold mu too
-}
-
-// tally counts a batch's engine blocks by tier, so that Apply touches the
-// index-wide counters once per batch rather than once per event.
-type tally struct {
-	stored, removed [numTiers]int64
-}
-
-// flush adds t to ix's counters and resets it.
-func (t *tally) flush(ix *Index) {
-	for i := range numTiers {
-		if t.stored[i] != 0 {
-			ix.stored[i].Add(t.stored[i])
-		}
-		if t.removed[i] != 0 {
-			ix.removed[i].Add(t.removed[i])
-		}
-	}
-	*t = tally{}
 }
 
 // rankState is what one data-parallel rank of a replica contributed: its
@@ -392,7 +373,6 @@ func (ix *Index) Apply(replica string, b kvevents.Batch) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	st := r.rankState(b.Rank())
-	defer r.tally.flush(ix)
 	for _, ev := range b.Events {
 		switch e := ev.(type) {
 		case *kvevents.BlockStored:
@@ -653,7 +633,7 @@ func (ix *Index) applyStored(r *replica, st *rankState, e *kvevents.BlockStored)
 			return
 		}
 	}
-	r.tally.stored[tier] += int64(n)
+	r.stored[tier] += int64(n)
 	bs, es := ix.hasher.size(), e.BlockSize
 	for j, h := range e.BlockHashes {
 		toks := e.TokenIDs[j*es : (j+1)*es]
@@ -854,7 +834,7 @@ func (ix *Index) applyRemoved(r *replica, st *rankState, e *kvevents.BlockRemove
 		ix.skip(SkipMedium, 1)
 		return
 	}
-	r.tally.removed[tier] += int64(len(e.BlockHashes))
+	r.removed[tier] += int64(len(e.BlockHashes))
 	g := groupMix(e.GroupIdx)
 	for _, h := range e.BlockHashes {
 		eh := h ^ g
@@ -905,13 +885,16 @@ func (ix *Index) Stats() Stats {
 	for i, why := range skipReasons() {
 		st.Skipped[why] = ix.skipped[i].Load()
 	}
-	st.Stored = map[Tier]int64{TierGPU: ix.stored[tierGPU].Load(), TierCPU: ix.stored[tierCPU].Load()}
-	st.Removed = map[Tier]int64{TierGPU: ix.removed[tierGPU].Load(), TierCPU: ix.removed[tierCPU].Load()}
 	st.CPUEntries = ix.cpuKeys.Load()
 	st.CPUEvictions = ix.cpuEvictions.Load()
+	var stored, removed [numTiers]int64
 	for _, r := range ix.reg.all() {
 		r.mu.Lock()
 		model := r.model
+		for i := range numTiers {
+			stored[i] += r.stored[i]
+			removed[i] += r.removed[i]
+		}
 		r.mu.Unlock()
 		rs := ReplicaStats{
 			Model:        model,
@@ -924,6 +907,8 @@ func (ix *Index) Stats() Stats {
 		st.Speculative += rs.Speculative
 		st.Replicas[r.name] = rs
 	}
+	st.Stored = map[Tier]int64{TierGPU: stored[tierGPU], TierCPU: stored[tierCPU]}
+	st.Removed = map[Tier]int64{TierGPU: removed[tierGPU], TierCPU: removed[tierCPU]}
 	return st
 }
 
