@@ -174,7 +174,10 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 	}()
 	retryAt := make([]time.Time, len(r.subs))
-	backoff := make([]time.Duration, len(r.subs))
+	bos := make([]backoff, len(r.subs))
+	for i := range bos {
+		bos[i] = backoff{min: minBackoff, max: maxBackoff}
+	}
 	for ctx.Err() == nil {
 		now := time.Now()
 		poller := zmq.NewPoller()
@@ -187,8 +190,7 @@ func (r *Relay) Run(ctx context.Context) error {
 						return fmt.Errorf("kvevents: relay: %w", err)
 					}
 					r.log.Warn("kvevents: relay cannot bind SUB socket", "endpoint", r.binds[i], "err", err)
-					backoff[i] = min(max(2*backoff[i], minBackoff), maxBackoff)
-					retryAt[i] = now.Add(backoff[i])
+					retryAt[i] = now.Add(bos[i].next())
 				}
 				r.subs[i] = s
 			}
@@ -218,10 +220,9 @@ func (r *Relay) Run(ctx context.Context) error {
 					r.log.Warn("kvevents: relay receive failed, binding the SUB socket again", "endpoint", r.binds[i], "err", err)
 					s.Close()
 					r.subs[i] = nil
-					backoff[i] = min(max(2*backoff[i], minBackoff), maxBackoff)
-					retryAt[i] = time.Now().Add(backoff[i])
+					retryAt[i] = time.Now().Add(bos[i].next())
 				} else {
-					backoff[i] = 0
+					bos[i].reset()
 				}
 			}
 		}

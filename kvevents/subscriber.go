@@ -128,7 +128,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	return runLoop(ctx, s.log, 1, open, seq, replica)
 }
 
-// Reconnect backoff after a socket error.
+// Reconnect backoff after a socket error (jittered, see backoff).
 const (
 	minBackoff = 100 * time.Millisecond
 	maxBackoff = 5 * time.Second
@@ -141,7 +141,7 @@ const maxDrain = 1024
 // subSocket is one SUB socket of a runLoop, re-created after a failure.
 type subSocket struct {
 	sock    *zmq.Socket // nil while closed
-	backoff time.Duration
+	bo      backoff
 	retryAt time.Time
 }
 
@@ -152,6 +152,9 @@ type subSocket struct {
 func runLoop(ctx context.Context, log *slog.Logger, n int, open func(i int) (*zmq.Socket, error), seq *sequencer,
 	replica func(topic []byte, now time.Time) (string, bool)) error {
 	subs := make([]subSocket, n)
+	for i := range subs {
+		subs[i].bo = backoff{min: minBackoff, max: maxBackoff}
+	}
 	defer func() {
 		for _, s := range subs {
 			if s.sock != nil {
@@ -164,8 +167,7 @@ func runLoop(ctx context.Context, log *slog.Logger, n int, open func(i int) (*zm
 			s.sock.Close()
 			s.sock = nil
 		}
-		s.backoff = min(max(2*s.backoff, minBackoff), maxBackoff)
-		s.retryAt = now.Add(s.backoff)
+		s.retryAt = now.Add(s.bo.next())
 	}
 	for ctx.Err() == nil {
 		now := time.Now()
@@ -240,7 +242,7 @@ func drain(s *subSocket, seq *sequencer, replica func([]byte, time.Time) (string
 			}
 			return err
 		}
-		s.backoff = 0
+		s.bo.reset()
 		var topic []byte
 		if len(frames) > 0 {
 			topic = frames[0]
