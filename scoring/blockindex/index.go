@@ -211,6 +211,8 @@ type rankState struct {
 	eng  engTable             // GPU: engine hash → chain state
 	aux  map[uint64]*engAux   // GPU: engine hash → extra state, for auxFlag values
 	cpu  map[uint64]*cpuBlock // CPU: engine hash → block in the replica's CPU tier
+
+	_ [64]byte // written on every store: keep other replicas' ranks off its cache lines
 }
 
 // rankState returns r's state for rank, adding it if new. The caller holds
