@@ -23,7 +23,10 @@ type preciseIndex struct {
 	models  map[string]string
 }
 
-var _ kvevents.Handler = (*preciseIndex)(nil)
+var (
+	_ kvevents.Handler     = (*preciseIndex)(nil)
+	_ kvevents.RankClearer = (*preciseIndex)(nil)
+)
 
 func newPreciseIndex(rc RoutingConfig, reg prometheus.Registerer) (*preciseIndex, error) {
 	ix, err := blockindex.New(blockindex.Config{BlockSize: rc.BlockSize, MaxEntries: rc.IndexMaxEntries})
@@ -64,6 +67,11 @@ func (p *preciseIndex) lastEvent(replica string) time.Time {
 
 // Clear implements kvevents.Handler.
 func (p *preciseIndex) Clear(replica string) { p.ix.Clear(replica) }
+
+// ClearRank implements kvevents.RankClearer: one data-parallel rank's
+// subscriber joining, restarting or losing a replay clears that rank's
+// blocks only.
+func (p *preciseIndex) ClearRank(replica string, rank int) { p.ix.ClearRank(replica, rank) }
 
 // setModel registers the model a replica serves, which roots its keys.
 func (p *preciseIndex) setModel(replica, model string) {
