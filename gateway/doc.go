@@ -41,10 +41,12 @@
 //
 // Run starts, under one errgroup: the HTTP server; the fleet (health checks,
 // /metrics scrapes and DNS membership, see package fleet); the KV-event
-// subscribers (one per replica KV source in the per-replica topology, one
-// bound socket in the central topology), which feed the precise prefix
-// index; and a once-a-second sync of the indexes' per-replica facts (model,
-// KV capacity). Speculative index entries expire lazily, on the index's own
+// subscribers (one per replica KV source, i.e. per data-parallel rank, in
+// the per-replica topology; in the central topology one goroutine for the
+// socket bound per rank, or connected to a kv-relay, whose topics are
+// resolved to fleet names by kv_topic, name or URL host:port), which feed
+// the precise prefix index; and a once-a-second sync of the indexes'
+// per-replica facts (model, KV and CPU-tier capacity). Speculative index entries expire lazily, on the index's own
 // calls, so no janitor runs. All stop when Run's context ends.
 //
 // # Errors
