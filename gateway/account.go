@@ -55,6 +55,9 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 				if err == nil {
 					g.rememberCompleted(x.route, x.replica.Spec.Name, got)
 				}
+				if !x.req.tokenIDs {
+					g.ratios.observe(x.req.model, x.req.textBytes, got.PromptTokens)
+				}
 			}
 			if err != nil && !errors.Is(err, context.Canceled) && x.ctx.Err() == nil {
 				// The body broke after the first byte: too late to retry.

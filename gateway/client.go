@@ -41,6 +41,7 @@ type exchange struct {
 // ctx's error). Do is the routed client every API surface uses.
 func (g *Gateway) Do(ctx context.Context, r *Request) (*http.Response, error) {
 	x := &exchange{ctx: ctx, req: r, start: time.Now()}
+	r.bytesPerToken = g.ratios.get(r.model)
 	var err error
 	if x.body, err = r.upstreamBody(); err != nil {
 		return nil, fmt.Errorf("gateway: build upstream body: %w", err)

@@ -5,9 +5,14 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	neturl "net/url"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -421,5 +426,118 @@ func TestEngineNumberingFromOne(t *testing.T) {
 	}
 	if n := counter(t, g.reg, "warmpath_kvevents_duplicates_total", nil); n != 0 {
 		t.Errorf("duplicates_total = %v; want 0", n)
+	}
+}
+
+// countingProxy fronts an engine and counts the /tokenize calls it
+// passes on.
+type countingProxy struct {
+	URL      string
+	tokenize atomic.Int64
+}
+
+func newCountingProxy(t *testing.T, target string) *countingProxy {
+	t.Helper()
+	u, err := neturl.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &countingProxy{}
+	rp := httputil.NewSingleHostReverseProxy(u)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/tokenize" {
+			p.tokenize.Add(1)
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	p.URL = srv.URL
+	return p
+}
+
+// TestEnginesWithoutTokenize runs engines behind proxies that hide
+// /tokenize (404): each is asked once and then backed off (no /tokenize
+// storm), the backoff is logged once per replica and shown in /metrics,
+// and the prompt-length estimate learns the bytes-per-token ratio from
+// usage, converging to within 5% of the engines' count. With a tokenizer
+// service (routing.tokenize_url), it is asked instead, and routing gets
+// its prefix information back.
+func TestEnginesWithoutTokenize(t *testing.T) {
+	f := startSim(t, vllmsim.Config{Replicas: 2, NoTokenize: true})
+	var specs []fleet.ReplicaSpec
+	var proxies []*countingProxy
+	for _, r := range f.Replicas() {
+		p := newCountingProxy(t, r.Info().URL)
+		s := specOf(r)
+		s.Name, s.URL = r.Info().Name, p.URL // named as its topic names it
+		specs, proxies = append(specs, s), append(proxies, p)
+	}
+	logs := &logCapture{}
+	gw, err := New(engineConfig(scoring.PolicyPrecisePrefix, specs...), Options{Logger: slog.New(logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testrun.Start(t, "gateway", gw.Run)
+	g := &testGateway{Gateway: gw, URL: "http://" + gw.Addr()}
+	eventually(t, 10*time.Second, func() bool {
+		for _, r := range g.fleet.Snapshot().Replicas {
+			if !r.State().Healthy {
+				return false
+			}
+		}
+		return true
+	}, "every replica healthy")
+
+	var first, last float64 // relative error of the estimate
+	for i := range 40 {
+		r := routed(t, g.URL, userPrompt(fmt.Sprintf("est%02dw", i), 180+i%5*10))
+		est, _ := strconv.Atoi(r.Header.Get("X-Warmpath-Prompt-Tokens"))
+		e := float64(est-r.Usage.PromptTokens) / float64(r.Usage.PromptTokens)
+		if i == 0 {
+			first = e
+		}
+		last = e
+	}
+	var asked int64
+	for _, p := range proxies {
+		asked += p.tokenize.Load()
+	}
+	if asked > int64(len(proxies)) {
+		t.Errorf("%d /tokenize calls for 40 requests to %d engines without one; want one each", asked, len(proxies))
+	}
+	for _, s := range specs {
+		if v := counter(t, g.reg, "warmpath_tokenizer_backoff", map[string]string{"replica": s.Name}); v != 1 {
+			t.Errorf("warmpath_tokenizer_backoff{replica=%s} = %v; want 1", s.Name, v)
+		}
+	}
+	if n := len(logs.matching("tokenizer: no usable /tokenize; not asking")); n != len(specs) {
+		t.Errorf("%d backoff warnings; want one per replica", n)
+	}
+	if n := len(logs.matching("tokenize failed")); n > 1 {
+		t.Errorf("%d \"tokenize failed\" warnings; want at most the one before the backoff", n)
+	}
+	t.Logf("prompt-length estimate: %+.1f%% off at first, %+.1f%% after 40 answers", 100*first, 100*last)
+	if first < 0.3 || last > 0.05 || last < -0.05 {
+		t.Errorf("estimate off by %+.1f%% at first, %+.1f%% after 40 answers; want the fixed ÷4 off by 30%% or more, then within 5%%", 100*first, 100*last)
+	}
+
+	// A tokenizer service: an engine that is not a routing target.
+	svc := newCountingProxy(t, startSim(t, vllmsim.Config{}).Replicas()[0].Info().URL)
+	cfg := engineConfig(scoring.PolicyPrecisePrefix, specs...)
+	cfg.Routing.TokenizeURL = svc.URL
+	g2 := startGateway(t, cfg, nil)
+	p := userPrompt("viaservice", 200)
+	home := routed(t, g2.URL, p).replica()
+	g2.waitIndexed(t, home, p)
+	before := proxies[0].tokenize.Load() + proxies[1].tokenize.Load()
+	r := routed(t, g2.URL, append(append([]msg{}, p...), msg{"user", "next"}))
+	if r.replica() != home || predictedCached(t, r) == 0 {
+		t.Errorf("continuation went to %s predicting %s cached; want %s with a prefix hit", r.replica(), r.Header.Get("X-Warmpath-Predicted-Cached"), home)
+	}
+	if n := svc.tokenize.Load(); n < 2 {
+		t.Errorf("the tokenizer service was asked %d times; want every prompt", n)
+	}
+	if n := proxies[0].tokenize.Load() + proxies[1].tokenize.Load() - before; n != 0 {
+		t.Errorf("replicas asked %d more times with the service answering", n)
 	}
 }

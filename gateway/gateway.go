@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -58,6 +59,7 @@ type Gateway struct {
 	index       *preciseIndex
 	approx      *approxIndex
 	tok         *tokenizer
+	ratios      *tokenRatios // bytes per prompt token, by model
 	tenants     *tenants
 	activity    *activity          // what the status page shows
 	responses   *responses.Service // nil without Redis
@@ -103,6 +105,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 
 	g.drainCtx, g.cutStreams = context.WithCancel(context.Background())
 	g.activity = newActivity()
+	g.ratios = newTokenRatios()
 	g.tokenizeWarn.period = 10 * time.Second
 	var err error
 	if g.policy, err = scoring.NewPolicy(cfg.Routing.Policy, cfg.Routing.Weights); err != nil {
@@ -143,6 +146,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		ExpectContinueTimeout: time.Second,
 	}
 	g.tok = newTokenizer(&http.Client{Transport: g.upstream, Timeout: cfg.Upstream.TokenizeTimeout}, cfg.Routing.TokenizeCacheBytes, g.m)
+	g.tok.service, g.tok.log = strings.TrimRight(cfg.Routing.TokenizeURL, "/"), log.With("component", "tokenizer")
 	g.admit = o.Admitter
 	if g.admit == nil {
 		g.admit = admitAll{}

@@ -181,13 +181,17 @@ func (a *approxIndex) keys(text []byte, model, salt string) []uint64 {
 	return a.a.AppendKeys(nil, string(text), blockindex.Root{Model: model, CacheSalt: salt})
 }
 
-// matchTokens estimates cached tokens from matched chunks at four bytes a
-// token, the same estimate the request's prompt length uses.
-func (a *approxIndex) matchTokens(keys []uint64, names []string, promptTokens int) []int {
+// matchTokens estimates cached tokens from matched chunks at
+// bytesPerToken (0: defaultBytesPerToken), the same estimate the request's
+// prompt length uses.
+func (a *approxIndex) matchTokens(keys []uint64, names []string, promptTokens int, bytesPerToken float64) []int {
+	if bytesPerToken <= 0 {
+		bytesPerToken = defaultBytesPerToken
+	}
 	hits := a.a.Match(keys, names, nil)
 	out := make([]int, len(names))
 	for i, h := range hits {
-		out[i] = min(h.Blocks*a.a.ChunkBytes()/4, max(0, promptTokens-1))
+		out[i] = min(int(float64(h.Blocks*a.a.ChunkBytes())/bytesPerToken), max(0, promptTokens-1))
 	}
 	return out
 }

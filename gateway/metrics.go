@@ -21,6 +21,7 @@ type metrics struct {
 	decisions       *prometheus.CounterVec   // reason
 	rebinds         *prometheus.CounterVec   // reason
 	tokenizer       *prometheus.CounterVec   // result
+	tokBackoff      *prometheus.GaugeVec     // replica
 	tokenizeAvoided prometheus.Counter
 	retries         *prometheus.CounterVec // reason
 	upstreamErrors  *prometheus.CounterVec // replica, kind
@@ -72,8 +73,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "warmpath_session_rebinds_total", Help: "Sessions moved off their bound replica, by why.",
 		}, []string{"reason"}),
 		tokenizer: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "warmpath_tokenizer_calls_total", Help: "Prompt tokenizations, by result: cached, ok, error (identical prompts in flight share one call).",
+			Name: "warmpath_tokenizer_calls_total", Help: "Prompt tokenizations, by result: cached, ok, error, unavailable (every tokenizer backed off; no call made). Identical prompts in flight share one call.",
 		}, []string{"result"}),
+		tokBackoff: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "warmpath_tokenizer_backoff", Help: "1 while the gateway does not ask a replica's (or the tokenize_url service's, replica=\"tokenize_url\") /tokenize, which had none to offer; 0 once it answers again.",
+		}, []string{"replica"}),
 		tokenizeAvoided: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "warmpath_tokenizer_avoided_total", Help: "Turns routed without tokenizing (sticky sessions whose replica still holds their prefix).",
 		}),
@@ -98,7 +102,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		fracs: map[[2]string]*[2]float64{},
 	}
 	reg.MustRegister(m.requests, m.duration, m.ttft, m.promptTokens, m.cachedTokens, m.predictedTokens,
-		m.cachedFraction, m.mispredicted, m.mispredictedTok, m.decisions, m.rebinds, m.tokenizer,
+		m.cachedFraction, m.mispredicted, m.mispredictedTok, m.decisions, m.rebinds, m.tokenizer, m.tokBackoff,
 		m.tokenizeAvoided, m.retries, m.upstreamErrors, m.redisErrors, m.streamsCut, m.connsRejected, m.inflight)
 	return m
 }

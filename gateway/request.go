@@ -48,18 +48,31 @@ type Request struct {
 	// messages, tools (chat) and prompt (completions) are views into body.
 	messages, tools, prompt gjson.Result
 	// textBytes is the size of the prompt text, for estimating tokens
-	// before (or instead of) tokenizing.
+	// before (or instead of) tokenizing; four bytes a token for prompts
+	// of token ids (tokenIDs).
 	textBytes int
+	tokenIDs  bool
 	cacheSalt string
 	maxTokens int // max_completion_tokens or max_tokens, 0 when unset
 	// background marks a Responses background turn (background: true).
 	background bool
 	text       []byte // approxText, rendered once on first use
+
+	// bytesPerToken is the model's learned ratio (see tokenRatios), 0
+	// while unknown; the gateway sets it before routing.
+	bytesPerToken float64
 }
 
-// estimatedTokens guesses the prompt's token count from its text: about
-// four bytes a token for English under BPE tokenizers.
-func (r *Request) estimatedTokens() int { return max(1, r.textBytes/4) }
+// estimatedTokens guesses the prompt's token count from its text, at the
+// model's learned bytes per token (defaultBytesPerToken until one is
+// learned); a prompt of token ids is counted exactly.
+func (r *Request) estimatedTokens() int {
+	bpt := r.bytesPerToken
+	if bpt <= 0 || r.tokenIDs {
+		bpt = defaultBytesPerToken
+	}
+	return max(1, int(float64(r.textBytes)/bpt))
+}
 
 // Model returns the requested model.
 func (r *Request) Model() string { return r.model }
@@ -157,9 +170,9 @@ func ParseRequest(api API, h http.Header, body []byte, p *tenancy.Principal) (*R
 			case first.Type == gjson.String:
 				r.textBytes = len(first.String())
 			case first.Type == gjson.Number:
-				r.textBytes = 4 * len(r.prompt.Array())
+				r.textBytes, r.tokenIDs = defaultBytesPerToken*len(r.prompt.Array()), true
 			case first.IsArray():
-				r.textBytes = 4 * len(first.Array())
+				r.textBytes, r.tokenIDs = defaultBytesPerToken*len(first.Array()), true
 			default:
 				return nil, apierror.BadRequest("prompt", "prompt must be a string, an array of strings, or token ids")
 			}

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -141,8 +142,11 @@ func (g *Gateway) matchPrefix(ctx context.Context, r *Request, reps []*fleet.Rep
 	case g.policy.UsesPrecise:
 		tokens, err := g.tokenize(ctx, r, reps, in.Endpoints)
 		if err != nil {
-			if ok, held := g.tokenizeWarn.allow(); ok {
-				g.log.Warn("tokenize failed; routing without prefix information", "request_id", r.id, "err", err, "held_back", held)
+			// Tokenizers backed off were logged when they refused.
+			if !errors.Is(err, errTokenizeUnavailable) {
+				if ok, held := g.tokenizeWarn.allow(); ok {
+					g.log.Warn("tokenize failed; routing without prefix information", "request_id", r.id, "err", err, "held_back", held)
+				}
 			}
 			in.Matched = make([]int, len(names))
 			return nil, nil
@@ -152,7 +156,7 @@ func (g *Gateway) matchPrefix(ctx context.Context, r *Request, reps []*fleet.Rep
 		in.Matched = g.index.matchTokens(keys, names, len(tokens))
 	case g.policy.UsesApprox:
 		chunks = g.approx.keys(r.approxText(), r.model, r.cacheSalt)
-		in.Matched = g.approx.matchTokens(chunks, names, in.PromptTokens)
+		in.Matched = g.approx.matchTokens(chunks, names, in.PromptTokens, r.bytesPerToken)
 	}
 	return keys, chunks
 }
