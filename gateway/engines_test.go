@@ -299,7 +299,7 @@ func TestTwoGatewaysOneRelay(t *testing.T) {
 		tokens := simTokens(next)
 		var predicted [2][]int
 		for k, g := range gws {
-			predicted[k] = g.index.matchTokens(g.index.keys(tokens, "qwen3-32b", ""), names, len(tokens))
+			predicted[k] = g.index.matchTokens(g.index.keys(tokens, "qwen3-32b", ""), names, len(tokens), make([]int, len(names)))
 		}
 		if fmt.Sprint(predicted[0]) != fmt.Sprint(predicted[1]) {
 			t.Errorf("prompt %d: gateway 0 predicts %v cached tokens on %v, gateway 1 %v", i, predicted[0], names, predicted[1])
@@ -539,5 +539,97 @@ func TestEnginesWithoutTokenize(t *testing.T) {
 	}
 	if n := proxies[0].tokenize.Load() + proxies[1].tokenize.Load() - before; n != 0 {
 		t.Errorf("replicas asked %d more times with the service answering", n)
+	}
+}
+
+// TestPredictionsRespectTheEngine runs multi-turn conversations through
+// the warmpath policy (sticky turns predict their cached tokens without
+// tokenizing) against engines that differ from vLLM's defaults: 64-token
+// blocks (llm-d's guides) and prompt blocks only (llm-d-inference-sim),
+// and a default engine. No turn is routed on a hit the engine does not
+// have, and on the default engine the output the events showed cached is
+// predicted.
+func TestPredictionsRespectTheEngine(t *testing.T) {
+	for _, tt := range []struct {
+		name      string
+		blockSize int
+		prompts   bool // prompt blocks only
+	}{
+		{"block size 64", 64, false},
+		{"prompt blocks only", 16, true},
+		{"vllm defaults", 16, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			f := startSim(t, vllmsim.Config{Replicas: 2, BlockSize: tt.blockSize, PromptBlocksOnly: tt.prompts})
+			var specs []fleet.ReplicaSpec
+			for _, r := range f.Replicas() {
+				specs = append(specs, specOf(r))
+			}
+			cfg := engineConfig(scoring.PolicyWarmpath, specs...)
+			g := startGateway(t, cfg, redisFor(t, &cfg))
+			eventually(t, 10*time.Second, func() bool {
+				for _, r := range g.fleet.Snapshot().Replicas {
+					if r.State().BlockSize != tt.blockSize {
+						return false
+					}
+				}
+				return true
+			}, "the engines' block size scraped")
+			var sticky, predicted, cached int
+			for c := range 4 {
+				conv := []msg{{"system", words(fmt.Sprintf("sys%d", c), 90)}, {"user", words(fmt.Sprintf("ask%d", c), 30+c)}}
+				for turn := range 5 {
+					r := chat(t, g.URL, map[string]any{"model": "qwen3-32b", "messages": conv, "max_tokens": 60, "ignore_eos": true}, nil)
+					if r.Status != 200 {
+						t.Fatalf("conversation %d turn %d: %d %s", c, turn, r.Status, r.Body)
+					}
+					if r.Header.Get("X-Warmpath-Reason") == scoring.ReasonSticky {
+						sticky++
+						predicted += predictedCached(t, r)
+						cached += r.Usage.CachedTokens
+					}
+					conv = append(conv, msg{"assistant", r.Content}, msg{"user", words(fmt.Sprintf("more%d%d", c, turn), 7+turn)})
+				}
+			}
+			if n := counter(t, g.reg, "warmpath_mispredicted_hits_total", nil); n != 0 {
+				t.Errorf("warmpath_mispredicted_hits_total = %v; want 0", n)
+			}
+			if sticky < 12 || predicted == 0 {
+				t.Fatalf("%d sticky turns predicting %d tokens; the test needs sticky predictions", sticky, predicted)
+			}
+			t.Logf("%d sticky turns: predicted %d cached tokens, the engines reported %d", sticky, predicted, cached)
+			if tt.blockSize == 16 && !tt.prompts && float64(predicted) < 0.95*float64(cached) {
+				t.Errorf("default engine: predicted %d of %d cached tokens; want the cached output predicted too", predicted, cached)
+			}
+		})
+	}
+}
+
+// The generated-blocks detector needs genRun one-block stores chaining
+// from each other on one rank; a prompt's multi-block store, a chain
+// split over ranks or a CPU offload does not count.
+func TestGenDetector(t *testing.T) {
+	stored := func(parent uint64, medium string, hashes ...uint64) kvevents.Event {
+		return &kvevents.BlockStored{BlockHashes: hashes, ParentBlockHash: &parent, Medium: medium}
+	}
+	batch := func(rank int, evs ...kvevents.Event) kvevents.Batch {
+		return kvevents.Batch{Events: evs, DPRank: &rank}
+	}
+	var d genDetector
+	d.observe("r", batch(0, stored(1, "GPU", 2, 3, 4)))              // a prompt
+	d.observe("r", batch(0, stored(4, "GPU", 5)))                    // its boundary block
+	d.observe("r", batch(1, stored(5, "GPU", 6)))                    // another rank: a chain of its own
+	d.observe("r", batch(0, stored(5, "CPU", 6), stored(9, "", 10))) // an offload; an unrelated block
+	if d.seen("r") {
+		t.Fatal("seen before a run of three")
+	}
+	d.observe("r", batch(0, stored(5, "GPU", 6)))
+	d.observe("r", batch(0, stored(6, "", 7)))
+	if !d.seen("r") || d.seen("other") {
+		t.Errorf("seen(r) = %v, seen(other) = %v; want true, false", d.seen("r"), d.seen("other"))
+	}
+	d.forget("r")
+	if d.seen("r") {
+		t.Error("seen after forget")
 	}
 }

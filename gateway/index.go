@@ -21,6 +21,8 @@ type preciseIndex struct {
 	mu      sync.RWMutex             // guards sources and models
 	sources map[string]*atomic.Int64 // replicas whose events have arrived → Unix nanos of the last batch
 	models  map[string]string
+
+	gen genDetector // which replicas cache generated tokens
 }
 
 var (
@@ -52,6 +54,7 @@ func (p *preciseIndex) Apply(replica string, b kvevents.Batch) {
 		p.mu.Unlock()
 	}
 	last.Store(time.Now().UnixNano())
+	p.gen.observe(replica, b)
 	p.ix.Apply(replica, b)
 }
 
@@ -93,7 +96,18 @@ func (p *preciseIndex) forget(replica string) {
 	delete(p.sources, replica)
 	delete(p.models, replica)
 	p.mu.Unlock()
+	p.gen.forget(replica)
 	p.ix.Clear(replica)
+}
+
+// cachesGenerated reports whether the replica's KV cache keeps the blocks
+// its generated tokens fill, as vLLM's does (and llm-d-inference-sim's
+// does not), so that a completed turn's output is a cache hit for the
+// next turn. A replica whose events have not shown it yet is assumed not
+// to (a prediction too low costs less than one too high); one that sends
+// no events, vLLM's default.
+func (p *preciseIndex) cachesGenerated(replica string) bool {
+	return !p.receiving(replica) || p.gen.seen(replica)
 }
 
 // receiving reports whether the replica's KV events have ever arrived.
@@ -110,12 +124,18 @@ func (p *preciseIndex) keys(tokens []uint32, model, salt string) []uint64 {
 // matchTokens returns, aligned with names, how many prompt tokens each
 // replica holds cached as far as the index knows. Like vLLM, at least the
 // last prompt token is always computed, so a full hit counts
-// promptTokens−1.
-func (p *preciseIndex) matchTokens(keys []uint64, names []string, promptTokens int) []int {
+// promptTokens−1; and an engine hits whole blocks of its own size
+// (engineBlocks, aligned with names; 0 or nil when unknown), which speculative
+// entries in the index's smaller blocks may not be.
+func (p *preciseIndex) matchTokens(keys []uint64, names []string, promptTokens int, engineBlocks []int) []int {
 	hits := p.ix.Match(keys, names, nil)
 	out := make([]int, len(names))
 	for i, h := range hits {
 		out[i] = min(h.Blocks*p.blockSize, max(0, promptTokens-1))
+		if i < len(engineBlocks) && engineBlocks[i] > 0 {
+			bs := engineBlocks[i]
+			out[i] = out[i] / bs * bs
+		}
 	}
 	return out
 }
@@ -204,5 +224,83 @@ func (a *approxIndex) record(replica string, keys []uint64) { a.a.Record(replica
 func (a *approxIndex) sizeTo(replica string, kvTokens int) {
 	if kvTokens > 0 {
 		_ = a.a.SetCapacity(replica, blockindex.ApproxCapacity(kvTokens, a.a.ChunkBytes()))
+	}
+}
+
+// genRun is how many one-block stores in a row, each chaining from the
+// last, show an engine caching the blocks its generated tokens fill:
+// decoding fills a request's blocks one at a time, a step apart, while a
+// prompt's blocks are stored together when its prefill covers them. Three
+// leaves room for the occasional prompt of exactly one new block (a tiny
+// turn) or prefill chunk of one block.
+const genRun = 3
+
+// genTrack bounds the one-block stores remembered per (replica, rank)
+// while looking for a run; past it they are forgotten and the search
+// starts over.
+const genTrack = 4096
+
+// genDetector learns, from each replica's KV events, whether it caches the
+// blocks generated tokens fill: a chain of genRun one-block GPU stores.
+// It is safe for concurrent use.
+type genDetector struct {
+	mu    sync.Mutex                   // guards runs and found
+	runs  map[genSource]map[uint64]int // engine hash of a one-block store → its run length
+	found map[string]bool
+}
+
+type genSource struct {
+	replica string
+	rank    int
+}
+
+func (d *genDetector) observe(replica string, b kvevents.Batch) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.found[replica] {
+		return
+	}
+	src := genSource{replica, b.Rank()}
+	for _, ev := range b.Events {
+		st, ok := ev.(*kvevents.BlockStored)
+		if !ok || len(st.BlockHashes) != 1 || st.ParentBlockHash == nil || (st.Medium != "" && st.Medium != "GPU") {
+			continue
+		}
+		if d.runs == nil {
+			d.runs, d.found = map[genSource]map[uint64]int{}, map[string]bool{}
+		}
+		m := d.runs[src]
+		if m == nil || len(m) >= genTrack {
+			m = map[uint64]int{}
+			d.runs[src] = m
+		}
+		n := m[*st.ParentBlockHash] + 1
+		if n >= genRun {
+			d.found[replica] = true
+			for s := range d.runs {
+				if s.replica == replica {
+					delete(d.runs, s)
+				}
+			}
+			return
+		}
+		m[st.BlockHashes[0]] = n
+	}
+}
+
+func (d *genDetector) seen(replica string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.found[replica]
+}
+
+func (d *genDetector) forget(replica string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.found, replica)
+	for s := range d.runs {
+		if s.replica == replica {
+			delete(d.runs, s)
+		}
 	}
 }

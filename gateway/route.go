@@ -123,6 +123,7 @@ func endpoints(reps []*fleet.Replica, now time.Time) []scoring.Endpoint {
 			InflightPrefillTokens: rep.InflightPrefillTokens(),
 			Saturated:             sat,
 			Unhealthy:             !st.Healthy,
+			BlockSize:             st.BlockSize,
 		}
 	}
 	return eps
@@ -153,12 +154,21 @@ func (g *Gateway) matchPrefix(ctx context.Context, r *Request, reps []*fleet.Rep
 		}
 		in.PromptTokens = len(tokens)
 		keys = g.index.keys(tokens, r.model, r.cacheSalt)
-		in.Matched = g.index.matchTokens(keys, names, len(tokens))
+		in.Matched = g.index.matchTokens(keys, names, len(tokens), engineBlocks(in.Endpoints))
 	case g.policy.UsesApprox:
 		chunks = g.approx.keys(r.approxText(), r.model, r.cacheSalt)
 		in.Matched = g.approx.matchTokens(chunks, names, in.PromptTokens, r.bytesPerToken)
 	}
 	return keys, chunks
+}
+
+// engineBlocks lists the endpoints' engine block sizes.
+func engineBlocks(eps []scoring.Endpoint) []int {
+	out := make([]int, len(eps))
+	for i := range eps {
+		out[i] = eps[i].BlockSize
+	}
+	return out
 }
 
 // commit does the decision's I/O: it records what the chosen replica will
@@ -229,14 +239,19 @@ func (g *Gateway) newBinding(r *Request, p *scoring.Plan, bind session.Binding, 
 
 // rememberCompleted records, after a turn completed on replica, what the
 // replica now holds of the session, so the next sticky turn predicts its
-// cache hit without tokenizing. It runs after the response, off the
-// request's context.
+// cache hit without tokenizing: the prompt, and the output but for its
+// last token (whose KV is never computed) where the replica caches
+// generated tokens. It runs after the response, off the request's
+// context.
 func (g *Gateway) rememberCompleted(rt *route, replica string, u Usage) {
 	if rt.session == "" || rt.binding.Replica != replica || u.PromptTokens == 0 {
 		return
 	}
 	b := rt.binding
-	b.CachedTokens = u.PromptTokens + max(0, u.CompletionTokens-1)
+	b.CachedTokens = u.PromptTokens
+	if g.index.cachesGenerated(replica) {
+		b.CachedTokens += max(0, u.CompletionTokens-1)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Redis.Timeout)
 	defer cancel()
 	if _, err := g.sessions.Remember(ctx, rt.session, b, false); err != nil {

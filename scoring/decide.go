@@ -240,9 +240,15 @@ func (p *Policy) sticky(in *Input, i int, avail []int) Plan {
 	prompt = max(prompt, b.CachedTokens+1)
 	bs := max(in.BlockSize, 1)
 	known := max(b.TipDepth*bs, b.CachedTokens)
+	predicted := min(known/bs*bs, max(0, prompt-1))
+	if ebs := in.Endpoints[i].BlockSize; ebs > 0 {
+		// The engine hits whole blocks of its own size, never the one
+		// holding the prompt's last token.
+		predicted = min(known, max(0, prompt-1)) / ebs * ebs
+	}
 	plan := Plan{
 		Order:        []int{i},
-		Predicted:    []int{min(known/bs*bs, max(0, prompt-1))},
+		Predicted:    []int{predicted},
 		PromptTokens: prompt,
 		Reason:       ReasonSticky,
 		Binding:      b,

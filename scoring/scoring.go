@@ -32,6 +32,10 @@ type Endpoint struct {
 	// Unhealthy reports that the replica may take no traffic at all. Only
 	// Decide reads it: Route and the scorers are given available endpoints.
 	Unhealthy bool
+	// BlockSize is the engine's KV block size in tokens (vLLM's
+	// cache_config_info), 0 when unknown. The engine caches whole blocks
+	// only, so Decide rounds a sticky turn's prediction down to it.
+	BlockSize int
 }
 
 // Request is what the router knows about one request.
