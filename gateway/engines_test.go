@@ -633,3 +633,62 @@ func TestGenDetector(t *testing.T) {
 		t.Error("seen after forget")
 	}
 }
+
+// TestCPUTierRouting runs engines with a small GPU cache and a CPU offload
+// tier that reports no removals (LMCache): a prompt evicted on GPU but
+// held on CPU still draws its continuation, predicted as the engine
+// reports it (GPU and CPU hits together); the index's CPU tier is sized
+// from cache_config_info's num_cpu_blocks, so it forgets what the engine
+// evicted without telling; and /metrics shows the tiers.
+func TestCPUTierRouting(t *testing.T) {
+	const cpuBlocks = 100
+	f := startSim(t, vllmsim.Config{Replicas: 2, KVBlocks: 64, CPUBlocks: cpuBlocks, CPUStoreOnly: true})
+	var specs []fleet.ReplicaSpec
+	for _, r := range f.Replicas() {
+		specs = append(specs, specOf(r))
+	}
+	g := startGateway(t, engineConfig(scoring.PolicyPrecisePrefix, specs...), nil)
+	home, homeURL := specs[0].Name, specs[0].URL
+	eventually(t, 10*time.Second, func() bool { return g.fleet.Replica(home).State().NumCPUBlocks == cpuBlocks }, "num_cpu_blocks scraped")
+	g.warmEngine(t, home, homeURL)
+
+	a := userPrompt("cpua", 300)
+	direct(t, homeURL, a)
+	g.waitIndexed(t, home, a)
+	for i := range 3 { // push a out of the 64-block GPU cache
+		p := userPrompt(fmt.Sprintf("cpupush%d", i), 350+10*i)
+		direct(t, homeURL, p)
+		g.waitIndexed(t, home, p)
+	}
+	keys := g.index.keys(simTokens(a), "qwen3-32b", "")
+	if h := g.index.ix.Match(keys, []string{home}, nil)[0]; h.CPU == 0 || h.Blocks*16 >= len(simTokens(a))-16 {
+		t.Fatalf("prompt a: index %+v; want it evicted on GPU and held on CPU", h)
+	}
+	next := append(append([]msg{}, a...), msg{"user", "continue"})
+	r := routed(t, g.URL, next)
+	if r.replica() != home {
+		t.Fatalf("continuation of a CPU-held prompt went to %s; want %s", r.replica(), home)
+	}
+	if got, want := r.Usage.CachedTokens, predictedCached(t, r); got != want || got == 0 {
+		t.Errorf("engine reported %d cached tokens (GPU and CPU); the gateway predicted %d", got, want)
+	}
+
+	for i := range 8 { // more than the CPU tier holds: the engine evicts silently
+		direct(t, homeURL, userPrompt(fmt.Sprintf("cpumore%d", i), 300))
+	}
+	eventually(t, 10*time.Second, func() bool {
+		return g.index.ix.Stats().Replicas[home].CPUEntries == int64(f.Replicas()[0].Stats().CPUBlocksUsed)
+	}, "the index's CPU tier bounded as the engine's")
+	if n := counter(t, g.reg, "warmpath_index_stored_blocks_total", map[string]string{"tier": "CPU"}); n == 0 {
+		t.Error("warmpath_index_stored_blocks_total{tier=CPU} = 0")
+	}
+	if n := counter(t, g.reg, "warmpath_index_cpu_entries", map[string]string{"replica": home}); n == 0 {
+		t.Error("warmpath_index_cpu_entries = 0")
+	}
+	if n := counter(t, g.reg, "warmpath_index_cpu_evictions_total", nil); n == 0 {
+		t.Error("warmpath_index_cpu_evictions_total = 0 with a store-only tier past its size")
+	}
+	if n := counter(t, g.reg, "warmpath_mispredicted_hits_total", nil); n != 0 {
+		t.Errorf("warmpath_mispredicted_hits_total = %v; want 0", n)
+	}
+}

@@ -128,16 +128,32 @@ func (p *preciseIndex) keys(tokens []uint32, model, salt string) []uint64 {
 // (engineBlocks, aligned with names; 0 or nil when unknown), which speculative
 // entries in the index's smaller blocks may not be.
 func (p *preciseIndex) matchTokens(keys []uint64, names []string, promptTokens int, engineBlocks []int) []int {
+	gpu, _ := p.matchTiers(keys, names, promptTokens, engineBlocks)
+	return gpu
+}
+
+// matchTiers is matchTokens for both tiers: the tokens held on GPU, and
+// those after them held in the CPU tier (all zero: cpu is nil).
+func (p *preciseIndex) matchTiers(keys []uint64, names []string, promptTokens int, engineBlocks []int) (gpu, cpu []int) {
 	hits := p.ix.Match(keys, names, nil)
-	out := make([]int, len(names))
+	gpu = make([]int, len(names))
+	var cpuTokens []int
+	limit := max(0, promptTokens-1)
 	for i, h := range hits {
-		out[i] = min(h.Blocks*p.blockSize, max(0, promptTokens-1))
+		bs := 1
 		if i < len(engineBlocks) && engineBlocks[i] > 0 {
-			bs := engineBlocks[i]
-			out[i] = out[i] / bs * bs
+			bs = engineBlocks[i]
 		}
+		gpu[i] = min(h.Blocks*p.blockSize, limit) / bs * bs
+		if h.CPU == 0 {
+			continue
+		}
+		if cpuTokens == nil {
+			cpuTokens = make([]int, len(names))
+		}
+		cpuTokens[i] = min((h.Blocks+h.CPU)*p.blockSize, limit)/bs*bs - gpu[i]
 	}
-	return out
+	return gpu, cpuTokens
 }
 
 // holds reports whether replica holds the block with the given key.
@@ -160,10 +176,15 @@ var (
 	indexEvictDesc   = prometheus.NewDesc("warmpath_index_evictions_total", "Index entries evicted because the index was full.", nil, nil)
 	indexSkipDesc    = prometheus.NewDesc("warmpath_index_skipped_events_total", "KV events the index could not apply, by reason.", []string{"reason"}, nil)
 	indexSpecOutDesc = prometheus.NewDesc("warmpath_index_speculative_total", "Speculative entries by outcome: confirmed by an event, or expired.", []string{"outcome"}, nil)
+	indexCPUDesc     = prometheus.NewDesc("warmpath_index_cpu_entries", "Block keys per replica in the prefix index's CPU tier (blocks the engine offloaded to CPU memory).", []string{"replica"}, nil)
+	indexStoredDesc  = prometheus.NewDesc("warmpath_index_stored_blocks_total", "Engine blocks of applied BlockStored events, by tier (the medium: GPU, CPU).", []string{"tier"}, nil)
+	indexRemovedDesc = prometheus.NewDesc("warmpath_index_removed_blocks_total", "Engine blocks of applied BlockRemoved events, by tier (the medium: GPU, CPU).", []string{"tier"}, nil)
+	indexCPUEvDesc   = prometheus.NewDesc("warmpath_index_cpu_evictions_total", "CPU-tier keys evicted because a replica's tier was full (its num_cpu_blocks; store-only tiers such as LMCache report no removals).", nil, nil)
 )
 
 func (c indexCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{indexEntriesDesc, indexSpecDesc, indexKeysDesc, indexEvictDesc, indexSkipDesc, indexSpecOutDesc} {
+	for _, d := range []*prometheus.Desc{indexEntriesDesc, indexSpecDesc, indexKeysDesc, indexEvictDesc, indexSkipDesc, indexSpecOutDesc,
+		indexCPUDesc, indexStoredDesc, indexRemovedDesc, indexCPUEvDesc} {
 		ch <- d
 	}
 }
@@ -173,7 +194,15 @@ func (c indexCollector) Collect(ch chan<- prometheus.Metric) {
 	for name, r := range s.Replicas {
 		ch <- prometheus.MustNewConstMetric(indexEntriesDesc, prometheus.GaugeValue, float64(r.Entries), name)
 		ch <- prometheus.MustNewConstMetric(indexSpecDesc, prometheus.GaugeValue, float64(r.Speculative), name)
+		ch <- prometheus.MustNewConstMetric(indexCPUDesc, prometheus.GaugeValue, float64(r.CPUEntries), name)
 	}
+	for tier, n := range s.Stored {
+		ch <- prometheus.MustNewConstMetric(indexStoredDesc, prometheus.CounterValue, float64(n), string(tier))
+	}
+	for tier, n := range s.Removed {
+		ch <- prometheus.MustNewConstMetric(indexRemovedDesc, prometheus.CounterValue, float64(n), string(tier))
+	}
+	ch <- prometheus.MustNewConstMetric(indexCPUEvDesc, prometheus.CounterValue, float64(s.CPUEvictions))
 	ch <- prometheus.MustNewConstMetric(indexKeysDesc, prometheus.GaugeValue, float64(s.Keys))
 	ch <- prometheus.MustNewConstMetric(indexEvictDesc, prometheus.CounterValue, float64(s.Evictions))
 	for reason, n := range s.Skipped {

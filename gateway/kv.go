@@ -144,6 +144,16 @@ func (g *Gateway) registerModel(rep *fleet.Replica) bool {
 	return true
 }
 
+// cpuKeys is the CPU-tier bound of a replica in the index's keys: the
+// engine's num_cpu_blocks of its block size, for each data-parallel rank;
+// 0 when the engine reports none.
+func cpuKeys(rep *fleet.Replica, st *fleet.State, indexBlock int) int {
+	if st.NumCPUBlocks <= 0 || st.BlockSize <= 0 {
+		return 0
+	}
+	return st.NumCPUBlocks * max(rep.Spec.DataParallelSize, 1) * st.BlockSize / max(indexBlock, 1)
+}
+
 // runSubscriber runs one subscriber until ctx ends. A subscriber rebuilds
 // its own sockets after errors (with a jittered backoff); its Run returns
 // early only when the zmq context is terminated, which ends every
@@ -156,15 +166,21 @@ func (g *Gateway) runSubscriber(ctx context.Context, name string, run func(conte
 
 // syncReplicas keeps the indexes' per-replica facts current: the model that
 // roots a replica's block keys (configured, or discovered from /v1/models),
-// and the approximate index's capacity (from the engine's KV size).
+// the approximate index's capacity (from the engine's KV size), and the
+// precise index's CPU-tier bound (from the engine's CPU offload size).
 func (g *Gateway) syncReplicas(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
+	cpu := map[string]int{} // CPU-tier bounds set, by replica
 	for {
 		for _, rep := range g.fleet.Snapshot().Replicas {
 			g.registerModel(rep) // models discovered later (central topology)
 			st := rep.State()
 			g.approx.sizeTo(rep.Spec.Name, st.NumGPUBlocks*st.BlockSize)
+			if n := cpuKeys(rep, st, g.cfg.Routing.BlockSize); n > 0 && cpu[rep.Spec.Name] != n {
+				cpu[rep.Spec.Name] = n
+				_ = g.index.ix.SetCPUCapacity(rep.Spec.Name, n) // errs only when the replica table is full
+			}
 		}
 		select {
 		case <-ctx.Done():

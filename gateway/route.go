@@ -154,7 +154,7 @@ func (g *Gateway) matchPrefix(ctx context.Context, r *Request, reps []*fleet.Rep
 		}
 		in.PromptTokens = len(tokens)
 		keys = g.index.keys(tokens, r.model, r.cacheSalt)
-		in.Matched = g.index.matchTokens(keys, names, len(tokens), engineBlocks(in.Endpoints))
+		in.Matched, in.MatchedCPU = g.index.matchTiers(keys, names, len(tokens), engineBlocks(in.Endpoints))
 	case g.policy.UsesApprox:
 		chunks = g.approx.keys(r.approxText(), r.model, r.cacheSalt)
 		in.Matched = g.approx.matchTokens(chunks, names, in.PromptTokens, r.bytesPerToken)

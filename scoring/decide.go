@@ -63,6 +63,11 @@ type Input struct {
 	// is believed to hold cached: nil until the prefix phase (see
 	// Plan.NeedsPrefix).
 	Matched []int
+	// MatchedCPU holds, aligned with Endpoints, how many prompt tokens
+	// after Matched each holds in a CPU offload tier (see
+	// Request.MatchedCPU); nil when none. The plan predicts both as
+	// cached, as engines report them.
+	MatchedCPU []int
 	// BlockSize is the prefix index's block size in tokens.
 	BlockSize int
 	// RefreshAfter is how old a sticky session's binding may grow before
@@ -286,6 +291,12 @@ func (p *Policy) score(in *Input, avail []int, bound bool, plan *Plan) error {
 			r.Matched[k] = in.Matched[i]
 		}
 	}
+	if in.MatchedCPU != nil {
+		r.MatchedCPU = make([]int, len(avail))
+		for k, i := range avail {
+			r.MatchedCPU[k] = in.MatchedCPU[i]
+		}
+	}
 	d, err := p.Route(context.Background(), r, pick(in.Endpoints, avail), in.Rand)
 	if err != nil {
 		return err
@@ -298,6 +309,9 @@ func (p *Policy) score(in *Input, avail []int, bound bool, plan *Plan) error {
 		plan.Order[k] = avail[j]
 		if r.Matched != nil {
 			plan.Predicted[k] = r.Matched[j]
+		}
+		if r.MatchedCPU != nil {
+			plan.Predicted[k] += r.MatchedCPU[j]
 		}
 	}
 	return nil

@@ -2,9 +2,25 @@ package scoring
 
 import "context"
 
+// CPUHitCost is what a prompt token held in an engine's CPU offload tier
+// costs, relative to prefilling it: its KV is loaded over PCIe, not
+// computed. 0.04 is vllmsim's default profile (Qwen3-32B on 2×H100: 2.6 µs
+// a token loaded, 66.7 µs prefilled).
+const CPUHitCost = 0.04
+
+// cachedValue is the prefill a request saves on endpoint i: its GPU hit,
+// and its CPU hit less the cost of loading it.
+func cachedValue(r *Request, i int) float64 {
+	v := float64(r.Matched[i])
+	if r.MatchedCPU != nil {
+		v += (1 - CPUHitCost) * float64(r.MatchedCPU[i])
+	}
+	return v
+}
+
 // Prefix scores endpoints by the fraction of the prompt they hold cached:
-// Matched[i] ÷ PromptTokens. Affinity. Zero everywhere when matches are
-// unknown.
+// (Matched[i] + (1 − CPUHitCost) × MatchedCPU[i]) ÷ PromptTokens.
+// Affinity. Zero everywhere when matches are unknown.
 type Prefix struct{}
 
 // Score implements Scorer.
@@ -14,7 +30,7 @@ func (Prefix) Score(_ context.Context, r *Request, eps []Endpoint) []float64 {
 		return out
 	}
 	for i := range eps {
-		out[i] = float64(r.Matched[i]) / float64(r.PromptTokens)
+		out[i] = min(1, cachedValue(r, i)/float64(r.PromptTokens))
 	}
 	return out
 }
@@ -72,7 +88,7 @@ func (KVUtil) Score(_ context.Context, _ *Request, eps []Endpoint) []float64 {
 //
 //	cost = max(InflightPrefillTokens, Waiting × WaitingTokens)
 //	     + Running × RunningTokens
-//	     + (PromptTokens − Matched)
+//	     + (PromptTokens − Matched − (1 − CPUHitCost) × MatchedCPU)
 //
 // and scores (min cost + Smoothing) ÷ (cost + Smoothing), so the cheapest
 // endpoint scores 1 and one twice as costly about ½. It weighs cache hits
@@ -106,7 +122,7 @@ func (p PrefillCost) Score(_ context.Context, r *Request, eps []Endpoint) []floa
 		queued := max(float64(e.InflightPrefillTokens), float64(e.Waiting)*wt)
 		uncached := float64(r.PromptTokens)
 		if r.Matched != nil {
-			uncached -= float64(r.Matched[i])
+			uncached -= cachedValue(r, i)
 		}
 		c := queued + float64(e.Running)*p.RunningTokens + max(uncached, 0)
 		out[i] = c

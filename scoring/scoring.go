@@ -51,6 +51,10 @@ type Request struct {
 	// the prompt's tokens each endpoint is believed to hold in its prefix
 	// cache, or nil when unknown.
 	Matched []int
+	// MatchedCPU holds, aligned likewise, how many prompt tokens after
+	// Matched each endpoint holds in a CPU offload tier: loaded rather
+	// than prefilled, at CPUHitCost each. Nil when none.
+	MatchedCPU []int
 	// Bound is the ID of the replica the session is bound to, "" when none.
 	Bound string
 }

@@ -258,3 +258,30 @@ func BenchmarkRouteWarmpath64(b *testing.B) {
 		_, _ = p.Route(context.Background(), r, e, rng)
 	}
 }
+
+// A CPU-tier hit is worth almost a GPU hit (a load, not a prefill): the
+// prefix and prefill-cost scorers rank it between a GPU hit and a cold
+// endpoint, and a scored plan predicts it as cached.
+func TestCPUTierHits(t *testing.T) {
+	eps := []Endpoint{{ID: "gpu"}, {ID: "cpu"}, {ID: "cold"}}
+	r := &Request{PromptTokens: 1000, Matched: []int{800, 200, 0}, MatchedCPU: []int{0, 600, 0}}
+	for _, s := range []Scorer{Prefix{}, PrefillCost{}} {
+		got := s.Score(context.Background(), r, eps)
+		if !(got[0] > got[1] && got[1] > got[2]) {
+			t.Errorf("%T: scores %v; want GPU hit > CPU hit > cold", s, got)
+		}
+	}
+	if got := (Prefix{}).Score(context.Background(), r, eps)[1]; math.Abs(got-(200+0.96*600)/1000.) > 1e-9 {
+		t.Errorf("prefix score of the CPU hit = %v; want (200 + 0.96×600) ÷ 1000", got)
+	}
+	pol, _ := NewPolicy(PolicyPrecisePrefix, nil)
+	in := &Input{Model: "m", Endpoints: []Endpoint{{ID: "a"}, {ID: "b"}}, PromptTokens: 1000, BlockSize: 16,
+		Matched: []int{0, 160}, MatchedCPU: []int{0, 640}, Continues: true, BoundHolds: true}
+	p, err := pol.Decide(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.Endpoints[p.Chosen()].ID != "b" || p.Predicted[0] != 800 {
+		t.Errorf("plan chose %s predicting %d; want b predicting 800 (160 on GPU, 640 on CPU)", in.Endpoints[p.Chosen()].ID, p.Predicted[0])
+	}
+}

@@ -60,6 +60,10 @@ type State struct {
 	// NumGPUBlocks is the number of KV blocks on the GPU (per engine), 0
 	// when unknown.
 	NumGPUBlocks int
+	// NumCPUBlocks is the number of KV blocks of the engine's CPU offload
+	// tier (per engine; cache_config_info's num_cpu_blocks), 0 when unknown
+	// or none.
+	NumCPUBlocks int
 	// ScrapedAt is when the metrics above were last scraped successfully;
 	// zero before the first success.
 	ScrapedAt time.Time
@@ -294,7 +298,7 @@ func (r *Replica) setMetrics(now time.Time, m engineMetrics) {
 		s.Running, s.Waiting, s.KVUsage = count(m.Running), count(m.Waiting), m.KVUsage
 		s.PrefixQueries, s.PrefixHits = m.PrefixQueries, m.PrefixHits
 		if m.seen&seenCacheConfig != 0 {
-			s.BlockSize, s.NumGPUBlocks = m.BlockSize, m.NumGPUBlocks
+			s.BlockSize, s.NumGPUBlocks, s.NumCPUBlocks = m.BlockSize, m.NumGPUBlocks, m.NumCPUBlocks
 		}
 		s.ScrapedAt, s.ScrapeErr = now, ""
 	})

@@ -16,6 +16,7 @@ type engineMetrics struct {
 	KVUsage                   float64 // max over series, 0..1
 	PrefixQueries, PrefixHits float64 // summed; current names win over the older gpu_ ones
 	BlockSize, NumGPUBlocks   int     // from the first vllm:cache_config_info series with them
+	NumCPUBlocks              int     // likewise (its num_cpu_blocks label), 0 when absent
 
 	seen      seenMask
 	oldKV     float64 // vllm:gpu_cache_usage_perc, used when the current name is absent
@@ -220,6 +221,7 @@ func (m *engineMetrics) parseLine(line []byte) {
 		nb, _ := labelInt(labels, "num_gpu_blocks")
 		if bs > 0 || nb > 0 {
 			m.BlockSize, m.NumGPUBlocks, m.haveBlock = bs, nb, true
+			m.NumCPUBlocks, _ = labelInt(labels, "num_cpu_blocks")
 		}
 	}
 }

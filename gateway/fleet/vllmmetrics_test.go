@@ -91,6 +91,14 @@ vllm:cache_config_info{block_size="16", num_gpu_blocks="None",} 1
 		want: engineMetrics{BlockSize: 16},
 	},
 	{
+		name: "cache_config_info with a CPU tier",
+		in: `vllm:num_requests_running 0
+vllm:num_requests_waiting 0
+vllm:cache_config_info{block_size="16",engine="0",num_cpu_blocks="4096",num_gpu_blocks="512"} 1
+`,
+		want: engineMetrics{BlockSize: 16, NumGPUBlocks: 512, NumCPUBlocks: 4096},
+	},
+	{
 		name: "garbage and odd formatting",
 		in: "vllm:num_requests_running{model_name=\"a\" 3\n" + // unterminated labels
 			"vllm:num_requests_waiting abc\n" + // bad value
