@@ -473,7 +473,7 @@ func reportConfig(cfg Config, p vllmsim.Profile, external bool) []Param {
 	}
 	if !external {
 		ps = append(ps,
-			Param{"fleet", fmt.Sprintf("%d simulated replicas, %d KV blocks × %d tokens each", cfg.Replicas, p.KVBlocks, p.BlockSize)},
+			Param{"fleet", fmt.Sprintf("%d simulated replicas, %d KV blocks × %d tokens each%s", cfg.Replicas, p.KVBlocks, p.BlockSize, cpuParam(cfg))},
 			Param{"profile", fmt.Sprintf("%s: step %v + %v/prefill token + %v/seq + %v/context token; %d batched tokens, %d seqs",
 				p.Name, p.StepBase, p.PrefillPerToken, p.DecodePerSeq, p.DecodePerContextToken, p.MaxNumBatchedTokens, p.MaxNumSeqs)})
 	}

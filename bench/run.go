@@ -76,6 +76,12 @@ type Config struct {
 	// batches, which a CPU tier does not). Workloads sized to the fleet's
 	// capacity (agentic) grow with it.
 	KVBlocks int
+	// CPUBlocks gives each simulated replica a CPU offload tier of this
+	// many 16-token blocks (vLLM's native offloading, see
+	// vllmsim.Config.CPUBlocks), before Scale; 0, the default, means none.
+	// The gateway sizes its index's CPU tier from the replicas'
+	// cache_config_info and scores CPU hits at scoring.CPUHitCost.
+	CPUBlocks int
 	// Scale multiplies token counts and the simulated KV capacity, and
 	// dilates the simulated profile's step costs (see doc.go); default
 	// DefaultScale. 1 is full size.
@@ -186,6 +192,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("bench: %d replicas (want 1–64)", c.Replicas)
 	case c.KVBlocks < 0 || c.KVBlocks > 1<<24:
 		return c, fmt.Errorf("bench: %d KV blocks (want 0–%d)", c.KVBlocks, 1<<24)
+	case c.CPUBlocks < 0 || c.CPUBlocks > 1<<26:
+		return c, fmt.Errorf("bench: %d CPU blocks (want 0–%d)", c.CPUBlocks, 1<<26)
 	case c.Gateways < 1 || c.Gateways > 8:
 		return c, fmt.Errorf("bench: %d gateways (want 1–8)", c.Gateways)
 	case c.Speed <= 0 || c.Scale <= 0 || c.Scale > 1 || c.StageScale <= 0 || c.TimeScale <= 0:
@@ -308,6 +316,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	return rep, nil
 }
 
+// scaledCPUBlocks is the simulated replicas' CPU tier at the run's token
+// scale, as ScaledProfile scales the KV cache.
+func scaledCPUBlocks(cfg Config) int {
+	if cfg.CPUBlocks == 0 {
+		return 0
+	}
+	return max(1, int(math.Round(float64(cfg.CPUBlocks)*cfg.Scale)))
+}
+
 // runSimulated benchmarks one policy on a fresh simulated fleet, Redis and
 // gateway, and tears them down.
 func runSimulated(ctx context.Context, cfg Config, policy string, profile vllmsim.Profile, plan *Plan, pr *progress) (*Result, error) {
@@ -315,6 +332,7 @@ func runSimulated(ctx context.Context, cfg Config, policy string, profile vllmsi
 		Replicas:       cfg.Replicas,
 		Speed:          cfg.Speed,
 		Profile:        profile,
+		CPUBlocks:      scaledCPUBlocks(cfg),
 		Seed:           cfg.Seed,
 		StreamInterval: cfg.StreamInterval,
 		Logger:         cfg.Logger.With("component", "vllmsim"),

@@ -156,10 +156,12 @@ func (p *preciseIndex) matchTiers(keys []uint64, names []string, promptTokens in
 	return gpu, cpuTokens
 }
 
-// holds reports whether replica holds the block with the given key.
+// holds reports whether replica holds the block with the given key, on
+// GPU or in its CPU tier (which a continuing turn loads back).
 func (p *preciseIndex) holds(replica string, key uint64) bool {
 	var buf [1]blockindex.Hit
-	return p.ix.Match([]uint64{key}, []string{replica}, buf[:0])[0].Blocks == 1
+	h := p.ix.Match([]uint64{key}, []string{replica}, buf[:0])[0]
+	return h.Blocks == 1 || h.CPU == 1
 }
 
 func (p *preciseIndex) speculate(replica string, keys []uint64, ttl time.Duration) {

@@ -11,7 +11,7 @@ import (
 )
 
 // runBench runs a live benchmark: `warmpath bench --workload shared-prefix
-// [--policies …] [--replicas 8] [--kv-blocks B] [--gateways 1] [--speed X] [--scale S] [--stage-scale F]
+// [--policies …] [--replicas 8] [--kv-blocks B] [--cpu-blocks C] [--gateways 1] [--speed X] [--scale S] [--stage-scale F]
 // [--seed N] [--trace FILE --time-scale F] [--limit N] [--duration D]
 // [--drain D] [--report DIR] [--json FILE] [--fleet URLs [--kv-events EPs]] [--target
 // URL] [--quiet]`.
@@ -22,6 +22,7 @@ func runBench(ctx context.Context, args []string) error {
 	policies := fs.String("policies", "", "comma-separated routing policies (default all, round-robin first)")
 	fs.IntVar(&cfg.Replicas, "replicas", bench.DefaultReplicas, "simulated replicas")
 	fs.IntVar(&cfg.KVBlocks, "kv-blocks", 0, "simulated replicas' full-size KV capacity in 16-token blocks (default the profile's 19,208)")
+	fs.IntVar(&cfg.CPUBlocks, "cpu-blocks", 0, "simulated replicas' CPU offload tier in full-size 16-token blocks (vLLM's native offloading; 0 = none)")
 	fs.IntVar(&cfg.Gateways, "gateways", 1, "gateway instances sharing one Redis, requests spread over them in turn (an HA deployment)")
 	fs.Float64Var(&cfg.Speed, "speed", 0, fmt.Sprintf("simulated seconds per real second (default %d; 1 with --fleet/--target)", bench.DefaultSpeed))
 	fs.Float64Var(&cfg.Scale, "scale", bench.DefaultScale, "token and KV-capacity scale (1 = full size; time is dilated to match)")
