@@ -22,6 +22,7 @@ import (
 	"github.com/warmpath/warmpath/internal/testrun"
 	"github.com/warmpath/warmpath/kvevents"
 	"github.com/warmpath/warmpath/scoring"
+	"github.com/warmpath/warmpath/scoring/blockindex"
 	"github.com/warmpath/warmpath/vllmsim"
 )
 
@@ -96,19 +97,29 @@ func simTokens(msgs []msg) []uint32 {
 	return vllmsim.TokenizeChat(vm, nil, true)
 }
 
+// indexHit is what the gateway's index holds of msgs for replica.
+func (g *testGateway) indexHit(replica string, msgs []msg) blockindex.Hit {
+	keys := g.index.keys(simTokens(msgs), "qwen3-32b", "")
+	return g.index.ix.Match(keys, []string{replica}, nil)[0]
+}
+
 // indexDepth is how many leading blocks of msgs the gateway's index holds
 // for replica.
 func (g *testGateway) indexDepth(replica string, msgs []msg) int {
-	keys := g.index.keys(simTokens(msgs), "qwen3-32b", "")
-	return g.index.ix.Match(keys, []string{replica}, nil)[0].Blocks
+	return g.indexHit(replica, msgs).Blocks
 }
 
 // waitIndexed waits until the gateway's index holds all of msgs' full
-// blocks for replica.
+// blocks for replica, as KV events told it: entries the gateway added
+// when it routed msgs are only speculative, and a subscriber joining
+// clears them.
 func (g *testGateway) waitIndexed(t *testing.T, replica string, msgs []msg) {
 	t.Helper()
 	want := len(simTokens(msgs)) / g.cfg.Routing.BlockSize
-	eventually(t, 10*time.Second, func() bool { return g.indexDepth(replica, msgs) == want }, fmt.Sprintf("%d blocks indexed for %s", want, replica))
+	eventually(t, 10*time.Second, func() bool {
+		h := g.indexHit(replica, msgs)
+		return h.Blocks == want && h.Speculative == 0
+	}, fmt.Sprintf("%d blocks indexed for %s", want, replica))
 }
 
 // direct sends a chat straight to an engine (bypassing the gateway), with
@@ -526,6 +537,9 @@ func TestEnginesWithoutTokenize(t *testing.T) {
 	cfg := engineConfig(scoring.PolicyPrecisePrefix, specs...)
 	cfg.Routing.TokenizeURL = svc.URL
 	g2 := startGateway(t, cfg, nil)
+	for i, s := range specs {
+		g2.warmEngine(t, s.Name, f.Replicas()[i].Info().URL)
+	}
 	p := userPrompt("viaservice", 200)
 	home := routed(t, g2.URL, p).replica()
 	g2.waitIndexed(t, home, p)
