@@ -522,3 +522,37 @@ func TestGracefulDrain(t *testing.T) {
 		t.Errorf("streams cut by the drain = %v; want 1", got)
 	}
 }
+
+// A replica that restarts while idle (its cache gone, no KV event yet to
+// say so) stops being predicted warm as soon as its counters are seen to
+// reset: its index entries are cleared, and the session bound to it
+// rebinds as evicted instead of predicting a hit it will not get.
+func TestIdleRestartForgetsCache(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{Replicas: 2})
+	cfg := fleetConfig(sim)
+	cfg.Debug = true
+	cfg.Routing.SpeculativeTTL = -1
+	rdb := redisFor(t, &cfg)
+	gw := startGateway(t, cfg, rdb)
+	c := newConversation(words("idle restart", 400), "first")
+	home := c.turn(t, gw.URL, "second").replica()
+	eventually(t, 5*time.Second, func() bool { return gw.index.ix.Stats().Replicas[home].Entries > 20 }, "the home replica's blocks indexed")
+	// Idle, as a replica is once scraped after serving.
+	eventually(t, 5*time.Second, func() bool { return gw.fleet.Replica(home).State().PrefixQueries > 0 }, "a scrape after the turn")
+	for _, r := range sim.Replicas() {
+		if r.Info().Name == home {
+			r.Restart() // no traffic follows: no event says the cache is gone
+		}
+	}
+
+	eventually(t, 5*time.Second, func() bool {
+		return counter(t, gw.reg, "warmpath_replica_restarts_total", map[string]string{"replica": home}) == 1
+	}, "the restart seen on /metrics")
+	if n := gw.index.ix.Stats().Replicas[home].Entries; n != 0 {
+		t.Errorf("%d index entries left for the restarted replica", n)
+	}
+	r := c.turn(t, gw.URL, "after the restart")
+	if got := r.Header.Get("X-Warmpath-Rebind"); got != scoring.RebindEvicted {
+		t.Errorf("rebind = %q (reason %s, predicted %s); want evicted", got, r.Header.Get("X-Warmpath-Reason"), r.Header.Get("X-Warmpath-Predicted-Cached"))
+	}
+}

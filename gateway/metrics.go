@@ -27,6 +27,7 @@ type metrics struct {
 	redisErrors     *prometheus.CounterVec // op
 	streamsCut      *prometheus.CounterVec // reason
 	connsRejected   prometheus.Counter
+	replicaRestarts *prometheus.CounterVec // replica
 	inflight        prometheus.Gauge
 
 	mu    sync.Mutex // guards fracs
@@ -92,6 +93,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		connsRejected: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "warmpath_connections_rejected_total", Help: "Client connections closed on arrival because their address already held server.max_conns_per_client.",
 		}),
+		replicaRestarts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warmpath_replica_restarts_total", Help: "Engine restarts seen on a replica's /metrics (its counters went back to zero); the index forgot what it held.",
+		}, []string{"replica"}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "warmpath_inflight_requests", Help: "Requests being proxied now.",
 		}),
@@ -99,7 +103,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	reg.MustRegister(m.requests, m.duration, m.ttft, m.promptTokens, m.cachedTokens, m.predictedTokens,
 		m.cachedFraction, m.mispredicted, m.mispredictedTok, m.decisions, m.rebinds, m.tokenizer,
-		m.tokenizeAvoided, m.retries, m.upstreamErrors, m.redisErrors, m.streamsCut, m.connsRejected, m.inflight)
+		m.tokenizeAvoided, m.retries, m.upstreamErrors, m.redisErrors, m.streamsCut, m.connsRejected, m.replicaRestarts, m.inflight)
 	return m
 }
 
