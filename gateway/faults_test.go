@@ -200,18 +200,36 @@ func TestHungReplicaReleasesRequests(t *testing.T) {
 			victim = r
 		}
 	}
-	victim.SetFaults(vllmsim.Faults{Hang: true})
-	t.Cleanup(func() { victim.SetFaults(vllmsim.Faults{}) })
+	// The same load with every replica well, then with the victim hung;
+	// the latencies of turns answered by the others are logged (issue 12's
+	// target: their p99 within 2× of normal), not asserted.
 	var mu sync.Mutex
 	var served []string
-	parallel(len(convs), func(i int) {
-		for range 3 {
-			r := convs[i].turn(t, gw.URL, "while one replica hangs")
-			mu.Lock()
-			served = append(served, r.replica())
-			mu.Unlock()
+	load := func(label string, turns int) {
+		var others []time.Duration
+		parallel(len(convs), func(i int) {
+			for range turns {
+				start := time.Now()
+				r := convs[i].turn(t, gw.URL, label)
+				d := time.Since(start)
+				mu.Lock()
+				served = append(served, r.replica())
+				if r.replica() != home && r.Header.Get("X-Warmpath-Attempts") == "1" {
+					others = append(others, d)
+				}
+				mu.Unlock()
+			}
+		})
+		slices.Sort(others)
+		if n := len(others); n > 0 {
+			t.Logf("%s: %d turns on the other replicas, p50 %v, p99 %v, max %v", label, n, others[n/2], others[(n*99+99)/100-1], others[n-1])
 		}
-	})
+	}
+	load("all replicas well", 3)
+	served = nil
+	victim.SetFaults(vllmsim.Faults{Hang: true})
+	t.Cleanup(func() { victim.SetFaults(vllmsim.Faults{}) })
+	load("one replica hung", 3)
 	for _, name := range served {
 		if name == victim.Info().Name {
 			t.Errorf("a turn was answered by the hung replica")
