@@ -216,6 +216,7 @@ func overheadTargets(ctx context.Context, eg *errgroup.Group, sim *vllmsim.Fleet
 		gc.Routing.Policy = pol
 		gc.Health.Interval, gc.Health.ScrapeInterval = 250*time.Millisecond, 250*time.Millisecond
 		gc.Server.MaxConnsPerClient = -1 // the load generator is one client
+		gc.Server.PreStop = -1
 		rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 		gw, err := gateway.New(gc, gateway.Options{Redis: rdb, Logger: cfg.Logger})
 		if err != nil {

@@ -60,6 +60,7 @@ type Gateway struct {
 	tok         *tokenizer
 	tenants     *tenants
 	activity    *activity          // what the status page shows
+	tips        chan tipJob        // prompts whose session tip is filled in off the request path (tips.go)
 	responses   *responses.Service // nil without Redis
 	admit       Admitter
 	wrapped     prometheus.Registerer // reg with the policy label
@@ -103,6 +104,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 
 	g.drainCtx, g.cutStreams = context.WithCancel(context.Background())
 	g.activity = newActivity()
+	g.tips = make(chan tipJob, tipBacklog)
 	g.tokenizeWarn.period = 10 * time.Second
 	var err error
 	if g.policy, err = scoring.NewPolicy(cfg.Routing.Policy, cfg.Routing.Weights); err != nil {

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 
@@ -26,6 +27,7 @@ func runOverhead(ctx context.Context, args []string) error {
 	maxRates := fs.String("max-rates", "", "short-prompt rates to climb for the highest held (default 500,1000,1500,2000,3000,4000; none to skip)")
 	jsonPath := fs.String("json", "", "write the report as JSON to FILE")
 	quiet := fs.Bool("quiet", false, "no progress lines")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (gateway, proxy, simulator and load) to FILE")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -58,6 +60,17 @@ func runOverhead(ctx context.Context, args []string) error {
 	}
 	if !*quiet {
 		cfg.Progress = os.Stderr
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	rep, err := bench.Overhead(ctx, cfg)
 	if err != nil {
