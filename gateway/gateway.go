@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/warmpath/warmpath/gateway/anthropic"
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/kvevents"
 	"github.com/warmpath/warmpath/responses"
@@ -60,6 +61,7 @@ type Gateway struct {
 	tok         *tokenizer
 	tenants     *tenants
 	responses   *responses.Service // nil without Redis
+	messages    *anthropic.Service
 	admit       Admitter
 	wrapped     prometheus.Registerer // reg with the policy label
 	upstream    *http.Transport
@@ -141,6 +143,11 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	if g.responses, err = g.newResponses(); err != nil {
 		g.close()
 		return nil, fmt.Errorf("config: responses: %w", err)
+	}
+
+	if g.messages, err = g.newMessages(); err != nil {
+		g.close()
+		return nil, fmt.Errorf("config: messages: %w", err)
 	}
 
 	if g.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
