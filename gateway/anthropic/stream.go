@@ -155,7 +155,14 @@ func (t *translator) run(resp *http.Response) error {
 		case err != nil:
 			return t.fail(http.StatusBadGateway, "reading the upstream stream: "+err.Error())
 		case bytes.Equal(data, []byte("[DONE]")):
-			return t.end()
+			if err := t.end(); err != nil {
+				return err
+			}
+			// Read on to the end, so the routed client sees the body
+			// complete (and counts the turn as such) rather than closed
+			// early; nothing follows [DONE].
+			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxEventBytes))
+			return nil
 		}
 		if err := t.chunk(data); err != nil {
 			return err

@@ -317,3 +317,28 @@ func TestEventReader(t *testing.T) {
 		t.Fatalf("oversized event: %v", err)
 	}
 }
+
+// eofReader reports whether its reader was read to the end.
+type eofReader struct {
+	io.Reader
+	eof bool
+}
+
+func (r *eofReader) Read(p []byte) (int, error) {
+	n, err := r.Reader.Read(p)
+	r.eof = r.eof || err == io.EOF
+	return n, err
+}
+
+func (r *eofReader) Close() error { return nil }
+
+// The body is read to its end after [DONE], so the routed client counts
+// the turn as complete (its usage remembered, the replica not blamed).
+func TestTranslateReadsToEOF(t *testing.T) {
+	body := &eofReader{Reader: strings.NewReader(sse(text("a"), finish("stop", ""), usageChunk, "[DONE]"))}
+	tr := newTranslator(&recorder{}, "m", nil)
+	_ = tr.start()
+	if err := tr.run(upstream("text/event-stream", body)); err != nil || !body.eof {
+		t.Fatalf("run = %v; body read to EOF: %v", err, body.eof)
+	}
+}
