@@ -361,13 +361,13 @@ func TestStreamPings(t *testing.T) {
 			t.Errorf("a delta did not reset the ping timer: %d pings", got)
 		}
 		_, _ = io.WriteString(pw, sse(finish("stop", ""), "[DONE]"))
+		pw.Close() // as vLLM does after [DONE]
 		<-done
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		if got := w.count("ping"); got != 3 || w.count("message_stop") != 1 {
 			t.Errorf("after the end: %d pings, %d message_stop; want 3 and 1", got, w.count("message_stop"))
 		}
-		pw.Close()
 	})
 }
 

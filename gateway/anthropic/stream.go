@@ -160,7 +160,9 @@ func (t *translator) run(resp *http.Response) error {
 			}
 			// Read on to the end, so the routed client sees the body
 			// complete (and counts the turn as such) rather than closed
-			// early; nothing follows [DONE].
+			// early. Nothing follows [DONE], and vLLM closes the stream
+			// right after it; the gateway's idle timeout bounds one that
+			// does not.
 			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxEventBytes))
 			return nil
 		}
