@@ -1,13 +1,16 @@
 package gateway
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tidwall/gjson"
 
@@ -381,5 +384,62 @@ func TestMessagesTenancy(t *testing.T) {
 	}
 	if got := counter(t, gw.reg, "warmpath_requests_total", map[string]string{"route": "messages", "code": "429"}); got != 1 {
 		t.Errorf("warmpath_requests_total{route=messages,code=429} = %v; want 1", got)
+	}
+}
+
+// A Messages stream whose replica dies mid-way ends with an error event
+// (which the Anthropic SDKs raise), never with message_stop; a
+// non-streaming request whose replica stalls gets an error status in
+// Anthropic's envelope.
+func TestMessagesUpstreamFailsMidStream(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{Replicas: 1, Speed: 1, StreamInterval: 20 * time.Millisecond})
+	cfg := fleetConfig(sim)
+	cfg.Upstream = UpstreamConfig{IdleTimeout: 300 * time.Millisecond, HeaderTimeout: 300 * time.Millisecond}
+	rdb := redisFor(t, &cfg)
+	gw := startGateway(t, cfg, rdb)
+	body := `{"model":"qwen3-32b","max_tokens":400,"stream":%t,"messages":[{"role":"user","content":"` + words("cut", 30) + `"}]}`
+
+	resp, err := http.Post(gw.URL+"/v1/messages", "application/json", strings.NewReader(fmt.Sprintf(body, true)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	var names []string
+	var last string
+	for {
+		line, err := br.ReadString('\n')
+		if name, ok := strings.CutPrefix(strings.TrimSpace(line), "event: "); ok {
+			names = append(names, name)
+			if name == "content_block_delta" && slices.Index(names, "content_block_delta") == len(names)-1 {
+				sim.Replicas()[0].SetFaults(vllmsim.Faults{Hang: true})
+			}
+		}
+		if data, ok := strings.CutPrefix(line, "data: "); ok {
+			last = data
+		}
+		if err != nil {
+			break
+		}
+	}
+	sim.Replicas()[0].SetFaults(vllmsim.Faults{})
+	if names[len(names)-1] != "error" || slices.Contains(names, "message_stop") || gjson.Get(last, "error.type").String() != "api_error" {
+		t.Fatalf("stream ended with %v, %s; want an api_error event and no message_stop", names[max(0, len(names)-3):], last)
+	}
+
+	// A replica that hangs before answering a non-streaming request: the
+	// whole answer fails, with a 5xx in Anthropic's envelope.
+	sim.Replicas()[0].SetFaults(vllmsim.Faults{Hang: true})
+	defer sim.Replicas()[0].SetFaults(vllmsim.Faults{})
+	resp, err = http.Post(gw.URL+"/v1/messages", "application/json", strings.NewReader(fmt.Sprintf(body, false)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	e := gjson.ParseBytes(raw)
+	t.Logf("hung replica, non-streaming: %d %s", resp.StatusCode, raw)
+	if resp.StatusCode < 500 || e.Get("type").String() != "error" || !slices.Contains([]string{"api_error", "overloaded_error", "timeout_error"}, e.Get("error.type").String()) {
+		t.Errorf("hung replica, non-streaming: %d %s; want a 5xx error envelope", resp.StatusCode, raw)
 	}
 }
