@@ -160,6 +160,8 @@ func (s *Service) adapt(fn func(http.ResponseWriter, *http.Request) error) http.
 		}
 		switch {
 		case err == nil:
+		case errors.Is(err, errStreamStarted) && r.Context().Err() != nil:
+			s.log.Debug("anthropic: client went away mid-stream", "path", r.URL.Path, "request_id", id)
 		case errors.Is(err, errStreamStarted):
 			s.log.Warn("anthropic: stream ended early", "path", r.URL.Path, "err", err, "request_id", id)
 		default:
