@@ -27,9 +27,6 @@ type request struct {
 	Metadata      *struct {
 		UserID string `json:"user_id"`
 	} `json:"metadata"`
-	Thinking *struct {
-		Type string `json:"type"`
-	} `json:"thinking"`
 	OutputConfig *struct {
 		Effort string `json:"effort"`
 		Format *struct {

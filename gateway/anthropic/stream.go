@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/tidwall/gjson"
@@ -125,10 +126,6 @@ func (t *translator) start() error {
 		ID: t.id, Type: "message", Role: "assistant", Model: t.model, Content: []contentBlock{}}})
 }
 
-// errUpstream marks a failure of the upstream answer, already reported to
-// the client as an error event.
-var errUpstream = errors.New("anthropic: upstream failed")
-
 // run translates resp's body: a stream of chat.completion.chunk events,
 // or one chat.completion object. It returns nil once message_stop or an
 // error event has been sent, or the sink's error.
@@ -173,9 +170,7 @@ func (t *translator) run(resp *http.Response) error {
 	return nil
 }
 
-func isEventStream(ct string) bool {
-	return len(ct) >= 17 && ct[:17] == "text/event-stream"
-}
+func isEventStream(ct string) bool { return strings.HasPrefix(ct, "text/event-stream") }
 
 // chunk translates one chunk (or a whole completion: its choice has a
 // message instead of a delta).
