@@ -382,6 +382,10 @@ func TestMessagesTenancy(t *testing.T) {
 	if !limited {
 		t.Error("the tenant's rate limit never applied to /v1/messages")
 	}
+	// Accounted to the tenant as chat turns are.
+	if got := counter(t, gw.reg, "warmpath_prompt_tokens_total", map[string]string{"tenant": "coder"}); got < 3*float64(n.Get("input_tokens").Int()) {
+		t.Errorf("warmpath_prompt_tokens_total{tenant=coder} = %v; want the three admitted turns' prompts", got)
+	}
 	if got := counter(t, gw.reg, "warmpath_requests_total", map[string]string{"route": "messages", "code": "429"}); got != 1 {
 		t.Errorf("warmpath_requests_total{route=messages,code=429} = %v; want 1", got)
 	}
