@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/warmpath/warmpath/gateway/anthropic"
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/kvevents"
 	"github.com/warmpath/warmpath/responses"
@@ -62,6 +63,7 @@ type Gateway struct {
 	activity    *activity          // what the status page shows
 	tips        chan tipJob        // prompts whose session tip is filled in off the request path (tips.go)
 	responses   *responses.Service // nil without Redis
+	messages    *anthropic.Service
 	admit       Admitter
 	wrapped     prometheus.Registerer // reg with the policy label
 	upstream    *http.Transport
@@ -152,6 +154,11 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	if g.responses, err = g.newResponses(); err != nil {
 		g.close()
 		return nil, fmt.Errorf("config: responses: %w", err)
+	}
+
+	if g.messages, err = g.newMessages(); err != nil {
+		g.close()
+		return nil, fmt.Errorf("config: messages: %w", err)
 	}
 
 	if g.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
