@@ -42,6 +42,13 @@ import (
 // of the direct window's: the load generator and the replicas are in the
 // same process), and, for short prompts, the highest rate each target
 // holds with p99 under the bound.
+//
+// Every target has a simulated fleet of its own, so a gateway ingests the
+// KV events of its own requests only (and pays for all of them), and
+// nobody's events land in another target's window. The gateways' Redis is
+// a real server when RedisAddr names one (its CPU is then outside the
+// measurement, as in production); otherwise an in-process miniredis,
+// whose CPU counts as the gateway's.
 
 // Overhead shapes.
 const (
@@ -68,8 +75,11 @@ type OverheadConfig struct {
 	// (set to []float64{}) skips the search.
 	MaxRates []float64
 	MaxP99   time.Duration
-	// Replicas is the simulated fleet's size; default 4.
+	// Replicas is each simulated fleet's size; default 4.
 	Replicas int
+	// RedisAddr is a Redis server (host:port) the gateways share, each
+	// under its own key prefix; empty runs an in-process miniredis each.
+	RedisAddr string
 	// Seed seeds the prompts; default 1.
 	Seed int64
 	// Logger receives the gateway's and simulator's logs; nil discards.
@@ -137,7 +147,7 @@ type OverheadReport struct {
 	MaxP99Ms float64            `json:"max_p99_ms"`
 }
 
-// target is one way to reach the fleet.
+// target is one way to reach a fleet.
 type target struct {
 	name string
 	urls []string // base URLs; the client round-robins over them
@@ -149,10 +159,6 @@ func (t *target) url() string { return t.urls[int(t.next.Add(1)-1)%len(t.urls)] 
 // Overhead runs the overhead benchmark.
 func Overhead(ctx context.Context, cfg OverheadConfig) (*OverheadReport, error) {
 	cfg.withDefaults()
-	sim, err := vllmsim.NewFleet(vllmsim.Config{Replicas: cfg.Replicas, Speed: 20000, Logger: cfg.Logger})
-	if err != nil {
-		return nil, fmt.Errorf("bench: overhead: %w", err)
-	}
 	ctx, cancel := context.WithCancel(ctx)
 	eg, ctx := errgroup.WithContext(ctx)
 	var stores []*miniredis.Miniredis // closed once the gateways have stopped
@@ -163,8 +169,7 @@ func Overhead(ctx context.Context, cfg OverheadConfig) (*OverheadReport, error) 
 			mr.Close()
 		}
 	}()
-	eg.Go(func() error { return sim.Run(ctx) })
-	targets, err := overheadTargets(ctx, eg, sim, cfg, &stores)
+	targets, err := overheadTargets(ctx, eg, cfg, &stores)
 	if err != nil {
 		return nil, err
 	}
@@ -191,47 +196,82 @@ func Overhead(ctx context.Context, cfg OverheadConfig) (*OverheadReport, error) 
 	return rep, nil
 }
 
-// overheadTargets starts the plain proxy and one gateway per policy.
-func overheadTargets(ctx context.Context, eg *errgroup.Group, sim *vllmsim.Fleet, cfg OverheadConfig, stores *[]*miniredis.Miniredis) ([]*target, error) {
-	var urls, kv, replay []string
-	var specs []fleet.ReplicaSpec
-	for _, r := range sim.Replicas() {
-		in := r.Info()
-		urls, kv, replay = append(urls, in.URL), append(kv, in.KVEndpoint), append(replay, in.ReplayEndpoint)
-		specs = append(specs, fleet.ReplicaSpec{URL: in.URL, Model: in.Model, KVEndpoint: in.KVEndpoint, ReplayEndpoint: in.ReplayEndpoint})
-	}
-	direct := &target{name: "direct", urls: urls}
-	proxyURL, err := startPlainProxy(ctx, eg, urls)
+// overheadFleet starts a simulated fleet of its own for one target.
+func overheadFleet(ctx context.Context, eg *errgroup.Group, cfg OverheadConfig) (*vllmsim.Fleet, error) {
+	sim, err := vllmsim.NewFleet(vllmsim.Config{Replicas: cfg.Replicas, Speed: 20000, Logger: cfg.Logger})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("bench: overhead: %w", err)
 	}
-	targets := []*target{direct, {name: "proxy", urls: []string{proxyURL}}}
-	for _, pol := range cfg.Policies {
+	eg.Go(func() error { return sim.Run(ctx) })
+	return sim, nil
+}
+
+// overheadTargets starts, each in front of a fleet of its own, nothing
+// (direct), the plain proxy and one gateway per policy.
+func overheadTargets(ctx context.Context, eg *errgroup.Group, cfg OverheadConfig, stores *[]*miniredis.Miniredis) ([]*target, error) {
+	var targets []*target
+	for i := range 2 + len(cfg.Policies) {
+		sim, err := overheadFleet(ctx, eg, cfg)
+		if err != nil {
+			return nil, err
+		}
+		var urls []string
+		var specs []fleet.ReplicaSpec
+		for _, r := range sim.Replicas() {
+			in := r.Info()
+			urls = append(urls, in.URL)
+			specs = append(specs, fleet.ReplicaSpec{URL: in.URL, Model: in.Model, KVEndpoint: in.KVEndpoint, ReplayEndpoint: in.ReplayEndpoint})
+		}
+		switch i {
+		case 0:
+			targets = append(targets, &target{name: "direct", urls: urls})
+		case 1:
+			proxyURL, err := startPlainProxy(ctx, eg, urls)
+			if err != nil {
+				return nil, err
+			}
+			targets = append(targets, &target{name: "proxy", urls: []string{proxyURL}})
+		default:
+			t, err := startOverheadGateway(ctx, eg, cfg, cfg.Policies[i-2], specs, stores)
+			if err != nil {
+				return nil, err
+			}
+			targets = append(targets, t)
+		}
+	}
+	return targets, nil
+}
+
+// startOverheadGateway runs a gateway with policy pol in front of specs.
+func startOverheadGateway(ctx context.Context, eg *errgroup.Group, cfg OverheadConfig, pol string, specs []fleet.ReplicaSpec, stores *[]*miniredis.Miniredis) (*target, error) {
+	addr := cfg.RedisAddr
+	if addr == "" {
 		mr := miniredis.NewMiniRedis()
 		if err := mr.Start(); err != nil {
 			return nil, fmt.Errorf("bench: overhead: redis: %w", err)
 		}
 		*stores = append(*stores, mr)
-		gc := gateway.Config{Listen: "127.0.0.1:0", Replicas: specs, DevKey: overheadKey}
-		gc.Routing.Policy = pol
-		gc.Health.Interval, gc.Health.ScrapeInterval = 250*time.Millisecond, 250*time.Millisecond
-		gc.Server.MaxConnsPerClient = -1 // the load generator is one client
-		gc.Server.PreStop = -1
-		rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-		gw, err := gateway.New(gc, gateway.Options{Redis: rdb, Logger: cfg.Logger})
-		if err != nil {
-			return nil, fmt.Errorf("bench: overhead: %s: %w", pol, err)
-		}
-		eg.Go(func() error { return gw.Run(ctx) })
-		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err = gw.WaitReady(wctx)
-		cancel()
-		if err != nil {
-			return nil, fmt.Errorf("bench: overhead: %s not ready: %w", pol, err)
-		}
-		targets = append(targets, &target{name: "warmpath:" + pol, urls: []string{"http://" + gw.Addr()}})
+		addr = mr.Addr()
 	}
-	return targets, nil
+	gc := gateway.Config{Listen: "127.0.0.1:0", Replicas: specs, DevKey: overheadKey}
+	gc.Routing.Policy = pol
+	gc.Redis.KeyPrefix = fmt.Sprintf("wp-overhead-%d-%s:", time.Now().UnixNano(), pol)
+	gc.Health.Interval, gc.Health.ScrapeInterval = 250*time.Millisecond, 250*time.Millisecond
+	gc.Server.MaxConnsPerClient = -1 // the load generator is one client
+	gc.Server.PreStop = -1
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	gw, err := gateway.New(gc, gateway.Options{Redis: rdb, Logger: cfg.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("bench: overhead: %s: %w", pol, err)
+	}
+	eg.Go(func() error { return gw.Run(ctx) })
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	err = gw.WaitReady(wctx)
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("bench: overhead: %s not ready: %w", pol, err)
+	}
+	return &target{name: "warmpath:" + pol, urls: []string{"http://" + gw.Addr()}}, nil
 }
 
 const overheadKey = "sk-overhead-bench"

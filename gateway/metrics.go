@@ -23,7 +23,7 @@ type metrics struct {
 	tokenizer       *prometheus.CounterVec   // result
 	tokenizeAvoided prometheus.Counter
 	tokenizeUnseen  prometheus.Counter
-	tipsDropped     prometheus.Counter
+	tips            *prometheus.CounterVec
 	retries         *prometheus.CounterVec // reason
 	upstreamErrors  *prometheus.CounterVec // replica, kind
 	redisErrors     *prometheus.CounterVec // op
@@ -83,9 +83,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		tokenizeUnseen: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "warmpath_tokenizer_unseen_total", Help: "Scored turns routed on load without tokenizing: no replica was sent their opening (routing.tokenize_unseen off).",
 		}),
-		tipsDropped: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "warmpath_session_tips_dropped_total", Help: "Unseen prompts whose session tip was not filled in off the request path because the workers were busy (the session trusts its replica until rescored).",
-		}),
+		tips: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warmpath_session_tips_total", Help: "Session tips filled in off the request path, by result: filled, stale (the session moved or already had one), failed (tokenizer), dropped (the workers' backlog was full).",
+		}, []string{"result"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "warmpath_upstream_retries_total", Help: "Requests retried on the next-best replica after a failure before the first byte.",
 		}, []string{"reason"}),
@@ -111,7 +111,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	reg.MustRegister(m.requests, m.duration, m.ttft, m.promptTokens, m.cachedTokens, m.predictedTokens,
 		m.cachedFraction, m.mispredicted, m.mispredictedTok, m.decisions, m.rebinds, m.tokenizer,
-		m.tokenizeAvoided, m.tokenizeUnseen, m.tipsDropped, m.retries, m.upstreamErrors, m.redisErrors, m.streamsCut, m.connsRejected, m.replicaRestarts, m.inflight)
+		m.tokenizeAvoided, m.tokenizeUnseen, m.tips, m.retries, m.upstreamErrors, m.redisErrors, m.streamsCut, m.connsRejected, m.replicaRestarts, m.inflight)
 	return m
 }
 

@@ -206,9 +206,10 @@ func (g *Gateway) commit(ctx context.Context, r *Request, rt *route, bind sessio
 			}
 		}
 	}
-	if keys == nil && chunks != nil && g.policy.UsesPrecise && p.Reason != scoring.ReasonSticky {
-		// Routed without the tokenizer (an unseen opening): its tip later,
-		// once the binding above is stored.
+	if p.Reason == scoring.ReasonSticky && rt.binding.TipDepth == 0 && g.policy.UsesPrecise {
+		// A session whose first turn was routed without the tokenizer (an
+		// unseen opening, a failed tokenization) has come back: give it
+		// its tip now, off the request path. One-shot prompts never pay.
 		g.tipLater(tipJob{req: r, reps: rt.reps, eps: rt.eps, replica: rt.eps[p.Chosen()].ID, session: rt.session, binding: rt.binding})
 	}
 	if p.Rebind != "" {

@@ -25,6 +25,7 @@ func runOverhead(ctx context.Context, args []string) error {
 	fs.DurationVar(&cfg.Window, "window", 0, "how long each target sends at one rate per round (default 3s)")
 	fs.IntVar(&cfg.Rounds, "rounds", 0, "rounds the targets take turns (default 3)")
 	maxRates := fs.String("max-rates", "", "short-prompt rates to climb for the highest held (default 500,1000,1500,2000,3000,4000; none to skip)")
+	fs.StringVar(&cfg.RedisAddr, "redis", "", "a Redis server (host:port) for the gateways, its CPU outside the measurement (default: an in-process miniredis per gateway, counted)")
 	jsonPath := fs.String("json", "", "write the report as JSON to FILE")
 	quiet := fs.Bool("quiet", false, "no progress lines")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (gateway, proxy, simulator and load) to FILE")
