@@ -146,6 +146,13 @@ type RoutingConfig struct {
 	// prefill at 15,000 tokens/s); negative disables a threshold. See
 	// scoring.Saturation.
 	scoring.Saturation `yaml:",inline"`
+	// TokenizeUnseen makes the precise policies tokenize every prompt that
+	// is not sticky. By default (false) a prompt whose opening (its first
+	// approx_chunk_bytes of text) this gateway never sent to any replica
+	// routes on load without the tokenizer round trip: no replica can
+	// hold a prefix of it, unless another gateway sent it, or this one
+	// restarted since (then one request per opening pays a prefill).
+	TokenizeUnseen bool `yaml:"tokenize_unseen"`
 	// TokenizeCacheBytes bounds the cache of tokenized prompts by the
 	// bytes their token ids take (4 a token, plus about 100 an entry);
 	// default 256 MiB, about 16,000 prompts of 4,096 tokens.
@@ -543,7 +550,7 @@ func (c *Config) validate() error {
 		{"upstream.first_byte_timeout", c.Upstream.FirstByteTimeout}, {"upstream.idle_timeout", c.Upstream.IdleTimeout},
 		{"upstream.tokenize_timeout", c.Upstream.TokenizeTimeout}, {"health.interval", c.Health.Interval},
 		{"server.header_timeout", c.Server.HeaderTimeout}, {"server.body_timeout", c.Server.BodyTimeout},
-		{"server.idle_timeout", c.Server.IdleTimeout}, {"server.pre_stop", c.Server.PreStop}, {"server.drain_timeout", c.Server.DrainTimeout},
+		{"server.idle_timeout", c.Server.IdleTimeout}, {"server.drain_timeout", c.Server.DrainTimeout},
 		{"health.timeout", c.Health.Timeout}, {"health.scrape_interval", c.Health.ScrapeInterval}, {"health.stale_after", c.Health.StaleAfter},
 	} {
 		if d.v < 0 {

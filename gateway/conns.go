@@ -34,7 +34,7 @@ type ServerConfig struct {
 	MaxConnsPerClient int `yaml:"max_conns_per_client"`
 	// PreStop is how long, after SIGTERM, the gateway keeps serving with
 	// /readyz answering 503, so load balancers stop sending it traffic;
-	// default 5s.
+	// default 5s, negative for none (nothing in front to drain).
 	PreStop time.Duration `yaml:"pre_stop"`
 	// DrainTimeout is how long, after the pre-stop period, in-flight
 	// requests may take to finish; streams still open then are ended with

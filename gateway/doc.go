@@ -29,7 +29,9 @@
 // Gateway.Do runs admit → route → forward → account for one parsed
 // Request and returns the upstream response as a stream: the routed
 // client. The chat and completions handlers are thin users of it (parse,
-// Do, copy the response); the Responses API is another. No routing state
+// Do, copy the response); the Responses API (responses.go, package
+// responses) and the Anthropic Messages API (messages.go, package
+// gateway/anthropic, which answers in its own error envelope) are others. No routing state
 // or error travels through a context value.
 //
 // Streams are never buffered: each SSE event is released as soon as its
@@ -45,8 +47,10 @@
 // the per-replica topology; in the central topology one goroutine for the
 // socket bound per rank, or connected to a kv-relay, whose topics are
 // resolved to fleet names by kv_topic, name or URL host:port), which feed
-// the precise prefix index; and a once-a-second sync of the indexes'
-// per-replica facts (model, KV and CPU-tier capacity). Speculative index entries expire lazily, on the index's own
+// the precise prefix index; the two session-tip workers (tips.go); the
+// Responses API's background workers when Redis is configured; and a
+// once-a-second sync of the indexes' per-replica facts (model, KV and
+// CPU-tier capacity, restarts). Speculative index entries expire lazily, on the index's own
 // calls, so no janitor runs. All stop when Run's context ends.
 //
 // # Errors

@@ -36,6 +36,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	if g.responses != nil {
 		eg.Go(func() error { return ignoreCanceled(g.responses.Run(ectx)) })
 	}
+	eg.Go(func() error { return g.runTips(ectx) })
 	eg.Go(func() error { return g.fleet.Run(ectx) })
 	eg.Go(func() error { return g.runKVEvents(ectx) })
 	servers := []*http.Server{g.srv}
@@ -80,11 +81,13 @@ func (g *Gateway) drain(ctx context.Context, servers []*http.Server) {
 	sc := g.cfg.Server
 	g.draining.Store(true)
 	g.log.Info("draining: readiness off", "pre_stop", sc.PreStop, "drain_timeout", sc.DrainTimeout)
-	t := time.NewTimer(sc.PreStop)
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-		t.Stop()
+	if sc.PreStop > 0 {
+		t := time.NewTimer(sc.PreStop)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
 	}
 	dctx, cancel := context.WithTimeout(ctx, sc.DrainTimeout)
 	defer cancel()

@@ -75,11 +75,14 @@ func specOf(r *vllmsim.Replica) fleet.ReplicaSpec {
 }
 
 // engineConfig is a gateway configuration over specs with fast health
-// checks and debug headers, routing by policy.
+// checks and debug headers, routing by policy. It tokenizes unseen
+// prompts: these tests cache prompts on engines directly (and through
+// other gateways), which no gateway's record of what it sent knows.
 func engineConfig(policy string, specs ...fleet.ReplicaSpec) Config {
 	c := fleetConfig(&vllmsim.Fleet{})
 	c.Replicas = specs
 	c.Routing.Policy = policy
+	c.Routing.TokenizeUnseen = true
 	c.Debug = true
 	c.Server.PreStop = time.Millisecond // nothing to drain for at the end of a test
 	return c

@@ -87,6 +87,7 @@ func TestReplicaRestartClearsIndex(t *testing.T) {
 	sim := startSim(t, vllmsim.Config{Replicas: 2})
 	cfg := fleetConfig(sim)
 	cfg.Debug = true
+	cfg.Routing.TokenizeUnseen = true // the first turn's binding has its tip at once
 	cfg.Routing.SpeculativeTTL = -1
 	rdb := redisFor(t, &cfg)
 	gw := startGateway(t, cfg, rdb)
@@ -200,18 +201,36 @@ func TestHungReplicaReleasesRequests(t *testing.T) {
 			victim = r
 		}
 	}
-	victim.SetFaults(vllmsim.Faults{Hang: true})
-	t.Cleanup(func() { victim.SetFaults(vllmsim.Faults{}) })
+	// The same load with every replica well, then with the victim hung;
+	// the latencies of turns answered by the others are logged (issue 12's
+	// target: their p99 within 2× of normal), not asserted.
 	var mu sync.Mutex
 	var served []string
-	parallel(len(convs), func(i int) {
-		for range 3 {
-			r := convs[i].turn(t, gw.URL, "while one replica hangs")
-			mu.Lock()
-			served = append(served, r.replica())
-			mu.Unlock()
+	load := func(label string, turns int) {
+		var others []time.Duration
+		parallel(len(convs), func(i int) {
+			for range turns {
+				start := time.Now()
+				r := convs[i].turn(t, gw.URL, label)
+				d := time.Since(start)
+				mu.Lock()
+				served = append(served, r.replica())
+				if r.replica() != home && r.Header.Get("X-Warmpath-Attempts") == "1" {
+					others = append(others, d)
+				}
+				mu.Unlock()
+			}
+		})
+		slices.Sort(others)
+		if n := len(others); n > 0 {
+			t.Logf("%s: %d turns on the other replicas, p50 %v, p99 %v, max %v", label, n, others[n/2], others[(n*99+99)/100-1], others[n-1])
 		}
-	})
+	}
+	load("all replicas well", 3)
+	served = nil
+	victim.SetFaults(vllmsim.Faults{Hang: true})
+	t.Cleanup(func() { victim.SetFaults(vllmsim.Faults{}) })
+	load("one replica hung", 3)
 	for _, name := range served {
 		if name == victim.Info().Name {
 			t.Errorf("a turn was answered by the hung replica")
@@ -520,5 +539,40 @@ func TestGracefulDrain(t *testing.T) {
 	}
 	if got := counter(t, g.reg, "warmpath_streams_cut_total", map[string]string{"reason": "drain"}); got != 1 {
 		t.Errorf("streams cut by the drain = %v; want 1", got)
+	}
+}
+
+// A replica that restarts while idle (its cache gone, no KV event yet to
+// say so) stops being predicted warm as soon as its counters are seen to
+// reset: its index entries are cleared, and the session bound to it
+// rebinds as evicted instead of predicting a hit it will not get.
+func TestIdleRestartForgetsCache(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{Replicas: 2})
+	cfg := fleetConfig(sim)
+	cfg.Debug = true
+	cfg.Routing.TokenizeUnseen = true // the first turn's binding has its tip at once
+	cfg.Routing.SpeculativeTTL = -1
+	rdb := redisFor(t, &cfg)
+	gw := startGateway(t, cfg, rdb)
+	c := newConversation(words("idle restart", 400), "first")
+	home := c.turn(t, gw.URL, "second").replica()
+	eventually(t, 5*time.Second, func() bool { return gw.index.ix.Stats().Replicas[home].Entries > 20 }, "the home replica's blocks indexed")
+	// Idle, as a replica is once scraped after serving.
+	eventually(t, 5*time.Second, func() bool { return gw.fleet.Replica(home).State().PrefixQueries > 0 }, "a scrape after the turn")
+	for _, r := range sim.Replicas() {
+		if r.Info().Name == home {
+			r.Restart() // no traffic follows: no event says the cache is gone
+		}
+	}
+
+	eventually(t, 5*time.Second, func() bool {
+		return counter(t, gw.reg, "warmpath_replica_restarts_total", map[string]string{"replica": home}) == 1
+	}, "the restart seen on /metrics")
+	if n := gw.index.ix.Stats().Replicas[home].Entries; n != 0 {
+		t.Errorf("%d index entries left for the restarted replica", n)
+	}
+	r := c.turn(t, gw.URL, "after the restart")
+	if got := r.Header.Get("X-Warmpath-Rebind"); got != scoring.RebindEvicted {
+		t.Errorf("rebind = %q (reason %s, predicted %s); want evicted", got, r.Header.Get("X-Warmpath-Reason"), r.Header.Get("X-Warmpath-Predicted-Cached"))
 	}
 }

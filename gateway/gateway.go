@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/warmpath/warmpath/gateway/anthropic"
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/kvevents"
 	"github.com/warmpath/warmpath/responses"
@@ -62,7 +63,9 @@ type Gateway struct {
 	ratios      *tokenRatios // bytes per prompt token, by model
 	tenants     *tenants
 	activity    *activity          // what the status page shows
+	tips        chan tipJob        // prompts whose session tip is filled in off the request path (tips.go)
 	responses   *responses.Service // nil without Redis
+	messages    *anthropic.Service
 	admit       Admitter
 	wrapped     prometheus.Registerer // reg with the policy label
 	upstream    *http.Transport
@@ -106,6 +109,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	g.drainCtx, g.cutStreams = context.WithCancel(context.Background())
 	g.activity = newActivity()
 	g.ratios = newTokenRatios()
+	g.tips = make(chan tipJob, tipBacklog)
 	g.tokenizeWarn.period = 10 * time.Second
 	var err error
 	if g.policy, err = scoring.NewPolicy(cfg.Routing.Policy, cfg.Routing.Weights); err != nil {
@@ -154,6 +158,11 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	if g.responses, err = g.newResponses(); err != nil {
 		g.close()
 		return nil, fmt.Errorf("config: responses: %w", err)
+	}
+
+	if g.messages, err = g.newMessages(); err != nil {
+		g.close()
+		return nil, fmt.Errorf("config: messages: %w", err)
 	}
 
 	if g.ln, err = net.Listen("tcp", cfg.Listen); err != nil {

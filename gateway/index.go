@@ -249,6 +249,22 @@ func (a *approxIndex) matchTokens(keys []uint64, names []string, promptTokens in
 
 func (a *approxIndex) record(replica string, keys []uint64) { a.a.Record(replica, keys) }
 
+// seen reports whether any of replicas was sent a prompt whose first chunk
+// is key, as far as the index still remembers.
+func (a *approxIndex) seen(key uint64, replicas []string) bool {
+	var buf [64]blockindex.Hit
+	dst := buf[:0]
+	if len(replicas) > len(buf) {
+		dst = nil
+	}
+	for _, h := range a.a.Match([]uint64{key}, replicas, dst) {
+		if h.Blocks > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // sizeTo sizes a replica's memory of sent chunks to its KV capacity, as the
 // Inference Extension's approximate producer auto-tunes from vLLM's
 // cache_config_info.

@@ -131,9 +131,10 @@ func endpoints(reps []*fleet.Replica, now time.Time) []scoring.Endpoint {
 
 // matchPrefix fills in.Matched from the policy's prefix index: the precise
 // index over the prompt's token ids (and the exact prompt length), or the
-// approximate one over its text. It returns the block keys or chunks for
-// commit. A failed tokenization routes on load alone rather than fail the
-// request.
+// approximate one over its text. It returns the block keys and text
+// chunks for commit (the chunks also feed the precise policies' record of
+// what was sent, which spares unseen prompts the tokenizer). A failed
+// tokenization routes on load alone rather than fail the request.
 func (g *Gateway) matchPrefix(ctx context.Context, r *Request, reps []*fleet.Replica, in *scoring.Input) (keys, chunks []uint64) {
 	names := make([]string, len(in.Endpoints))
 	for i := range in.Endpoints {
@@ -141,6 +142,17 @@ func (g *Gateway) matchPrefix(ctx context.Context, r *Request, reps []*fleet.Rep
 	}
 	switch {
 	case g.policy.UsesPrecise:
+		if !g.cfg.Routing.TokenizeUnseen {
+			// A prompt whose opening no replica was sent (as far as this
+			// gateway's record of sent text tells) has nothing to match:
+			// route it on load without the tokenizer round trip.
+			chunks = g.approx.keys(r.approxText(), r.model, r.cacheSalt)
+			if len(chunks) > 0 && !g.approx.seen(chunks[0], names) {
+				g.m.tokenizeUnseen.Inc()
+				in.Matched = make([]int, len(names))
+				return nil, chunks
+			}
+		}
 		tokens, err := g.tokenize(ctx, r, reps, in.Endpoints)
 		if err != nil {
 			// Tokenizers backed off were logged when they refused.
@@ -155,6 +167,7 @@ func (g *Gateway) matchPrefix(ctx context.Context, r *Request, reps []*fleet.Rep
 		in.PromptTokens = len(tokens)
 		keys = g.index.keys(tokens, r.model, r.cacheSalt)
 		in.Matched, in.MatchedCPU = g.index.matchTiers(keys, names, len(tokens), engineBlocks(in.Endpoints))
+		return keys, chunks
 	case g.policy.UsesApprox:
 		chunks = g.approx.keys(r.approxText(), r.model, r.cacheSalt)
 		in.Matched = g.approx.matchTokens(chunks, names, in.PromptTokens, r.bytesPerToken)
@@ -207,6 +220,12 @@ func (g *Gateway) commit(ctx context.Context, r *Request, rt *route, bind sessio
 			}
 		}
 	}
+	if p.Reason == scoring.ReasonSticky && rt.binding.TipDepth == 0 && g.policy.UsesPrecise {
+		// A session whose first turn was routed without the tokenizer (an
+		// unseen opening, a failed tokenization) has come back: give it
+		// its tip now, off the request path. One-shot prompts never pay.
+		g.tipLater(tipJob{req: r, reps: rt.reps, eps: rt.eps, replica: rt.eps[p.Chosen()].ID, session: rt.session, binding: rt.binding})
+	}
 	if p.Rebind != "" {
 		g.m.rebinds.WithLabelValues(p.Rebind).Inc()
 	}
@@ -247,14 +266,20 @@ func (g *Gateway) rememberCompleted(rt *route, replica string, u Usage) {
 	if rt.session == "" || rt.binding.Replica != replica || u.PromptTokens == 0 {
 		return
 	}
-	b := rt.binding
-	b.CachedTokens = u.PromptTokens
+	cached := u.PromptTokens
 	if g.index.cachesGenerated(replica) {
-		b.CachedTokens += max(0, u.CompletionTokens-1)
+		cached += max(0, u.CompletionTokens-1)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Redis.Timeout)
 	defer cancel()
-	if _, err := g.sessions.Remember(ctx, rt.session, b, false); err != nil {
+	_, err := g.sessions.Update(ctx, rt.session, rt.binding, func(b *session.Binding) bool {
+		if b.Replica != replica {
+			return false // rebound meanwhile
+		}
+		b.CachedTokens = cached
+		return true
+	})
+	if err != nil {
 		g.m.redisErrors.WithLabelValues("remember").Inc()
 	}
 }

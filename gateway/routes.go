@@ -112,6 +112,10 @@ func (g *Gateway) routes() http.Handler {
 	if g.tenants.admin != nil {
 		r.Handle("/admin/*", g.tenants.admin)
 	}
+	// The Messages API authenticates itself, to answer in its own envelope.
+	messages := g.messagesHandler()
+	r.Handle("/v1/messages", messages)
+	r.Handle("/v1/messages/*", messages)
 	r.Group(func(r chi.Router) {
 		r.Use(g.tenants.auth.Middleware)
 		r.Post("/v1/chat/completions", g.serve("chat_completions", g.inference(APIChat)))

@@ -10,6 +10,7 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/warmpath/warmpath/internal/testrun"
 )
 
 // TestCentralUnknownReplica feeds a central whose Resolve knows one of
@@ -33,7 +34,7 @@ func TestCentralUnknownReplica(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	run(t, "central", c.Run)
+	testrun.Start(t, "central", c.Run)
 	var feeders []*feeder
 	for _, topic := range []string{Topic("10.0.0.1:8000", "m"), Topic("10.0.0.9:8000", "m"), Topic("pod-x.svc:8000", "m")} {
 		p := newTestPublisher(t, zctx, PublisherConfig{Endpoint: c.Endpoint(), Topic: topic}, nil)
@@ -115,7 +116,7 @@ func TestRelay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	run(t, "relay", relay.Run)
+	testrun.Start(t, "relay", relay.Run)
 
 	replays := map[string]string{}
 	var skip atomic.Int64
@@ -142,7 +143,7 @@ func TestRelay(t *testing.T) {
 		if c.Endpoint() != relay.PublishEndpoint() {
 			t.Errorf("connect-mode Endpoint() = %q; want %q", c.Endpoint(), relay.PublishEndpoint())
 		}
-		run(t, "central", c.Run)
+		testrun.Start(t, "central", c.Run)
 		recs = append(recs, rec)
 	}
 	raw := rawSub(t, zctx, relay.PublishEndpoint())
@@ -263,7 +264,7 @@ func TestCentralRanksBindPortPlusRank(t *testing.T) {
 	if eps := c.Endpoints(); len(eps) != 2 || eps[1] != OffsetEndpoint(eps[0], 1) {
 		t.Fatalf("endpoints %v; want port and port+1", eps)
 	}
-	run(t, "central", c.Run)
+	testrun.Start(t, "central", c.Run)
 	var feeders []*feeder
 	for rank := range 2 {
 		p := newTestPublisher(t, zctx, PublisherConfig{Endpoint: OffsetEndpoint(c.Endpoint(), rank), Topic: Topic("a", "m")}, nil)

@@ -17,6 +17,7 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/warmpath/warmpath/internal/testrun"
 )
 
 // waitFor bounds every wait-for-condition in these tests. It is generous:
@@ -49,31 +50,6 @@ func newZCtx(t *testing.T) *zmq.Context {
 		}
 	})
 	return zctx
-}
-
-// run starts fn in a goroutine with a context cancelled at cleanup, and
-// checks that it then returns context.Canceled.
-func run(t *testing.T, name string, fn func(context.Context) error) (stop func()) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- fn(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if !errors.Is(err, context.Canceled) {
-					t.Errorf("%s Run returned %v; want context.Canceled", name, err)
-				}
-			case <-time.After(waitFor):
-				t.Errorf("%s Run did not return after cancel", name)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
 }
 
 // op is one handler call.
@@ -217,7 +193,7 @@ func newTestPublisher(t *testing.T, zctx *zmq.Context, cfg PublisherConfig, skip
 		t.Fatal(err)
 	}
 	p.skipLive = skip
-	run(t, "publisher", p.Run)
+	testrun.Start(t, "publisher", p.Run)
 	return p
 }
 
@@ -233,7 +209,7 @@ func newTestSubscriber(t *testing.T, zctx *zmq.Context, cfg SubscriberConfig) (s
 	if err != nil {
 		t.Fatal(err)
 	}
-	return run(t, "subscriber", s.Run)
+	return testrun.Start(t, "subscriber", s.Run)
 }
 
 // checkConsecutive fails unless ids are from, from+1, … in order.
@@ -494,7 +470,7 @@ func TestSubscriberEmptyReplay(t *testing.T) {
 				t.Fatal(err)
 			}
 			var requests atomic.Int32
-			run(t, "router", func(ctx context.Context) error {
+			testrun.Start(t, "router", func(ctx context.Context) error {
 				defer router.Close()
 				poller := zmq.NewPoller()
 				poller.Add(router, zmq.POLLIN)
@@ -590,7 +566,7 @@ func TestCentral(t *testing.T) {
 	if strings.HasSuffix(c.Endpoint(), ":*") {
 		t.Fatalf("Endpoint() = %q; want a resolved port", c.Endpoint())
 	}
-	run(t, "central", c.Run)
+	testrun.Start(t, "central", c.Run)
 
 	var feeders []*feeder
 	for _, replica := range []string{"10.0.0.1:8000", "10.0.0.2:8000"} {
@@ -631,7 +607,7 @@ func TestCentralGapWithoutReplay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	run(t, "central", c.Run)
+	testrun.Start(t, "central", c.Run)
 	var skip atomic.Int64
 	skip.Store(-1)
 	p := newTestPublisher(t, zctx, PublisherConfig{Endpoint: c.Endpoint(), Topic: Topic("a", "m")},
@@ -671,7 +647,7 @@ func TestCentralDPRanks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	run(t, "central", c.Run)
+	testrun.Start(t, "central", c.Run)
 	var feeders []*feeder
 	for rank := range 2 {
 		p := newTestPublisher(t, zctx, PublisherConfig{Endpoint: c.Endpoint(), Topic: Topic("a", "m")}, nil)
@@ -742,7 +718,7 @@ func TestSubscriberBadMessages(t *testing.T) {
 		t.Fatal(err)
 	}
 	// This goroutine owns pub from here on.
-	run(t, "raw publisher", func(ctx context.Context) error {
+	testrun.Start(t, "raw publisher", func(ctx context.Context) error {
 		defer pub.Close()
 		for ctx.Err() == nil {
 			pub.SendMessage("t", seqFrame(0))                       // 2 frames
@@ -829,7 +805,7 @@ func TestPublisherReplayRequests(t *testing.T) {
 	}
 	f := &feeder{t: t, p: p}
 	f.publish(6) // seqs 0–5; the ring keeps 2–5
-	run(t, "publisher", p.Run)
+	testrun.Start(t, "publisher", p.Run)
 
 	dealer, _, err := openSocket(zctx, zmq.DEALER, p.ReplayEndpoint(), false, nil)
 	if err != nil {
@@ -1112,7 +1088,7 @@ func TestCentralDPRanksClearApart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	run(t, "central", c.Run)
+	testrun.Start(t, "central", c.Run)
 	var feeders []*feeder
 	for rank := range 2 {
 		p := newTestPublisher(t, zctx, PublisherConfig{Endpoint: c.Endpoint(), Topic: Topic("a", "m")}, nil)

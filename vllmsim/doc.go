@@ -87,7 +87,8 @@
 // last message, else the first tool; "auto" (or no tool_choice) calls a
 // tool only when the last message is a user message that mentions a tool's
 // name as a whole word (e.g. "use the read_file tool"), the earliest
-// mention winning; "none" never calls. The arguments are built from the
+// mention winning; "none" never calls. Trailing system and developer
+// messages are skipped when looking for the last message. The arguments are built from the
 // tool's parameter schema: each required property, in the order of
 // "required", gets its first enum value or a value of its type (a word, 1,
 // 1.5, true, a one-element array, or a nested object). The output is then

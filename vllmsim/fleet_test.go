@@ -21,6 +21,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	zmq "github.com/pebbe/zmq4"
 
+	"github.com/warmpath/warmpath/internal/testrun"
 	"github.com/warmpath/warmpath/kvevents"
 )
 
@@ -34,20 +35,7 @@ func startFleet(t testing.TB, cfg Config) *Fleet {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- f.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("fleet Run: %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Error("fleet Run did not return")
-		}
-	})
+	testrun.Start(t, "vllmsim fleet", f.Run)
 	return f
 }
 

@@ -69,6 +69,9 @@ func startDev(cfg *gateway.Config, log *slog.Logger) (*devStack, error) {
 		_, _ = rand.Read(b[:])
 		cfg.Auth.AdminKey = "wp-admin-dev-" + hex.EncodeToString(b[:])
 	}
+	if cfg.Server.PreStop == 0 {
+		cfg.Server.PreStop = -1 // no load balancer in front of a developer's gateway
+	}
 	if cfg.DevKey == "" {
 		var b [16]byte
 		_, _ = rand.Read(b[:])
