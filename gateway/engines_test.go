@@ -638,10 +638,9 @@ func TestGenDetector(t *testing.T) {
 	d.observe("r", batch(1, stored(5, "GPU", 6)))                    // another rank: a chain of its own
 	d.observe("r", batch(0, stored(5, "CPU", 6), stored(9, "", 10))) // an offload; an unrelated block
 	if d.seen("r") {
-		t.Fatal("seen before a run of three")
+		t.Fatal("seen before a run of two")
 	}
-	d.observe("r", batch(0, stored(5, "GPU", 6)))
-	d.observe("r", batch(0, stored(6, "", 7)))
+	d.observe("r", batch(0, stored(5, "GPU", 6))) // the boundary block's successor: decoding
 	if !d.seen("r") || d.seen("other") {
 		t.Errorf("seen(r) = %v, seen(other) = %v; want true, false", d.seen("r"), d.seen("other"))
 	}

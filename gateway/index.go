@@ -276,11 +276,13 @@ func (a *approxIndex) sizeTo(replica string, kvTokens int) {
 
 // genRun is how many one-block stores in a row, each chaining from the
 // last, show an engine caching the blocks its generated tokens fill:
-// decoding fills a request's blocks one at a time, a step apart, while a
-// prompt's blocks are stored together when its prefill covers them. Three
-// leaves room for the occasional prompt of exactly one new block (a tiny
-// turn) or prefill chunk of one block.
-const genRun = 3
+// decoding fills a request's blocks one at a time, a step apart (the
+// prompt's partial last block, then each further block), while a prompt's
+// blocks are stored together when its prefill covers them. Two is what an
+// answer of 17 tokens or more produces, so a default engine is recognised
+// on its first ordinary turn; a prompt-only engine would need two turns in
+// a row each adding exactly one block (or prefill chunks of one block).
+const genRun = 2
 
 // genTrack bounds the one-block stores remembered per (replica, rank)
 // while looking for a run; past it they are forgotten and the search
