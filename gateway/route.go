@@ -89,6 +89,7 @@ func (g *Gateway) gather(ctx context.Context, r *Request) ([]*fleet.Replica, *sc
 		}
 		if i := slices.IndexFunc(reps, func(rep *fleet.Replica) bool { return rep.Spec.Name == bind.Replica }); i >= 0 {
 			in.BoundHolds = g.stillHolds(reps[i], bind)
+			in.Endpoints[i].PromptBlocksOnly = !g.index.cachesGenerated(bind.Replica)
 		}
 	}
 	return reps, in, bind, nil
@@ -259,24 +260,22 @@ func (g *Gateway) newBinding(r *Request, p *scoring.Plan, bind session.Binding, 
 // rememberCompleted records, after a turn completed on replica, what the
 // replica now holds of the session, so the next sticky turn predicts its
 // cache hit without tokenizing: the prompt, and the output but for its
-// last token (whose KV is never computed) where the replica caches
-// generated tokens. It runs after the response, off the request's
-// context.
+// last token (whose KV is never computed), which the next turn leaves out
+// when the replica turns out to cache prompt blocks only (decided then,
+// once this turn's KV events have arrived). It runs after the response,
+// off the request's context.
 func (g *Gateway) rememberCompleted(rt *route, replica string, u Usage) {
 	if rt.session == "" || rt.binding.Replica != replica || u.PromptTokens == 0 {
 		return
 	}
-	cached := u.PromptTokens
-	if g.index.cachesGenerated(replica) {
-		cached += max(0, u.CompletionTokens-1)
-	}
+	generated := max(0, u.CompletionTokens-1)
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Redis.Timeout)
 	defer cancel()
 	_, err := g.sessions.Update(ctx, rt.session, rt.binding, func(b *session.Binding) bool {
 		if b.Replica != replica {
 			return false // rebound meanwhile
 		}
-		b.CachedTokens = cached
+		b.CachedTokens, b.GeneratedTokens = u.PromptTokens+generated, generated
 		return true
 	})
 	if err != nil {

@@ -20,6 +20,10 @@ type Binding struct {
 	// CachedTokens is how many tokens of the conversation Replica is
 	// believed to hold after the last completed turn; 0 when unknown.
 	CachedTokens int
+	// GeneratedTokens is the part of CachedTokens the last completed turn
+	// generated: held only by engines that cache the blocks generated
+	// tokens fill (not by Endpoint.PromptBlocksOnly ones).
+	GeneratedTokens int
 	// PromptTokens and PromptBytes are the last scored turn's prompt length
 	// in tokens and in bytes of text; their ratio estimates later turns'
 	// lengths without tokenizing.
@@ -244,7 +248,11 @@ func (p *Policy) sticky(in *Input, i int, avail []int) Plan {
 	// the conversation, plus the new message.
 	prompt = max(prompt, b.CachedTokens+1)
 	bs := max(in.BlockSize, 1)
-	known := max(b.TipDepth*bs, b.CachedTokens)
+	cached := b.CachedTokens
+	if in.Endpoints[i].PromptBlocksOnly {
+		cached -= b.GeneratedTokens
+	}
+	known := max(b.TipDepth*bs, cached)
 	predicted := min(known/bs*bs, max(0, prompt-1))
 	if ebs := in.Endpoints[i].BlockSize; ebs > 0 {
 		// The engine hits whole blocks of its own size, never the one

@@ -130,6 +130,23 @@ func TestDecideStickyEngineBlocks(t *testing.T) {
 	}
 }
 
+// A sticky turn on an engine that caches prompt blocks only leaves the
+// last turn's generated tokens out of its prediction.
+func TestDecideStickyPromptBlocksOnly(t *testing.T) {
+	warm, _ := NewPolicy(PolicyWarmpath, nil)
+	for _, only := range []bool{false, true} {
+		in := stickyInput("a", []Endpoint{{ID: "a", BlockSize: 16, PromptBlocksOnly: only}, {ID: "b"}})
+		in.Binding.CachedTokens, in.Binding.GeneratedTokens, in.TextBytes = 1000, 100, 4400
+		p, err := warm.Decide(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := map[bool]int{false: 992, true: 896}[only]; p.Predicted[0] != want {
+			t.Errorf("prompt blocks only %v: predicted %d; want %d", only, p.Predicted[0], want)
+		}
+	}
+}
+
 // A first turn is scored and bound only if no other gateway bound it
 // first; Follow then moves to the winner.
 func TestDecideFirstTurnAndFollow(t *testing.T) {

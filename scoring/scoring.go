@@ -36,6 +36,11 @@ type Endpoint struct {
 	// cache_config_info), 0 when unknown. The engine caches whole blocks
 	// only, so Decide rounds a sticky turn's prediction down to it.
 	BlockSize int
+	// PromptBlocksOnly reports an engine that caches blocks of prompt
+	// tokens only, not those its generated tokens fill
+	// (llm-d-inference-sim): a sticky turn's prediction leaves out
+	// Binding.GeneratedTokens.
+	PromptBlocksOnly bool
 }
 
 // Request is what the router knows about one request.
