@@ -47,10 +47,12 @@
 // the per-replica topology; in the central topology one goroutine for the
 // socket bound per rank, or connected to a kv-relay, whose topics are
 // resolved to fleet names by kv_topic, name or URL host:port), which feed
-// the precise prefix index; the two session-tip workers (tips.go); the
-// Responses API's background workers when Redis is configured; and a
-// once-a-second sync of the indexes' per-replica facts (model, KV and
-// CPU-tier capacity, restarts). Speculative index entries expire lazily, on the index's own
+// the precise prefix index; the two session-tip workers (tips.go) and the
+// four workers that write completed turns' bindings to Redis off the
+// response path (background.go, rememberCompleted; queued writes get a
+// second on shutdown); the Responses API's background workers when Redis
+// is configured; and a once-a-second sync of the indexes' per-replica
+// facts (model, KV and CPU-tier capacity, restarts). Speculative index entries expire lazily, on the index's own
 // calls, so no janitor runs. All stop when Run's context ends.
 //
 // # Errors
