@@ -102,11 +102,14 @@ type Replica struct {
 
 	state atomic.Pointer[State] // never nil
 
-	mu          sync.Mutex  // guards fails, passes, everHealthy and read-modify-write of state
+	mu          sync.Mutex  // guards fails, passes, everHealthy, engineQueries and read-modify-write of state
 	fails       int         // consecutive failures, active or passive
 	passes      int         // consecutive active successes while unhealthy
 	everHealthy bool        // the replica has been healthy at least once
 	anyFailed   atomic.Bool // fails > 0, read lock-free by ReportSuccess
+	// engineQueries is the last scrape's prefix-cache queries by engine
+	// label (see allWentBack).
+	engineQueries map[int]float64
 
 	scrapeErrors  atomic.Uint64
 	toHealthy     atomic.Uint64
@@ -294,12 +297,27 @@ func (r *Replica) failLocked(reason string, now time.Time) {
 	}
 }
 
+// allWentBack reports whether every engine (data-parallel rank) in both
+// scrapes counted fewer prefix-cache queries now: the whole engine
+// restarted. One rank restarting alone is its KV-event subscriber's to
+// see (its sequence goes back), and clears that rank only. Scrapes
+// without engine labels count as one engine.
+func allWentBack(before, now map[int]float64) bool {
+	for e, b := range before {
+		if n, ok := now[e]; ok && n >= b {
+			return false
+		}
+	}
+	return true
+}
+
 // setMetrics publishes a successful scrape taken at now.
 func (r *Replica) setMetrics(now time.Time, m engineMetrics) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	defer func() { r.engineQueries = m.EngineQueries }()
 	r.update(func(s *State) {
-		if m.PrefixQueries < s.PrefixQueries && !s.ScrapedAt.IsZero() {
+		if m.PrefixQueries < s.PrefixQueries && !s.ScrapedAt.IsZero() && allWentBack(r.engineQueries, m.EngineQueries) {
 			s.Restarts++
 			r.logger().Warn("fleet: replica restarted (its counters went back to zero); its cache is gone", "queries_before", s.PrefixQueries, "queries_now", m.PrefixQueries)
 		}

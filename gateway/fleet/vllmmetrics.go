@@ -17,6 +17,9 @@ type engineMetrics struct {
 	PrefixQueries, PrefixHits float64 // summed; current names win over the older gpu_ ones
 	BlockSize, NumGPUBlocks   int     // from the first vllm:cache_config_info series with them
 	NumCPUBlocks              int     // likewise (its num_cpu_blocks label), 0 when absent
+	// EngineQueries holds vllm:prefix_cache_queries_total by its engine
+	// label (a data-parallel rank), nil when no series has one.
+	EngineQueries map[int]float64
 
 	seen      seenMask
 	oldKV     float64 // vllm:gpu_cache_usage_perc, used when the current name is absent
@@ -203,6 +206,12 @@ func (m *engineMetrics) parseLine(line []byte) {
 	case kindQueries:
 		m.PrefixQueries += v
 		m.seen |= seenQueries
+		if e, ok := labelInt(labels, "engine"); ok {
+			if m.EngineQueries == nil {
+				m.EngineQueries = map[int]float64{}
+			}
+			m.EngineQueries[e] += v
+		}
 	case kindOldQueries:
 		m.oldQuery += v
 		m.seen |= seenOldQueries
