@@ -17,6 +17,7 @@ import (
 func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, error) {
 	if g.cfg.Debug {
 		g.debugHeaders(resp.Header, x)
+		queueHeaders(resp.Header, x.req)
 	}
 	if x.lease != nil {
 		for k, v := range x.lease.Header() {

@@ -45,6 +45,9 @@ func (g *Gateway) Do(ctx context.Context, r *Request) (*http.Response, error) {
 	if x.body, err = r.upstreamBody(); err != nil {
 		return nil, fmt.Errorf("gateway: build upstream body: %w", err)
 	}
+	if x.body, err = g.classBody(x.body, r); err != nil {
+		return nil, fmt.Errorf("gateway: build upstream body: %w", err)
+	}
 	if err = g.admitExchange(ctx, x); err != nil {
 		return nil, err
 	}

@@ -50,6 +50,9 @@ type Config struct {
 	Health HealthConfig `yaml:"health"`
 	// Upstream bounds every call to a replica.
 	Upstream UpstreamConfig `yaml:"upstream"`
+	// Queue configures the admission queue: per-tenant fair queues in
+	// front of a saturated fleet (see QueueConfig).
+	Queue QueueConfig `yaml:"queue"`
 	// MaxBodyBytes bounds request bodies; default 32 MiB.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 	// Debug adds response headers naming the chosen replica and its score
@@ -337,6 +340,7 @@ func (c Config) withDefaults() Config {
 	def(&u.FirstByteTimeout, 10*time.Minute)
 	def(&u.IdleTimeout, 2*time.Minute)
 	def(&u.TokenizeTimeout, 2*time.Second)
+	c.Queue = c.Queue.withDefaults()
 	if c.Sim.Replicas == 0 {
 		c.Sim.Replicas = 4
 	}
@@ -420,6 +424,7 @@ func (c *Config) validate() error {
 			bad(d.field, "%v is negative", d.v)
 		}
 	}
+	errs = append(errs, c.Queue.validate()...)
 	if c.Health.Failures < 0 {
 		bad("health.failures", "%d is negative", c.Health.Failures)
 	}

@@ -58,6 +58,7 @@ type Gateway struct {
 	tok         *tokenizer
 	tenants     *tenants
 	admit       Admitter
+	queue       *queueAdmitter // nil: no fair queue (disabled, or Options.Admitter)
 	upstream    *http.Transport
 	upstreamKey string
 	ln          net.Listener
@@ -108,7 +109,9 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	}
 	g.sessions = session.NewStore(g.rdb, session.Options{Prefix: cfg.Redis.KeyPrefix, TTL: cfg.Routing.SessionTTL, Timeout: cfg.Redis.Timeout})
 
-	if g.fleet, err = fleet.New(cfg.fleetConfig(o, log, wrapped)); err != nil {
+	fc := cfg.fleetConfig(o, log, wrapped)
+	fc.OnUpdate = g.replicaUpdated
+	if g.fleet, err = fleet.New(fc); err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
 
@@ -128,6 +131,13 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	}
 	g.tok = newTokenizer(&http.Client{Transport: g.upstream, Timeout: cfg.Upstream.TokenizeTimeout}, cfg.Routing.TokenizeCacheBytes, g.m)
 	g.admit = o.Admitter
+	if g.admit == nil && !cfg.Queue.Disabled {
+		if g.queue, err = newQueueAdmitter(&cfg, g.fleet, g.rdb, g.tenants.labels, wrapped, log); err != nil {
+			g.close()
+			return nil, err
+		}
+		g.admit = g.queue
+	}
 	if g.admit == nil {
 		g.admit = admitAll{}
 	}
@@ -223,6 +233,9 @@ func (g *Gateway) Run(ctx context.Context) error {
 		return err
 	}
 	eg.Go(func() error { return g.fleet.Run(ctx) })
+	if g.queue != nil {
+		eg.Go(func() error { return g.queue.q.Run(ctx) })
+	}
 	eg.Go(func() error { return g.runKVEvents(ctx) })
 	serve(ctx, eg, g.srv, g.ln)
 	if g.metricsSrv != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
@@ -12,6 +13,7 @@ import (
 	"github.com/warmpath/warmpath/internal/apierror"
 	"github.com/warmpath/warmpath/session"
 	"github.com/warmpath/warmpath/tenancy"
+	"github.com/warmpath/warmpath/tenancy/fairq"
 )
 
 // API says which OpenAI endpoint a request came in on.
@@ -52,6 +54,17 @@ type Request struct {
 	cacheSalt string
 	maxTokens int    // max_completion_tokens or max_tokens, 0 when unset
 	text      []byte // approxText, rendered once on first use
+
+	// Admission (priority.go, queue.go): the class and what chose it; the
+	// conversation's turns so far (assistant messages) and the prompt
+	// bytes up to the last of them, which the replica serving the session
+	// is expected to hold cached; and the time spent in the queue.
+	class       fairq.Class
+	serviceTier string
+	background  bool
+	turns       int
+	priorBytes  int
+	queueWait   time.Duration
 }
 
 // estimatedTokens guesses the prompt's token count from its text: about
@@ -127,6 +140,9 @@ func ParseRequest(api API, h http.Header, body []byte, p *tenancy.Principal) (*R
 			return nil, err
 		}
 		r.cacheSalt = p.CacheSalt(r.cacheSalt)
+	}
+	if err := r.parseClass(root); err != nil {
+		return nil, err
 	}
 	var opening []byte
 	switch api {
@@ -204,6 +220,9 @@ func (r *Request) scanMessages() ([]byte, error) {
 			return false
 		}
 		r.textBytes += len(content.Raw) + len(msg.Get("tool_calls").Raw)
+		if role.String() == "assistant" {
+			r.turns, r.priorBytes = r.turns+1, r.textBytes
+		}
 		if !sawUser {
 			switch role.String() {
 			case "system", "developer":
