@@ -36,6 +36,7 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 	obs := observer{
 		firstByte: func() {
 			x.flight.FirstByte()
+			x.endPending()
 			if x.req.stream {
 				g.m.ttft.WithLabelValues(x.req.model).Observe(time.Since(x.start).Seconds())
 			}

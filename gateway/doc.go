@@ -11,8 +11,11 @@
 //	                       reads the body once (size-limited)
 //	parse     request.go   ParseRequest: the routing fields with gjson,
 //	                       the session key (package session)
-//	admit     admission.go Admitter.Admit: may make the request wait (a
-//	                       fair queue); the default admits at once
+//	admit     admission.go Admitter.Admit: the tenant's limits, then the
+//	          queue.go     fair queue (tenancy/fairq): at once while a
+//	                       replica has room, else wait in per-tenant queues
+//	                       (class from priority.go); queue.disabled or
+//	                       Options.Admitter replace it
 //	route     route.go     gather (fleet snapshot ─▶ scoring.Endpoint,
 //	                       session binding from Redis) ─▶ scoring.Decide
 //	                       ─▶ I/O: tokenize (replica /tokenize, cached) and
@@ -43,7 +46,8 @@
 // /metrics scrapes and DNS membership, see package fleet); the KV-event
 // subscribers (one per replica KV source in the per-replica topology, one
 // bound socket in the central topology), which feed the precise prefix
-// index; and a once-a-second sync of the indexes' per-replica facts (model,
+// index; the fair queue's Run (counter exchange with Redis, re-checks,
+// share gauges; every scrape also kicks it); and a once-a-second sync of the indexes' per-replica facts (model,
 // KV capacity). Speculative index entries expire lazily, on the index's own
 // calls, so no janitor runs. All stop when Run's context ends.
 //
@@ -57,6 +61,7 @@
 //	unknown route / model                      404 unknown_url / model_not_found
 //	wrong method                               405 method_not_allowed
 //	body over max_body_bytes                   413 request_too_large
+//	queue full or waited past queue.timeout    429 rate_limit_exceeded (Retry-After)
 //	no healthy replica serves the model        503 service_unavailable
 //	every attempt failed before answering      502 upstream_error
 //	client went away                           499 (logged, nothing sent)
@@ -66,5 +71,7 @@
 //
 // # Redis keys
 //
-// The gateway owns <key_prefix>sess:* through package session.
+// The gateway owns <key_prefix>sess:* through package session, and
+// <key_prefix>fairq:vtc:<model> (the tenants' shared virtual counters)
+// through package fairq.
 package gateway

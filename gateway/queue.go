@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -67,36 +69,55 @@ type QueueConfig struct {
 	Saturation QueueSaturation `yaml:"saturation"`
 }
 
-// QueueSaturation judges, per model, whether its replicas can start
-// another request. A replica is available unless it is unhealthy or its
-// metrics are stale (stale metrics count as saturated). An available
-// replica r has
+// QueueSaturation judges, per model and class, whether its replicas can
+// start another request. A replica is available unless it is unhealthy,
+// its metrics are stale (stale metrics count as saturated) or it is past
+// routing's thresholds (routing.max_waiting, max_kv_usage,
+// max_inflight_prefill_tokens). The model has room for a request when
+// Σ max(0, room_r) over its available replicas exceeds the requests
+// already admitted but not routed yet, where
 //
-//	room_r = EngineWaiting − (waiting_r + sent_r)
+//	room_r = EngineWaiting − (waiting_r + sent_r)              interactive
+//	room_r = EngineWaiting − pending_r                         interactive, with vllm_priority
+//	room_r = BackgroundEngineWaiting − (waiting_r + sent_r)    background, while kv_r < BackgroundMaxKVUsage (else 0)
 //
-// where waiting_r is its engine queue as last scraped and sent_r the
-// requests this gateway sent it since that scrape, net of those that
-// finished (never negative); with MaxRunning set, room_r is at most
-// MaxRunning − (running_r + sent_r). The model is saturated when
-// Σ room_r over its available replicas, less the admitted requests not
-// routed yet, is not positive. Room may be negative: a replica with a
-// long queue offsets another's room, so the engines' total backlog stays
-// about EngineWaiting per replica and the order is still chosen in the
-// gateway. A replica past routing's thresholds counts its negative room
-// only.
+// waiting_r and kv_r are the replica's engine queue and KV-cache use as
+// last scraped; sent_r is what this gateway sent it since that scrape net
+// of what finished since (negative when more finished: each finished
+// request freed a place a waiting one takes, so dispatch follows
+// completions rather than the next scrape); pending_r is this gateway's
+// interactive requests on it that have not started (no first byte yet):
+// an engine that schedules by priority serves those before any background
+// work, so only they are ahead. With MaxRunning set, room_r is also at
+// most MaxRunning − (running_r + sent_r). Background sees less room so
+// that interactive turns find an engine able to start them at once: KV
+// blocks free (few background requests sit in an engine queue, where the
+// engine would hand them the blocks it frees) and a short queue.
 type QueueSaturation struct {
 	// EngineWaiting is the engine queue a replica may have and still take
 	// more; default 4. Higher keeps engines busier through scrape lag,
 	// lower leaves more of the order to the gateway.
 	EngineWaiting int `yaml:"engine_waiting"`
+	// BackgroundEngineWaiting is EngineWaiting for background requests;
+	// default 1.
+	BackgroundEngineWaiting int `yaml:"background_engine_waiting"`
+	// BackgroundMaxKVUsage is the KV-cache use (0..1] at or above which a
+	// replica takes no background requests, keeping the rest for
+	// interactive turns; default 0.9. Negative disables the headroom
+	// (background sees the same room as interactive).
+	BackgroundMaxKVUsage float64 `yaml:"background_max_kv_usage"`
 	// MaxRunning, when positive, is the batch size (vLLM's
 	// --max-num-seqs) at which a replica has no room; default 0, not
 	// judged (a full batch shows as a waiting queue anyway).
 	MaxRunning int `yaml:"max_running"`
 }
 
-// DefaultEngineWaiting is QueueSaturation.EngineWaiting's default.
-const DefaultEngineWaiting = 4
+// Defaults of QueueSaturation.
+const (
+	DefaultEngineWaiting           = 4
+	DefaultBackgroundEngineWaiting = 1
+	DefaultBackgroundMaxKVUsage    = 0.9
+)
 
 // withDefaults returns q with every zero field at its default.
 func (q QueueConfig) withDefaults() QueueConfig {
@@ -130,6 +151,12 @@ func (q QueueConfig) withDefaults() QueueConfig {
 	if q.Saturation.EngineWaiting == 0 {
 		q.Saturation.EngineWaiting = DefaultEngineWaiting
 	}
+	if q.Saturation.BackgroundEngineWaiting == 0 {
+		q.Saturation.BackgroundEngineWaiting = DefaultBackgroundEngineWaiting
+	}
+	if q.Saturation.BackgroundMaxKVUsage == 0 {
+		q.Saturation.BackgroundMaxKVUsage = DefaultBackgroundMaxKVUsage
+	}
 	return q
 }
 
@@ -158,6 +185,12 @@ func (q *QueueConfig) validate() []error {
 	}
 	if q.Saturation.EngineWaiting < 1 {
 		bad("saturation.engine_waiting", "%d is below 1", q.Saturation.EngineWaiting)
+	}
+	if w := q.Saturation.BackgroundEngineWaiting; w < 1 || w > q.Saturation.EngineWaiting {
+		bad("saturation.background_engine_waiting", "%d is not in [1, engine_waiting]", w)
+	}
+	if kv := q.Saturation.BackgroundMaxKVUsage; kv > 1 || math.IsNaN(kv) {
+		bad("saturation.background_max_kv_usage", "%v is not in (0, 1] (negative disables)", kv)
 	}
 	for _, d := range []struct {
 		name string
@@ -191,9 +224,11 @@ func (q *QueueConfig) fairqConfig(keyPrefix string, label func(string) string) f
 // Capacity is the fleet's (fleetCapacity); its Run goroutine is started by
 // the gateway's Run.
 type queueAdmitter struct {
-	q     *fairq.Queue
-	fleet *fleet.Fleet
-	names sync.Map // tenant ID → tenant name, for metric labels
+	q        *fairq.Queue
+	capacity *fleetCapacity
+	fleet    *fleet.Fleet
+	labels   *tenancy.Labeler
+	names    sync.Map // tenant ID → tenant name, for metric labels
 }
 
 var _ Admitter = (*queueAdmitter)(nil)
@@ -202,7 +237,7 @@ var _ Admitter = (*queueAdmitter)(nil)
 // shares the tenants' virtual counters with the other gateways; labels
 // bounds the tenant label of the queue's metrics.
 func newQueueAdmitter(cfg *Config, fl *fleet.Fleet, rdb redis.UniversalClient, labels *tenancy.Labeler, reg prometheus.Registerer, log *slog.Logger) (*queueAdmitter, error) {
-	a := &queueAdmitter{fleet: fl}
+	a := &queueAdmitter{fleet: fl, labels: labels, capacity: &fleetCapacity{fleet: fl, sat: cfg.Queue.Saturation, priority: cfg.Queue.VLLMPriority}}
 	label := func(id string) string {
 		name := id
 		if v, ok := a.names.Load(id); ok {
@@ -210,8 +245,7 @@ func newQueueAdmitter(cfg *Config, fl *fleet.Fleet, rdb redis.UniversalClient, l
 		}
 		return labels.Label(name)
 	}
-	capacity := &fleetCapacity{fleet: fl, sat: cfg.Queue.Saturation}
-	q, err := fairq.New(cfg.Queue.fairqConfig(cfg.Redis.KeyPrefix, label), capacity, rdb, reg, log.With("component", "fairq"))
+	q, err := fairq.New(cfg.Queue.fairqConfig(cfg.Redis.KeyPrefix, label), a.capacity, rdb, reg, log.With("component", "fairq"))
 	if err != nil {
 		return nil, fmt.Errorf("config: queue: %w", err)
 	}
@@ -229,7 +263,10 @@ func (a *queueAdmitter) Admit(ctx context.Context, r *Request) (func(Usage), err
 	}
 	if p := r.principal; p != nil {
 		if _, ok := a.names.Load(p.TenantID); !ok {
+			// First sight: the queue labels the tenant now, before its
+			// first request has finished and been counted.
 			a.names.Store(p.TenantID, p.TenantName)
+			a.labels.Observe(p.TenantName, 0)
 		}
 	}
 	gr, err := a.q.Admit(ctx, r.ticket())
@@ -293,13 +330,58 @@ func (r *Request) ticket() fairq.Ticket {
 type fleetCapacity struct {
 	fleet *fleet.Fleet
 	sat   QueueSaturation
+	// priority: the class reaches the engines (queue.vllm_priority), so
+	// an interactive request waits in an engine behind interactive ones
+	// only.
+	priority bool
+	// pending holds each replica's *classPending. Entries of replicas
+	// that left stay (a few bytes per departed replica).
+	pending sync.Map
 }
 
-var _ fairq.Capacity = (*fleetCapacity)(nil)
+// classPending counts, per class, this gateway's requests routed to one
+// replica that have not started there (no first byte yet): waiting in its
+// engine or prefilling.
+type classPending [2]atomic.Int64
 
-// Saturated implements fairq.Capacity; inflight is the queue's requests
-// for model admitted and not finished.
+func (c *fleetCapacity) pendingFor(rep *fleet.Replica) *classPending {
+	if v, ok := c.pending.Load(rep); ok {
+		return v.(*classPending)
+	}
+	v, _ := c.pending.LoadOrStore(rep, new(classPending))
+	return v.(*classPending)
+}
+
+// startPending counts a routed request as not started on the replica it
+// is first sent to, until its first byte or its end (endPending).
+func (g *Gateway) startPending(x *exchange) {
+	if g.queue == nil {
+		return
+	}
+	rep, _ := x.route.candidate(0)
+	p := g.queue.capacity.pendingFor(rep)
+	x.pending = &p[min(x.req.class, fairq.Background)]
+	x.pending.Add(1)
+}
+
+// endPending ends startPending's count, once.
+func (x *exchange) endPending() {
+	if x.pending != nil && x.pendingDone.CompareAndSwap(false, true) {
+		x.pending.Add(-1)
+	}
+}
+
+var _ fairq.ClassCapacity = (*fleetCapacity)(nil)
+
+// Saturated implements fairq.Capacity: saturated for interactive
+// requests.
 func (c *fleetCapacity) Saturated(model string, inflight int) bool {
+	return c.SaturatedFor(model, inflight, fairq.Interactive)
+}
+
+// SaturatedFor implements fairq.ClassCapacity; inflight is the queue's
+// requests for model admitted and not finished.
+func (c *fleetCapacity) SaturatedFor(model string, inflight int, class fairq.Class) bool {
 	now := time.Now()
 	room, routed := 0, 0
 	for _, rep := range c.fleet.Snapshot().Replicas {
@@ -309,24 +391,31 @@ func (c *fleetCapacity) Saturated(model string, inflight int) bool {
 		}
 		n := int(rep.InflightRequests())
 		routed += n
-		switch sat, why := rep.Saturated(now); {
-		case !sat:
-			room += c.room(st, n)
-		case why == fleet.ReasonUnhealthy || why == fleet.ReasonStale:
-			// Not available: routing sends it nothing.
-		default:
-			// Past routing's thresholds: no room, but its queue counts.
-			room += min(0, c.room(st, n))
+		if sat, _ := rep.Saturated(now); !sat {
+			room += max(0, c.room(rep, st, n, class))
 		}
 	}
 	return room-max(0, inflight-routed) <= 0
 }
 
-// room is an available replica's room (negative when its queue is
-// longer than EngineWaiting); inflight is its requests from this gateway.
-func (c *fleetCapacity) room(st *fleet.State, inflight int) int {
-	sent := max(0, inflight-st.InflightAtScrape)
-	room := c.sat.EngineWaiting - (st.Waiting + sent)
+// room is an available replica's room for class (negative when its queue
+// is longer than allowed); inflight is its requests from this gateway.
+func (c *fleetCapacity) room(rep *fleet.Replica, st *fleet.State, inflight int, class fairq.Class) int {
+	sent := inflight - st.InflightAtScrape
+	var room int
+	switch {
+	case class == fairq.Interactive && c.priority:
+		// The engine runs interactive requests first: only those are
+		// ahead of this one.
+		room = c.sat.EngineWaiting - int(c.pendingFor(rep)[fairq.Interactive].Load())
+	case class == fairq.Background && c.sat.BackgroundMaxKVUsage >= 0:
+		if st.KVUsage >= c.sat.BackgroundMaxKVUsage {
+			return 0
+		}
+		room = c.sat.BackgroundEngineWaiting - (st.Waiting + sent)
+	default:
+		room = c.sat.EngineWaiting - (st.Waiting + sent)
+	}
 	if c.sat.MaxRunning > 0 {
 		room = min(room, c.sat.MaxRunning-(st.Running+sent))
 	}

@@ -690,3 +690,14 @@ func queuedDispatches(tb testing.TB, g *Gateway) float64 {
 	}
 	return n
 }
+
+// The example configuration's queue block states the defaults.
+func TestExampleQueueConfig(t *testing.T) {
+	c, err := LoadConfig("../deploy/warmpath.example.yaml", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := c.Queue.withDefaults(), (QueueConfig{}).withDefaults(); got != want {
+		t.Errorf("example queue block %+v; defaults %+v", got, want)
+	}
+}
