@@ -355,7 +355,7 @@ func (c *fleetCapacity) pendingFor(rep *fleet.Replica) *classPending {
 // startPending counts a routed request as not started on the replica it
 // is first sent to, until its first byte or its end (endPending).
 func (g *Gateway) startPending(x *exchange) {
-	if g.queue == nil {
+	if g.queue == nil || len(x.route.plan.Order) == 0 {
 		return
 	}
 	rep, _ := x.route.candidate(0)

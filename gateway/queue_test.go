@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/internal/testrun"
 	"github.com/warmpath/warmpath/tenancy"
 	"github.com/warmpath/warmpath/tenancy/fairq"
@@ -699,5 +700,38 @@ func TestExampleQueueConfig(t *testing.T) {
 	}
 	if got, want := c.Queue.withDefaults(), (QueueConfig{}).withDefaults(); got != want {
 		t.Errorf("example queue block %+v; defaults %+v", got, want)
+	}
+}
+
+func TestFleetCapacityRoom(t *testing.T) {
+	sat := (QueueConfig{}).withDefaults().Saturation
+	sat.MaxRunning = 10
+	rep := &fleet.Replica{}
+	for _, tt := range []struct {
+		name     string
+		priority bool
+		st       fleet.State
+		inflight int
+		pending  int64 // interactive not started
+		class    fairq.Class
+		want     int
+	}{
+		{"idle", false, fleet.State{}, 0, 0, fairq.Interactive, 4},
+		{"queue counts", false, fleet.State{Waiting: 3}, 0, 0, fairq.Interactive, 1},
+		{"sent since the scrape counts", false, fleet.State{Waiting: 1, InflightAtScrape: 5}, 7, 0, fairq.Interactive, 1},
+		{"finished since the scrape give room", false, fleet.State{Waiting: 5, InflightAtScrape: 9}, 6, 0, fairq.Interactive, 2},
+		{"batch full", false, fleet.State{Running: 9, InflightAtScrape: 3}, 4, 0, fairq.Interactive, 0},
+		{"priority: only interactive ahead", true, fleet.State{Waiting: 30}, 0, 1, fairq.Interactive, 3},
+		{"background: short queue", false, fleet.State{Waiting: 0, KVUsage: 0.5}, 0, 0, fairq.Background, 1},
+		{"background: queue", false, fleet.State{Waiting: 1, KVUsage: 0.5}, 0, 0, fairq.Background, 0},
+		{"background: headroom", true, fleet.State{KVUsage: 0.9}, 0, 0, fairq.Background, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := &fleetCapacity{sat: sat, priority: tt.priority}
+			c.pendingFor(rep)[fairq.Interactive].Store(tt.pending)
+			if got := c.room(rep, &tt.st, tt.inflight, tt.class); got != tt.want {
+				t.Errorf("room = %d; want %d", got, tt.want)
+			}
+		})
 	}
 }
