@@ -77,18 +77,21 @@ type QueueConfig struct {
 // Σ max(0, room_r) over its available replicas exceeds the requests
 // already admitted but not routed yet, where
 //
-//	room_r = EngineWaiting − (waiting_r + sent_r)              interactive
+//	room_r = EngineWaiting − queued_r                          interactive
 //	room_r = EngineWaiting − pending_r                         interactive, with vllm_priority
-//	room_r = BackgroundEngineWaiting − (waiting_r + sent_r)    background, while kv_r < BackgroundMaxKVUsage (else 0)
+//	room_r = BackgroundEngineWaiting − queued_r                background, while kv_r < BackgroundMaxKVUsage (else 0)
+//	queued_r = max(waiting_r + sent_r, notstarted_r)
 //
 // waiting_r and kv_r are the replica's engine queue and KV-cache use as
 // last scraped; sent_r is what this gateway sent it since that scrape net
 // of what finished since (negative when more finished: each finished
 // request freed a place a waiting one takes, so dispatch follows
-// completions rather than the next scrape); pending_r is this gateway's
-// interactive requests on it that have not started (no first byte yet):
-// an engine that schedules by priority serves those before any background
-// work, so only they are ahead. With MaxRunning set, room_r is also at
+// completions rather than the next scrape); notstarted_r is this
+// gateway's requests on it that have not started (no first byte yet),
+// which a scrape taken before the engine saw them would miss; pending_r
+// is the interactive ones among them: an engine that schedules by
+// priority serves those before any background work, so only they are
+// ahead. With MaxRunning set, room_r is also at
 // most MaxRunning − (running_r + sent_r). Background sees less room so
 // that interactive turns find an engine able to start them at once: KV
 // blocks free (few background requests sit in an engine queue, where the
@@ -402,6 +405,11 @@ func (c *fleetCapacity) SaturatedFor(model string, inflight int, class fairq.Cla
 // is longer than allowed); inflight is its requests from this gateway.
 func (c *fleetCapacity) room(rep *fleet.Replica, st *fleet.State, inflight int, class fairq.Class) int {
 	sent := inflight - st.InflightAtScrape
+	// This gateway's requests not started on rep are in its queue (or
+	// prefilling) whatever the last scrape says: a scrape taken after a
+	// request was sent but before the engine saw it would hide it.
+	pend := c.pendingFor(rep)
+	queued := max(st.Waiting+sent, int(pend[fairq.Interactive].Load()+pend[fairq.Background].Load()))
 	var room int
 	switch {
 	case class == fairq.Interactive && c.priority:
@@ -412,9 +420,9 @@ func (c *fleetCapacity) room(rep *fleet.Replica, st *fleet.State, inflight int, 
 		if st.KVUsage >= c.sat.BackgroundMaxKVUsage {
 			return 0
 		}
-		room = c.sat.BackgroundEngineWaiting - (st.Waiting + sent)
+		room = c.sat.BackgroundEngineWaiting - queued
 	default:
-		room = c.sat.EngineWaiting - (st.Waiting + sent)
+		room = c.sat.EngineWaiting - queued
 	}
 	if c.sat.MaxRunning > 0 {
 		room = min(room, c.sat.MaxRunning-(st.Running+sent))
