@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/url"
 	"os"
@@ -48,11 +47,16 @@ type Config struct {
 	Routing RoutingConfig `yaml:"routing"`
 	// Health configures active health checks and metrics scraping.
 	Health HealthConfig `yaml:"health"`
+	// Server bounds what clients can hold of the HTTP server, and how it
+	// drains on SIGTERM.
+	Server ServerConfig `yaml:"server"`
 	// Upstream bounds every call to a replica.
 	Upstream UpstreamConfig `yaml:"upstream"`
 	// Queue configures the admission queue: per-tenant fair queues in
 	// front of a saturated fleet (see QueueConfig).
 	Queue QueueConfig `yaml:"queue"`
+	// Responses tunes the Responses and Conversations API.
+	Responses ResponsesConfig `yaml:"responses"`
 	// MaxBodyBytes bounds request bodies; default 32 MiB.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 	// Debug adds response headers naming the chosen replica and its score
@@ -135,6 +139,13 @@ type RoutingConfig struct {
 	// prefill at 15,000 tokens/s); negative disables a threshold. See
 	// scoring.Saturation.
 	scoring.Saturation `yaml:",inline"`
+	// TokenizeUnseen makes the precise policies tokenize every prompt that
+	// is not sticky. By default (false) a prompt whose opening (its first
+	// approx_chunk_bytes of text) this gateway never sent to any replica
+	// routes on load without the tokenizer round trip: no replica can
+	// hold a prefix of it, unless another gateway sent it, or this one
+	// restarted since (then one request per opening pays a prefill).
+	TokenizeUnseen bool `yaml:"tokenize_unseen"`
 	// TokenizeCacheBytes bounds the cache of tokenized prompts by the
 	// bytes their token ids take (4 a token, plus about 100 an entry);
 	// default 256 MiB, about 16,000 prompts of 4,096 tokens.
@@ -231,6 +242,9 @@ func (c *Config) applyEnv(getenv func(string) string) error {
 	str("WARMPATH_KV_TOPOLOGY", &c.KVEvents.Topology)
 	str("WARMPATH_KV_BIND", &c.KVEvents.Bind)
 	str("WARMPATH_DEV_KEY", &c.DevKey)
+	str("WARMPATH_AUTH_MODE", &c.Auth.Mode)
+	str("WARMPATH_ADMIN_KEY", &c.Auth.AdminKey)
+	str("WARMPATH_SALT_SECRET", &c.Auth.SaltSecret)
 	if v := getenv("WARMPATH_REDIS_ADDRS"); v != "" {
 		c.Redis.Addrs = splitList(v)
 	}
@@ -334,6 +348,7 @@ func (c Config) withDefaults() Config {
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = 32 << 20
 	}
+	c.Server.withDefaults()
 	u := &c.Upstream
 	def(&u.ConnectTimeout, 2*time.Second)
 	def(&u.HeaderTimeout, 10*time.Minute)
@@ -351,6 +366,34 @@ func (c Config) withDefaults() Config {
 		c.Sim.Model = "qwen3-32b"
 	}
 	return c
+}
+
+// validateFleet checks every replica and discovery spec with the fleet's
+// own checks (fleet.CheckReplica, fleet.CheckDNS: base URLs without /v1,
+// ZMQ endpoints that can be dialled, replay ports clear of the
+// data-parallel KV ports), each error naming its spec's field.
+func (c *Config) validateFleet() []error {
+	var errs []error
+	names := map[string]int{}
+	for i, r := range c.Replicas {
+		ns, err := fleet.CheckReplica(r)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("config: replicas[%d].%w", i, err))
+			continue
+		}
+		if j, dup := names[ns.Name]; dup {
+			errs = append(errs, fmt.Errorf("config: replicas[%d].name: duplicate %q (also replicas[%d])", i, ns.Name, j))
+		}
+		names[ns.Name] = i
+	}
+	for i, d := range c.Discovery {
+		if _, err := fleet.CheckDNS(d); err != nil {
+			for _, e := range fleet.Each(err) {
+				errs = append(errs, fmt.Errorf("config: discovery[%d].%w", i, e))
+			}
+		}
+	}
+	return errs
 }
 
 // validate checks a defaulted configuration; errors name the field.
@@ -378,11 +421,7 @@ func (c *Config) validate() error {
 			bad(fmt.Sprintf("redis.addrs[%d]", i), "%v", err)
 		}
 	}
-	if !c.Embedded() {
-		if err := c.fleetConfig(Options{}, slog.New(slog.DiscardHandler), nil).Check(); err != nil {
-			errs = append(errs, fmt.Errorf("config: %w", err))
-		}
-	}
+	errs = append(errs, c.validateFleet()...)
 	switch c.KVEvents.Topology {
 	case TopologyPerReplica, TopologyCentral:
 	default:
@@ -418,6 +457,8 @@ func (c *Config) validate() error {
 		{"upstream.connect_timeout", c.Upstream.ConnectTimeout}, {"upstream.header_timeout", c.Upstream.HeaderTimeout},
 		{"upstream.first_byte_timeout", c.Upstream.FirstByteTimeout}, {"upstream.idle_timeout", c.Upstream.IdleTimeout},
 		{"upstream.tokenize_timeout", c.Upstream.TokenizeTimeout}, {"health.interval", c.Health.Interval},
+		{"server.header_timeout", c.Server.HeaderTimeout}, {"server.body_timeout", c.Server.BodyTimeout},
+		{"server.idle_timeout", c.Server.IdleTimeout}, {"server.drain_timeout", c.Server.DrainTimeout},
 		{"health.timeout", c.Health.Timeout}, {"health.scrape_interval", c.Health.ScrapeInterval}, {"health.stale_after", c.Health.StaleAfter},
 	} {
 		if d.v < 0 {
@@ -425,6 +466,9 @@ func (c *Config) validate() error {
 		}
 	}
 	errs = append(errs, c.Queue.validate()...)
+	if c.Server.MaxHeaderBytes < 4096 {
+		bad("server.max_header_bytes", "%d is below 4096", c.Server.MaxHeaderBytes)
+	}
 	if c.Health.Failures < 0 {
 		bad("health.failures", "%d is negative", c.Health.Failures)
 	}

@@ -7,16 +7,18 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
-	"golang.org/x/sync/errgroup"
 
+	"github.com/warmpath/warmpath/gateway/anthropic"
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/kvevents"
+	"github.com/warmpath/warmpath/responses"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/session"
 )
@@ -29,8 +31,8 @@ type Options struct {
 	// on /metrics either way).
 	Registry *prometheus.Registry
 	// Redis overrides the client built from Config.Redis (tests pass one
-	// with a key prefix). Nil with an empty Config.Redis keeps session
-	// bindings in process memory only.
+	// with a key prefix); the gateway adds its breaker hook to it. Nil with
+	// an empty Config.Redis keeps session bindings in process memory only.
 	Redis redis.UniversalClient
 	// UpstreamAPIKey is sent to replicas as a bearer token (vLLM's
 	// --api-key); empty sends none.
@@ -53,19 +55,30 @@ type Gateway struct {
 	sessions    *session.Store
 	rdb         redis.UniversalClient
 	ownsRedis   bool
+	breaker     *redisBreaker // nil without Redis
 	index       *preciseIndex
 	approx      *approxIndex
 	tok         *tokenizer
 	tenants     *tenants
+	activity    *activity          // what the status page shows
+	tips        chan tipJob        // prompts whose session tip is filled in off the request path (tips.go)
+	responses   *responses.Service // nil without Redis
+	messages    *anthropic.Service
 	admit       Admitter
-	queue       *queueAdmitter // nil: no fair queue (disabled, or Options.Admitter)
+	queue       *queueAdmitter        // nil: no fair queue (disabled, or Options.Admitter)
+	wrapped     prometheus.Registerer // reg with the policy label
 	upstream    *http.Transport
 	upstreamKey string
 	ln          net.Listener
 	srv         *http.Server
 	metricsLn   net.Listener // nil: /metrics is served on ln
 	metricsSrv  *http.Server
-	started     time.Time
+	draining    atomic.Bool // SIGTERM arrived: /readyz answers 503
+	// tokenizeWarn rate-limits a warning any client can trigger.
+	tokenizeWarn sometimes
+	drainCtx     context.Context // ends when the drain timeout passes, cutting open streams
+	cutStreams   context.CancelFunc
+	started      time.Time
 }
 
 // New builds a gateway from cfg: it fills defaults, validates (errors name
@@ -90,8 +103,12 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 	wrapped := prometheus.WrapRegistererWith(prometheus.Labels{"policy": cfg.Routing.Policy}, reg)
-	g := &Gateway{cfg: cfg, log: log, reg: reg, m: newMetrics(wrapped), kvm: kvevents.NewMetrics(wrapped), upstreamKey: o.UpstreamAPIKey, started: time.Now()}
+	g := &Gateway{cfg: cfg, log: log, reg: reg, wrapped: wrapped, m: newMetrics(wrapped), kvm: kvevents.NewMetrics(wrapped), upstreamKey: o.UpstreamAPIKey, started: time.Now()}
 
+	g.drainCtx, g.cutStreams = context.WithCancel(context.Background())
+	g.activity = newActivity()
+	g.tips = make(chan tipJob, tipBacklog)
+	g.tokenizeWarn.period = 10 * time.Second
 	var err error
 	if g.policy, err = scoring.NewPolicy(cfg.Routing.Policy, cfg.Routing.Weights); err != nil {
 		return nil, fmt.Errorf("config: routing: %w", err)
@@ -102,6 +119,9 @@ func New(cfg Config, o Options) (*Gateway, error) {
 			return nil, err
 		}
 		g.ownsRedis = true
+	}
+	if g.rdb != nil {
+		g.breaker = newRedisBreaker(g.rdb, log, wrapped)
 	}
 	if g.tenants, err = newTenants(&cfg, g.rdb, log); err != nil {
 		g.close()
@@ -141,11 +161,21 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	if g.admit == nil {
 		g.admit = admitAll{}
 	}
+	if g.responses, err = g.newResponses(); err != nil {
+		g.close()
+		return nil, fmt.Errorf("config: responses: %w", err)
+	}
+
+	if g.messages, err = g.newMessages(); err != nil {
+		g.close()
+		return nil, fmt.Errorf("config: messages: %w", err)
+	}
 
 	if g.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
 		g.close()
 		return nil, fmt.Errorf("config: listen: %w", err)
 	}
+	g.ln = limitClients(g.ln, cfg.Server.MaxConnsPerClient, g.m.connsRejected)
 	if cfg.MetricsListen != "" {
 		if g.metricsLn, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
 			g.close()
@@ -155,8 +185,9 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	}
 	g.srv = &http.Server{
 		Handler:           g.routes(),
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       120 * time.Second,
+		ReadHeaderTimeout: cfg.Server.HeaderTimeout,
+		MaxHeaderBytes:    cfg.Server.MaxHeaderBytes,
+		IdleTimeout:       cfg.Server.IdleTimeout,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	return g, nil
@@ -221,48 +252,6 @@ func (g *Gateway) Policy() string { return g.policy.Name }
 
 // Registry returns the registry behind /metrics.
 func (g *Gateway) Registry() *prometheus.Registry { return g.reg }
-
-// Run serves until ctx ends, with every goroutine the gateway needs: the
-// HTTP server, the fleet's health checks and scrapes, and the KV-event
-// subscribers. It returns nil after a clean shutdown, or the first
-// component's error.
-func (g *Gateway) Run(ctx context.Context) error {
-	defer g.close()
-	eg, ctx := errgroup.WithContext(ctx)
-	if err := g.tenants.start(ctx, eg, g.rdb, g.cfg.Redis.KeyPrefix, g.log); err != nil {
-		return err
-	}
-	eg.Go(func() error { return g.fleet.Run(ctx) })
-	if g.queue != nil {
-		eg.Go(func() error { return g.queue.q.Run(ctx) })
-	}
-	eg.Go(func() error { return g.runKVEvents(ctx) })
-	serve(ctx, eg, g.srv, g.ln)
-	if g.metricsSrv != nil {
-		serve(ctx, eg, g.metricsSrv, g.metricsLn)
-	}
-	return eg.Wait()
-}
-
-// serve runs srv on ln under eg until ctx ends, then shuts it down.
-func serve(ctx context.Context, eg *errgroup.Group, srv *http.Server, ln net.Listener) {
-	eg.Go(func() error {
-		err := srv.Serve(ln)
-		if errors.Is(err, http.ErrServerClosed) {
-			return nil
-		}
-		return fmt.Errorf("gateway: serve %s: %w", ln.Addr(), err)
-	})
-	eg.Go(func() error {
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := srv.Shutdown(sctx); err != nil {
-			srv.Close() // streams still open after the grace period
-		}
-		return nil
-	})
-}
 
 func (g *Gateway) close() {
 	if g.metricsLn != nil {

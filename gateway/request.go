@@ -40,6 +40,7 @@ type Request struct {
 	api    API
 	body   []byte
 	header http.Header // the client's headers, forwarded upstream
+	id     string      // X-Request-Id, for logs and the engine
 	model  string
 	stream bool
 	// wantUsage reports that a streaming client asked for the usage chunk.
@@ -55,10 +56,12 @@ type Request struct {
 	maxTokens int    // max_completion_tokens or max_tokens, 0 when unset
 	text      []byte // approxText, rendered once on first use
 
-	// Admission (priority.go, queue.go): the class and what chose it; the
-	// conversation's turns so far (assistant messages) and the prompt
-	// bytes up to the last of them, which the replica serving the session
-	// is expected to hold cached; and the time spent in the queue.
+	// Admission (priority.go, queue.go): the class and what chose it
+	// (background marks a Responses background turn, background: true,
+	// set through SetBackground); the conversation's turns so far
+	// (assistant messages) and the prompt bytes up to the last of them,
+	// which the replica serving the session is expected to hold cached;
+	// and the time spent in the queue.
 	class       fairq.Class
 	serviceTier string
 	background  bool
@@ -106,7 +109,7 @@ func ParseRequest(api API, h http.Header, body []byte, p *tenancy.Principal) (*R
 	if !root.IsObject() {
 		return nil, apierror.BadRequest("", "request body must be a JSON object")
 	}
-	r := &Request{api: api, body: body, header: h, principal: p}
+	r := &Request{api: api, body: body, header: h, principal: p, id: h.Get("X-Request-Id")}
 	m := root.Get("model")
 	if m.Type != gjson.String || m.String() == "" {
 		return nil, apierror.BadRequest("model", "you must provide a model parameter")

@@ -48,15 +48,25 @@ func (c *Config) devAuth(log *slog.Logger) {
 	}
 }
 
+// checkAuth validates the authentication configuration (reading its
+// secret files) and refuses a production configuration that runs open.
+func (c *Config) checkAuth(log *slog.Logger) (tenancy.Config, error) {
+	ac, err := c.Auth.Validate()
+	if err != nil {
+		return ac, fmt.Errorf("config: %w", err)
+	}
+	if err := tenancy.CheckStartup(ac, !c.Embedded(), log); err != nil {
+		return ac, fmt.Errorf("config: %w", err)
+	}
+	return ac, nil
+}
+
 // newTenants builds the tenancy components for cfg. The keys and jwt
 // modes keep their records in Redis, so they need one.
 func newTenants(cfg *Config, rdb redis.UniversalClient, log *slog.Logger) (*tenants, error) {
-	ac, err := cfg.Auth.Validate()
+	ac, err := cfg.checkAuth(log)
 	if err != nil {
-		return nil, fmt.Errorf("config: %w", err)
-	}
-	if err := tenancy.CheckStartup(ac, !cfg.Embedded(), log); err != nil {
-		return nil, fmt.Errorf("config: %w", err)
+		return nil, err
 	}
 	t := &tenants{cfg: ac, labels: tenancy.NewLabeler(ac.MetricsTopN), devKey: cfg.DevKey}
 	log = log.With("component", "tenancy")

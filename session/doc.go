@@ -3,7 +3,10 @@
 // A session is a conversation whose turns share a growing prompt prefix. Its
 // key comes from the first of: the X-Session-ID header and the agent-harness
 // headers (x-claude-code-session-id, session_id, session-id,
-// x-session-affinity); the body's session_id or prompt_cache_key; the body's
+// x-session-affinity), with Claude Code's x-claude-code-agent-id
+// appended when a sub-agent sends it (a sub-agent is a conversation of its
+// own; Key.Parent names the conversation that spawned it); the body's
+// session_id or prompt_cache_key; the body's
 // user or safety_identifier; otherwise a hash of the conversation's opening
 // (system and developer messages, tools, first user message), so consecutive
 // chat turns share a key without any client cooperation. Completions

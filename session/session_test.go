@@ -69,6 +69,42 @@ func TestIdentify(t *testing.T) {
 	}
 }
 
+// A Claude Code sub-agent is a session of its own under the run's, and
+// names its parent: the run's main conversation, or the sub-agent that
+// spawned it.
+func TestIdentifySubAgent(t *testing.T) {
+	id := func(hs ...string) Key {
+		h := http.Header{}
+		for i := 0; i < len(hs); i += 2 {
+			h.Set(hs[i], hs[i+1])
+		}
+		return Identify("t", h, Body{})
+	}
+	main := id("X-Claude-Code-Session-Id", "run1")
+	sub := id("X-Claude-Code-Session-Id", "run1", AgentHeader, "a1")
+	nested := id("X-Claude-Code-Session-Id", "run1", AgentHeader, "a2", ParentAgentHeader, "a1")
+	other := id("X-Claude-Code-Session-Id", "run2", AgentHeader, "a1")
+	if main.Parent != "" {
+		t.Errorf("main conversation has parent %q", main.Parent)
+	}
+	if sub.Value == main.Value || sub.Source != SourceHeader || sub.Parent != main.Value {
+		t.Errorf("sub-agent key %+v; want its own key with parent %q", sub, main.Value)
+	}
+	if nested.Parent != sub.Value || nested.Value == sub.Value {
+		t.Errorf("nested sub-agent key %+v; want parent %q", nested, sub.Value)
+	}
+	if other.Value == sub.Value {
+		t.Errorf("one agent id in two runs shares key %q", sub.Value)
+	}
+	if again := id("X-Claude-Code-Session-Id", "run1", AgentHeader, "a1"); again != sub {
+		t.Errorf("same sub-agent, keys %+v and %+v", again, sub)
+	}
+	long := id("X-Claude-Code-Session-Id", strings.Repeat("s", 120), AgentHeader, strings.Repeat("a", 40))
+	if len(long.Value) > 64 || len(long.Parent) > 200 {
+		t.Errorf("long ids not hashed: %+v", long)
+	}
+}
+
 func testBinding() Binding {
 	return Binding{Binding: scoring.Binding{Replica: "10.0.0.7:8000", TipDepth: 931, PromptTokens: 15000, PromptBytes: 61000,
 		CachedTokens: 15400, Turns: 12, Updated: time.UnixMilli(1789095808123)}, TipKey: 0xfedcba9876543210, TextLen: 59000, TextHash: 0xabcdef0123456789}

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/redis/go-redis/v9"
 
@@ -51,6 +53,9 @@ type Store struct {
 	rdb   redis.UniversalClient
 	opts  Options
 	local *lru.Cache[string, Binding] // recent bindings; safe for concurrent use
+	// updates serialises Update's read-modify-writes, striped by key, so
+	// two of this process's updates of one binding never lose each other.
+	updates [64]sync.Mutex
 }
 
 // NewStore returns a store over rdb. rdb may be nil: the store then keeps
@@ -187,6 +192,29 @@ func (s *Store) Forget(ctx context.Context, key string) error {
 }
 
 func (s *Store) remember(key string, b Binding) { s.local.Add(key, b) }
+
+// Update applies fn to this process's latest copy of the session's binding
+// (base when it has none) and writes the result, unless fn returns false.
+// Updates of one key by this process are serialised, so two writers that
+// each set their own fields (the completed turn's cached tokens, the
+// tip found off the request path) keep both.
+func (s *Store) Update(ctx context.Context, key string, base Binding, fn func(*Binding) bool) (Binding, error) {
+	mu := &s.updates[xxhash.Sum64String(key)%uint64(len(s.updates))]
+	mu.Lock()
+	defer mu.Unlock()
+	b, ok := s.fresh(key)
+	if !ok {
+		b = base
+	}
+	if !fn(&b) {
+		return b, nil
+	}
+	return s.Remember(ctx, key, b, false)
+}
+
+// Local returns this process's latest copy of the session's binding,
+// without asking Redis; false when it has none (or it outlived the TTL).
+func (s *Store) Local(key string) (Binding, bool) { return s.fresh(key) }
 
 // fresh returns the local binding if it has not outlived the TTL.
 func (s *Store) fresh(key string) (Binding, bool) {

@@ -163,6 +163,27 @@ func (a *Authenticator) byJWT(ctx context.Context, tok string) (*Principal, erro
 	return p, nil
 }
 
+// ForTenant returns the principal a tenant's own background work runs as
+// (a background Responses turn, run after its creating request is gone):
+// the tenant's limits, weight, classes and cache salt, no key's. In mode
+// none it is the anonymous principal whatever the id.
+func (a *Authenticator) ForTenant(ctx context.Context, tenantID string) (*Principal, error) {
+	if a.mode == ModeNone {
+		return anonymous(), nil
+	}
+	t, err := a.store.lookupTenant(ctx, tenantID, a.now())
+	if err != nil {
+		return nil, a.lookupErr(err)
+	}
+	if t.Disabled {
+		return nil, errUnauthorized(errors.New("tenant disabled"))
+	}
+	p := principalFor(t, nil)
+	p.salt = a.salt(t)
+	p.KeyID = "tenant"
+	return p, nil
+}
+
 // capLimits keeps the limits a claim sets, each no higher than the
 // tenant's: a claim lowers, never raises.
 func capLimits(claim, tenant Limits) Limits {

@@ -277,7 +277,11 @@ func (c Config) normalize() (Config, error) {
 	for i, d := range c.Discovery {
 		nd, err := CheckDNS(d)
 		if err != nil {
-			return c, fmt.Errorf("fleet: discovery[%d].%w", i, err)
+			var errs []error
+			for _, e := range Each(err) {
+				errs = append(errs, fmt.Errorf("fleet: discovery[%d].%w", i, e))
+			}
+			return c, errors.Join(errs...)
 		}
 		dns[i] = nd
 	}
@@ -291,7 +295,7 @@ func (c Config) normalize() (Config, error) {
 func CheckReplica(s ReplicaSpec) (ReplicaSpec, error) {
 	u, err := url.Parse(s.URL)
 	if err != nil {
-		return s, fmt.Errorf("url: %w", err)
+		return s, fmt.Errorf("url: %q is not an http(s) URL with a host", s.URL)
 	}
 	if u.Scheme != "http" && u.Scheme != "https" {
 		return s, fmt.Errorf("url: %q: scheme must be http or https", s.URL)
@@ -393,32 +397,41 @@ func portsOverlap(kv, replay, dp int) bool {
 	return replay < kv+n && kv < replay+n
 }
 
+// Each splits an error that joins several (errors.Join) into them, and
+// returns any other error alone.
+func Each(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
+}
+
 // CheckDNS validates a DNS spec and returns it with its defaults filled
 // in, as [New] does. Its errors start with the YAML field name.
 func CheckDNS(d DNSSpec) (DNSSpec, error) {
-	if d.Name == "" {
-		return d, errors.New("dns: empty")
-	}
-	if strings.ContainsAny(d.Name, ":/ ") {
-		return d, fmt.Errorf("dns: %q: want a bare host name (no scheme or port)", d.Name)
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	switch {
+	case d.Name == "":
+		bad("dns: empty")
+	case strings.ContainsAny(d.Name, ":/ "):
+		bad("dns: %q: want a bare host name (no scheme or port)", d.Name)
 	}
 	if d.Port < 1 || d.Port > 65535 {
-		return d, fmt.Errorf("port: %d out of range 1..65535", d.Port)
-	}
-	if d.DataParallelSize < 0 {
-		return d, fmt.Errorf("data_parallel_size: negative value %d", d.DataParallelSize)
+		bad("port: %d out of range 1..65535", d.Port)
 	}
 	span := max(d.DataParallelSize-1, 0)
-	if d.KVPort < 0 || d.KVPort+span > 65535 {
-		return d, fmt.Errorf("kv_port: %d out of range 0..65535", d.KVPort)
-	}
-	if d.ReplayPort < 0 || d.ReplayPort+span > 65535 {
-		return d, fmt.Errorf("replay_port: %d out of range 0..65535", d.ReplayPort)
-	}
-	// A replay port without a KV port is the central topology (engines
-	// connect to the gateway's bound SUB; replay still binds per pod).
-	if d.ReplayPort != 0 && d.KVPort != 0 && portsOverlap(d.KVPort, d.ReplayPort, d.DataParallelSize) {
-		return d, fmt.Errorf("replay_port: %d overlaps the KV ports %d..%d of %d data-parallel ranks",
+	switch {
+	case d.DataParallelSize < 0:
+		bad("data_parallel_size: negative value %d", d.DataParallelSize)
+	case d.KVPort < 0 || d.KVPort+span > 65535:
+		bad("kv_port: %d out of range 0..65535", d.KVPort)
+	case d.ReplayPort < 0 || d.ReplayPort+span > 65535:
+		bad("replay_port: %d out of range 0..65535", d.ReplayPort)
+	case d.ReplayPort != 0 && d.KVPort != 0 && portsOverlap(d.KVPort, d.ReplayPort, d.DataParallelSize):
+		// A replay port without a KV port is the central topology (engines
+		// connect to the gateway's bound SUB; replay still binds per pod).
+		bad("replay_port: %d overlaps the KV ports %d..%d of %d data-parallel ranks",
 			d.ReplayPort, d.KVPort, d.KVPort+span, max(d.DataParallelSize, 1))
 	}
 	switch d.Scheme {
@@ -426,15 +439,15 @@ func CheckDNS(d DNSSpec) (DNSSpec, error) {
 		d.Scheme = "http"
 	case "http", "https":
 	default:
-		return d, fmt.Errorf("scheme: %q: must be http or https", d.Scheme)
+		bad("scheme: %q: must be http or https", d.Scheme)
 	}
 	if d.Interval < 0 {
-		return d, fmt.Errorf("interval: negative duration %v", d.Interval)
+		bad("interval: negative duration %v", d.Interval)
 	}
 	if d.Interval == 0 {
 		d.Interval = DefaultDNSInterval
 	}
-	return d, nil
+	return d, errors.Join(errs...)
 }
 
 // specFor returns the replica spec for one resolved address of d.

@@ -18,8 +18,9 @@
 //
 //   - per replica, a health goroutine (GET /health every HealthInterval,
 //     and GET /v1/models when the spec names no model: on becoming healthy
-//     and every ModelsInterval) and a scrape goroutine (GET /metrics every
-//     ScrapeInterval);
+//     and every ModelsInterval; when it names one, once on becoming
+//     healthy, to warn if the replica does not serve it) and a scrape
+//     goroutine (GET /metrics every ScrapeInterval);
 //   - per DNS spec, a goroutine that resolves the name at once and then
 //     every Interval.
 //

@@ -26,7 +26,7 @@ func ExampleNew() {
 	// Output:
 	// 10.0.0.7:8000 http://10.0.0.7:8000 false [Qwen/Qwen3-8B] []
 	// 10.0.0.8:8000 http://10.0.0.8:8000 false [] [{0 tcp://10.0.0.8:5557 }]
-	// fleet: replicas[0].url: parse "10.0.0.7:8000": first path segment in URL cannot contain colon
+	// fleet: replicas[0].url: "10.0.0.7:8000" is not an http(s) URL with a host
 }
 
 func ExampleReplicaSpec_KVSources() {

@@ -384,8 +384,13 @@ func TestModelDiscovery(t *testing.T) {
 	if got := rv.State().Models; !slices.Equal(got, []string{"mistral"}) || !rv.State().Healthy {
 		t.Errorf("after failed discovery: Models = %v, healthy %v; want [mistral], true", got, rv.State().Healthy)
 	}
-	if n := w.hit("/v1/models"); n != 0 {
-		t.Errorf("replica with a configured model got %d GET /v1/models", n)
+	// A configured model is checked once, on becoming healthy (see
+	// TestConfiguredModelCheck), never rediscovered.
+	if n := w.hit("/v1/models"); n != 1 {
+		t.Errorf("replica with a configured model got %d GET /v1/models; want 1", n)
+	}
+	if got := rw.State().Models; !slices.Equal(got, []string{"fixed"}) {
+		t.Errorf("configured replica's Models = %v; want [fixed] whatever it lists", got)
 	}
 }
 

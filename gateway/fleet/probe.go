@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"runtime/debug"
+	"slices"
 	"time"
 )
 
@@ -109,6 +110,25 @@ func (p *prober) discoverModels(ctx context.Context) ([]string, error) {
 	return models, nil
 }
 
+// verifyModel checks, once each time the replica becomes healthy, that it
+// serves the model its spec pins, and warns when it does not: vLLM serves a
+// model under its --served-model-name (default: the --model path, such as
+// Qwen/Qwen3-32B), and a request or /tokenize call naming another model gets
+// 404 from the engine. A replica whose /v1/models cannot be read is logged
+// and trusted.
+func (p *prober) verifyModel(ctx context.Context) {
+	want := p.r.Spec.Model
+	models, err := p.discoverModels(ctx)
+	switch {
+	case ctx.Err() != nil:
+	case err != nil:
+		p.r.log.Info("fleet: cannot check that the replica serves the configured model", "model", want, "err", err)
+	case !slices.Contains(models, want):
+		p.r.log.Warn("fleet: replica does not serve the configured model; requests for it will fail with 404 until vLLM's --served-model-name or the configured model is changed",
+			"model", want, "served", models)
+	}
+}
+
 // statusError is an unexpected HTTP status.
 type statusError int
 
@@ -163,7 +183,9 @@ func (p *prober) scrapeOnce(ctx context.Context, sc *scraper, query string) (eng
 
 // healthLoop checks health every HealthInterval until ctx is done, and
 // discovers models when the spec names none: on becoming healthy and then
-// every ModelsInterval (counted in health ticks) while healthy.
+// every ModelsInterval (counted in health ticks) while healthy. When the
+// spec names one, it checks on becoming healthy that the replica serves it
+// (verifyModel).
 func (p *prober) healthLoop(ctx context.Context) {
 	cfg := p.r.cfg
 	t := time.NewTicker(cfg.HealthInterval)
@@ -181,6 +203,9 @@ func (p *prober) healthLoop(ctx context.Context) {
 			recovered := p.r.activeResult(p.now(), err)
 			if recovered {
 				p.updated()
+			}
+			if recovered && !needModels {
+				p.verifyModel(ctx)
 			}
 			if !needModels || !p.r.State().Healthy {
 				return

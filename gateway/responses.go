@@ -1,0 +1,136 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/warmpath/warmpath/internal/apierror"
+	"github.com/warmpath/warmpath/responses"
+	"github.com/warmpath/warmpath/session"
+	"github.com/warmpath/warmpath/tenancy"
+)
+
+// ResponsesConfig tunes the Responses and Conversations API (package
+// responses). Zero fields take that package's defaults, stated here.
+type ResponsesConfig struct {
+	// TTL is how long a stored response and its items live after its
+	// chain was last continued; default 30 days.
+	TTL time.Duration `yaml:"ttl"`
+	// ConversationTTL is how long a conversation lives after its last
+	// use; default 30 days.
+	ConversationTTL time.Duration `yaml:"conversation_ttl"`
+	// EventTTL keeps a background response's event buffer for replays;
+	// default 24h.
+	EventTTL time.Duration `yaml:"event_ttl"`
+	// TurnTimeout bounds one turn, request to last chunk; default 10m.
+	TurnTimeout time.Duration `yaml:"turn_timeout"`
+	// BackgroundWorkers is how many background responses this gateway
+	// runs at once; default 4.
+	BackgroundWorkers int `yaml:"background_workers"`
+}
+
+// newResponses builds the Responses API over the gateway's routed client.
+// It needs Redis (its state is shared by every gateway); without one it is
+// off and its routes answer 404.
+func (g *Gateway) newResponses() (*responses.Service, error) {
+	if g.rdb == nil {
+		g.log.Info("responses: no Redis configured; /v1/responses and /v1/conversations are off")
+		return nil, nil
+	}
+	rc := g.cfg.Responses
+	return responses.New(responses.Options{
+		Redis:             g.rdb,
+		KeyPrefix:         g.cfg.Redis.KeyPrefix,
+		Tenant:            tenantOf,
+		TTL:               rc.TTL,
+		ConversationTTL:   rc.ConversationTTL,
+		EventTTL:          rc.EventTTL,
+		TurnTimeout:       rc.TurnTimeout,
+		BackgroundWorkers: rc.BackgroundWorkers,
+		MaxBodyBytes:      g.cfg.MaxBodyBytes,
+		Models:            g.fleet.Models,
+		Tokenize:          g.countTokens,
+		Logger:            g.log.With("component", "responses"),
+		Registerer:        g.wrapped,
+	}, responsesChat{g})
+}
+
+// tenantOf is the authenticated tenant of a request's context.
+func tenantOf(ctx context.Context) string {
+	if p, ok := tenancy.FromContext(ctx); ok {
+		return p.TenantID
+	}
+	return ""
+}
+
+// responsesChat is the routed client as the Responses API sees it
+// (responses.Chat): each turn is a chat-completions request through
+// Gateway.Do, keyed by its chain.
+type responsesChat struct{ g *Gateway }
+
+var _ responses.Chat = responsesChat{}
+
+// Complete implements responses.Chat. A turn runs as the principal of the
+// request that created it; a background turn, whose request is gone, as
+// its tenant (tenancy.Authenticator.ForTenant: the tenant's limits, not
+// its key's). Every failure before the upstream answers comes back as an
+// error response in OpenAI's envelope.
+func (c responsesChat) Complete(ctx context.Context, t responses.Turn) (*http.Response, error) {
+	p, ok := tenancy.FromContext(ctx)
+	if !ok || p.TenantID != t.Tenant {
+		var err error
+		if p, err = c.g.tenants.auth.ForTenant(ctx, t.Tenant); err != nil {
+			return errorResponse(ctx, err)
+		}
+	}
+	req, err := ParseRequest(APIChat, t.Header, t.Body, p)
+	if err != nil {
+		return errorResponse(ctx, err)
+	}
+	if t.Session != "" {
+		req.SetSession(session.Chain(p.TenantID, t.Session))
+	}
+	req.SetBackground(t.Background)
+	resp, err := c.g.Do(ctx, req)
+	if err != nil {
+		return errorResponse(ctx, err)
+	}
+	return resp, nil
+}
+
+// errorResponse turns a gateway error into the error response the
+// responses.Chat contract asks for; a caller that went away gets its
+// context's error.
+func errorResponse(ctx context.Context, err error) (*http.Response, error) {
+	he := apierror.From(err)
+	if he.Status == apierror.StatusClientClosed {
+		return nil, ctx.Err()
+	}
+	body := he.Marshal()
+	h := http.Header{"Content-Type": {"application/json"}, "Content-Length": {strconv.Itoa(len(body))}}
+	for k, v := range he.Header {
+		h[k] = v
+	}
+	return &http.Response{StatusCode: he.Status, Status: strconv.Itoa(he.Status) + " " + http.StatusText(he.Status),
+		Header: h, Body: io.NopCloser(bytes.NewReader(body)), ContentLength: int64(len(body))}, nil
+}
+
+// countTokens counts a chat body's prompt tokens with the tokenizer
+// routing uses (POST /v1/responses/input_tokens).
+func (g *Gateway) countTokens(ctx context.Context, chatBody []byte) (int, error) {
+	p, _ := tenancy.FromContext(ctx)
+	req, err := ParseRequest(APIChat, http.Header{}, chatBody, p)
+	if err != nil {
+		return 0, err
+	}
+	reps := g.serving(req.model)
+	ids, err := g.tokenize(ctx, req, reps, endpoints(reps, time.Now()))
+	if err != nil {
+		return 0, apierror.Unavailable(err, "no replica could count the tokens; try again shortly")
+	}
+	return len(ids), nil
+}

@@ -1,0 +1,595 @@
+package responses
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/warmpath/warmpath/internal/apierror"
+)
+
+// Background responses: POST stores the record as queued with its first
+// two events (response.created, response.queued) in the event stream
+// <prefix>ev:{tag}:<id> and adds a job to the stream <prefix>resp:jobs.
+// Workers of any Service read jobs through the consumer group "workers",
+// claim the record (queued → in_progress) under a lease scored in the
+// sorted set <prefix>resp:leases, and append each event with the stream
+// ID 0-<sequence_number+1>, so GET ?stream=true&starting_after=N reads
+// from 0-<N+1>. A final entry with field "end" (auto ID, so nothing can be
+// appended after it) closes the stream. Cancellation sets the record's
+// cancel flag and publishes the record key on <prefix>resp:cancel.
+
+const (
+	jobGroup = "workers"
+	fieldEv  = "e" // event JSON
+	fieldTyp = "t" // event type
+	fieldEnd = "end"
+)
+
+func seqID(seq int) string { return "0-" + strconv.Itoa(seq+1) }
+
+// enqueue stores a queued background response and answers at once: the
+// queued Response, or (stream: true) its event stream.
+func (s *Service) enqueue(w http.ResponseWriter, r *http.Request, t *turn, body []byte) error {
+	ctx := r.Context()
+	if err := s.validateHistory(ctx, t); err != nil {
+		return err
+	}
+	t.resp.Status = StatusQueued
+	if err := s.st.queue(ctx, t, body); err != nil {
+		return apierror.Unavailable(err, "the response store is unavailable")
+	}
+	if !t.p.stream {
+		return writeJSON(w, t.resp)
+	}
+	return s.tail(w, r, t.tenant, t.resp.ID, -1)
+}
+
+// validateHistory checks at creation what the worker will load when it
+// runs, so a bad previous_response_id or conversation is a 400/404 now.
+func (s *Service) validateHistory(ctx context.Context, t *turn) error {
+	switch {
+	case t.p.previous != "":
+		return s.loadHistory(ctx, t)
+	case t.p.conversation != "":
+		if _, err := s.st.getConversation(ctx, t.tenant, t.p.conversation); err != nil {
+			return s.convError(err, t.p.conversation)
+		}
+	}
+	return nil
+}
+
+func (s *store) queue(ctx context.Context, t *turn, body []byte) error {
+	obj, err := marshal(t.resp)
+	if err != nil {
+		return fmt.Errorf("responses: encode %s: %w", t.resp.ID, err)
+	}
+	in, err := marshal(nonNilItems(t.input))
+	if err != nil {
+		return fmt.Errorf("responses: encode input of %s: %w", t.resp.ID, err)
+	}
+	rec, evk := s.recKey(t.tenant, t.resp.ID), s.eventsKey(t.tenant, t.resp.ID)
+	pipe := s.rdb.TxPipeline()
+	pipe.HSet(ctx, rec, fObj, obj, fIn, in, fPrev, t.p.previous, fStatus, StatusQueued, fBG, "1",
+		fBody, body, fHdr, headerJSON(t.header), fIDs, "[]")
+	pipe.PExpire(ctx, rec, s.ttl)
+	for seq, typ := range []string{"response.created", "response.queued"} {
+		ev, _ := marshal(&event{Type: typ, SequenceNumber: seq, Response: t.resp})
+		pipe.XAdd(ctx, &redis.XAddArgs{Stream: evk, ID: seqID(seq), Values: []any{fieldTyp, typ, fieldEv, ev}})
+	}
+	pipe.PExpire(ctx, evk, s.evTTL)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("responses: queue %s: %w", t.resp.ID, err)
+	}
+	if err := s.rdb.XAdd(ctx, &redis.XAddArgs{Stream: s.jobsKey(), Values: []any{"t", t.tenant, "id", t.resp.ID}}).Err(); err != nil {
+		return fmt.Errorf("responses: queue job %s: %w", t.resp.ID, err)
+	}
+	return nil
+}
+
+// tail streams a background response's buffered events after sequence
+// number after, then follows new ones until the end marker. It reads with
+// bounded blocking reads, so a vanished writer cannot hold it forever:
+// after a read that finds nothing, a terminal record ends the stream.
+func (s *Service) tail(w http.ResponseWriter, r *http.Request, tenant, id string, after int) error {
+	ctx := r.Context()
+	key := s.st.eventsKey(tenant, id)
+	last := seqID(after)
+	sw := newSSEWriter(w)
+	for {
+		res, err := s.opts.Redis.XRead(ctx, &redis.XReadArgs{Streams: []string{key, last}, Count: 256, Block: s.pollBlock()}).Result()
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, redis.Nil):
+			st, err := s.st.get(ctx, tenant, id, false)
+			if err != nil || terminal(st.resp.Status) {
+				return s.drain(ctx, sw, key, last)
+			}
+			continue
+		case err != nil:
+			return s.tailError(sw, fmt.Errorf("responses: read events of %s: %w", id, err))
+		}
+		for _, m := range res[0].Messages {
+			last = m.ID
+			if _, ok := m.Values[fieldEnd]; ok {
+				return nil
+			}
+			typ, _ := m.Values[fieldTyp].(string)
+			data, _ := m.Values[fieldEv].(string)
+			if err := sw.raw(typ, []byte(data)); err != nil {
+				return fmt.Errorf("%w: %w", errStreamStarted, err)
+			}
+		}
+	}
+}
+
+// drain sends whatever follows last without blocking.
+func (s *Service) drain(ctx context.Context, sw *sseWriter, key, last string) error {
+	msgs, err := s.opts.Redis.XRange(ctx, key, "("+last, "+").Result()
+	if err != nil {
+		return s.tailError(sw, err)
+	}
+	for _, m := range msgs {
+		if _, ok := m.Values[fieldEnd]; ok {
+			return nil
+		}
+		typ, _ := m.Values[fieldTyp].(string)
+		data, _ := m.Values[fieldEv].(string)
+		if err := sw.raw(typ, []byte(data)); err != nil {
+			return fmt.Errorf("%w: %w", errStreamStarted, err)
+		}
+	}
+	return nil
+}
+
+func (s *Service) tailError(sw *sseWriter, err error) error {
+	if sw.started {
+		return fmt.Errorf("%w: %w", errStreamStarted, err)
+	}
+	return apierror.Unavailable(err, "the response store is unavailable")
+}
+
+// ensureGroup creates the job stream's consumer group if it is missing.
+func (s *Service) ensureGroup(ctx context.Context) error {
+	err := s.opts.Redis.XGroupCreateMkStream(ctx, s.st.jobsKey(), jobGroup, "0").Err()
+	if err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
+		return fmt.Errorf("responses: create job group: %w", err)
+	}
+	return nil
+}
+
+// pollBlock is how long a worker's blocking read waits: LeaseTTL/3, at
+// most 2s. go-redis cannot interrupt a blocking read, so this also bounds
+// how long Run takes to return after its context ends.
+func (s *Service) pollBlock() time.Duration { return min(2*time.Second, s.opts.LeaseTTL/3) }
+
+// workLoop runs one worker: it reads jobs from the group and runs them one
+// at a time until ctx ends.
+func (s *Service) workLoop(ctx context.Context, consumer string) error {
+	for ctx.Err() == nil {
+		res, err := s.opts.Redis.XReadGroup(ctx, &redis.XReadGroupArgs{Group: jobGroup, Consumer: consumer,
+			Streams: []string{s.st.jobsKey(), ">"}, Count: 1, Block: s.pollBlock()}).Result()
+		if errors.Is(err, redis.Nil) || ctx.Err() != nil {
+			continue
+		}
+		if err != nil {
+			if strings.HasPrefix(err.Error(), "NOGROUP") {
+				_ = s.ensureGroup(ctx) // Redis lost the group (restart): recreate it
+			}
+			s.log.Warn("responses: read jobs", "err", err)
+			s.pause(ctx, time.Second)
+			continue
+		}
+		for _, m := range res[0].Messages {
+			s.runJob(ctx, m)
+		}
+	}
+	return ctx.Err()
+}
+
+func (s *Service) pause(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// runJob runs one job and acknowledges it.
+func (s *Service) runJob(ctx context.Context, m redis.XMessage) {
+	tenant, _ := m.Values["t"].(string)
+	id, _ := m.Values["id"].(string)
+	if id != "" {
+		if err := s.runBackground(ctx, tenant, id); err != nil && ctx.Err() == nil {
+			s.log.Error("responses: background run", "id", id, "err", err)
+		}
+	}
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	s.opts.Redis.XAck(actx, s.st.jobsKey(), jobGroup, m.ID)
+	s.opts.Redis.XDel(actx, s.st.jobsKey(), m.ID)
+}
+
+// claimScript moves a queued record to in_progress with a lease deadline;
+// it answers the status it found.
+var claimScript = redis.NewScript(`
+local st = redis.call('HGET', KEYS[1], 'status')
+if st ~= 'queued' then return st or '' end
+redis.call('HSET', KEYS[1], 'status', 'in_progress', 'lease', ARGV[1])
+return 'queued'
+`)
+
+// renewLeaseScript extends a running record's lease and reports whether
+// cancellation was asked: 1 renewed, 2 cancel asked, 0 no longer running.
+var renewLeaseScript = redis.NewScript(`
+if redis.call('HGET', KEYS[1], 'status') ~= 'in_progress' then
+  if redis.call('HGET', KEYS[1], 'cancel') == '1' then return 2 end
+  return 0
+end
+redis.call('HSET', KEYS[1], 'lease', ARGV[1])
+return 1
+`)
+
+// runBackground claims and runs one background response.
+func (s *Service) runBackground(ctx context.Context, tenant, id string) error {
+	rec := s.st.recKey(tenant, id)
+	deadline := func() string { return ms(s.opts.Now().Add(s.opts.LeaseTTL)) }
+	if err := s.opts.Redis.ZAdd(ctx, s.st.leasesKey(), redis.Z{Score: float64(s.opts.Now().Add(s.opts.LeaseTTL).UnixMilli()), Member: rec}).Err(); err != nil {
+		return fmt.Errorf("responses: lease %s: %w", id, err)
+	}
+	unlease := func() { s.opts.Redis.ZRem(context.WithoutCancel(ctx), s.st.leasesKey(), rec) }
+	found, err := claimScript.Run(ctx, s.opts.Redis, []string{rec}, deadline()).Text()
+	if err != nil {
+		unlease()
+		return fmt.Errorf("responses: claim %s: %w", id, err)
+	}
+	if found != StatusQueued {
+		unlease()
+		return nil // cancelled while queued, or run by another worker
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s.mu.Lock()
+	s.running[rec] = cancel
+	s.mu.Unlock()
+	s.metrics.running.Inc()
+	defer func() {
+		s.mu.Lock()
+		delete(s.running, rec)
+		s.mu.Unlock()
+		s.metrics.running.Dec()
+	}()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.every(rctx, s.opts.LeaseTTL/3, func() { s.renewLease(rctx, rec, deadline(), cancel) })
+	}()
+	err = s.execBackground(rctx, tenant, id)
+	cancel()
+	<-done
+	if ctx.Err() != nil {
+		// Shutting down mid-run: the lease stays and lapses, and a sweeper
+		// (of any gateway) fails the response with a reason and closes its
+		// stream.
+		return ctx.Err()
+	}
+	unlease()
+	s.endEvents(context.WithoutCancel(ctx), tenant, id)
+	if errors.Is(err, errCancelled) || errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+func (s *Service) renewLease(ctx context.Context, rec, deadline string, cancel context.CancelFunc) {
+	n, err := renewLeaseScript.Run(ctx, s.opts.Redis, []string{rec}, deadline).Int()
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("responses: renew lease", "record", rec, "err", err)
+		}
+		return
+	}
+	score, _ := strconv.ParseFloat(deadline, 64)
+	s.opts.Redis.ZAdd(ctx, s.st.leasesKey(), redis.Z{Score: score, Member: rec})
+	if n != 1 {
+		cancel()
+	}
+}
+
+// execBackground loads the stored request, its history, and runs it,
+// appending events to the record's stream.
+func (s *Service) execBackground(ctx context.Context, tenant, id string) error {
+	st, err := s.st.get(ctx, tenant, id, true)
+	if err != nil {
+		return err
+	}
+	t, err := s.backgroundTurn(ctx, tenant, st)
+	if err != nil {
+		return err
+	}
+	emit := s.streamEmitter(ctx, tenant, id)
+	b := newBuilder(t.resp, 2, t.namespaced, emit)
+	if t.p.conversation != "" {
+		release, err := s.lockConversation(ctx, t, true)
+		if err != nil {
+			return s.failBackground(ctx, t, b, err)
+		}
+		defer release()
+	}
+	if err := s.loadHistory(ctx, t); err != nil {
+		return s.failBackground(ctx, t, b, err)
+	}
+	tctx, cancel := context.WithTimeout(ctx, s.opts.TurnTimeout)
+	defer cancel()
+	start := s.opts.Now()
+	up, err := s.call(tctx, t)
+	if err != nil {
+		return s.failBackground(ctx, t, b, err)
+	}
+	err = s.execute(tctx, t, up, b, true, true)
+	s.metrics.duration.WithLabelValues("background").Observe(s.opts.Now().Sub(start).Seconds())
+	return err
+}
+
+// backgroundTurn rebuilds the turn from the stored request body, keeping
+// the stored input items (their IDs were given out at creation).
+func (s *Service) backgroundTurn(ctx context.Context, tenant string, st *stored) (*turn, error) {
+	p, err := parseCreate(st.body)
+	if err != nil {
+		return nil, err
+	}
+	t := &turn{p: p, tenant: tenant, header: st.header, namespaced: map[string]bool{}, input: st.input, resp: st.resp}
+	for _, tool := range p.tools {
+		if strings.Contains(tool.Function.Name, namespaceSep) {
+			t.namespaced[tool.Function.Name] = true
+		}
+	}
+	t.hintSession(st.header)
+	if t.inMsgs, err = renderItems(t.input); err != nil {
+		return nil, err
+	}
+	if !t.sessSet {
+		// The input's stored items decided the key at creation; look again.
+		if err := s.inheritSession(ctx, t); err != nil {
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+func (s *Service) inheritSession(ctx context.Context, t *turn) error {
+	ids := make([]string, 0, len(t.input))
+	for _, it := range t.input {
+		ids = append(ids, it.ID)
+	}
+	found, err := s.st.items(ctx, t.tenant, ids)
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		if si, ok := found[id]; ok && si.Sess != "" {
+			t.sess, t.sessSet = si.Sess, true
+		}
+	}
+	return nil
+}
+
+// failBackground ends a background run that could not reach the model:
+// the response fails with the reason, stored, and response.failed is
+// appended.
+func (s *Service) failBackground(ctx context.Context, t *turn, b *builder, cause error) error {
+	if errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	he := apierror.From(cause)
+	code := he.Code
+	if code == "" {
+		code = "server_error"
+	}
+	if err := b.begin(true); err != nil {
+		return err
+	}
+	return s.finish(ctx, t, b, &ResponseError{Code: code, Message: he.Msg}, true)
+}
+
+// streamEmitter appends each event to the record's event stream.
+func (s *Service) streamEmitter(ctx context.Context, tenant, id string) emitFunc {
+	key := s.st.eventsKey(tenant, id)
+	return func(ev *event) error {
+		data, err := marshal(ev)
+		if err != nil {
+			return fmt.Errorf("responses: encode %s: %w", ev.Type, err)
+		}
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		err = s.opts.Redis.XAdd(wctx, &redis.XAddArgs{Stream: key, ID: seqID(ev.SequenceNumber),
+			Values: []any{fieldTyp, ev.Type, fieldEv, data}}).Err()
+		if err != nil {
+			return fmt.Errorf("responses: append event %d of %s: %w", ev.SequenceNumber, id, err)
+		}
+		return nil
+	}
+}
+
+// endEvents closes a record's event stream.
+func (s *Service) endEvents(ctx context.Context, tenant, id string) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	key := s.st.eventsKey(tenant, id)
+	pipe := s.opts.Redis.Pipeline()
+	pipe.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: []any{fieldEnd, "1"}})
+	pipe.PExpire(ctx, key, s.opts.EventTTL)
+	if _, err := pipe.Exec(ctx); err != nil {
+		s.log.Warn("responses: close event stream", "id", id, "err", err)
+	}
+}
+
+// cancelScript cancels a background record: a queued one at once (its
+// stream closed here, as no worker owns it), a running one by flag for its
+// worker. It answers notbg, cancelled (was queued), running, or the
+// terminal status it found. KEYS = {record, events}.
+var cancelScript = redis.NewScript(`
+local v = redis.call('HMGET', KEYS[1], 'status', 'bg')
+if not v[1] then return 'missing' end
+if v[2] ~= '1' then return 'notbg' end
+if v[1] == 'queued' then
+  redis.call('HSET', KEYS[1], 'status', 'cancelled', 'cancel', '1')
+  redis.call('XADD', KEYS[2], '*', 'end', '1')
+  return 'cancelled'
+end
+if v[1] == 'in_progress' then
+  redis.call('HSET', KEYS[1], 'status', 'cancelled', 'cancel', '1')
+  return 'running'
+end
+return v[1]
+`)
+
+func (s *store) cancel(ctx context.Context, tenant, id string) (string, error) {
+	res, err := cancelScript.Run(ctx, s.rdb, []string{s.recKey(tenant, id), s.eventsKey(tenant, id)}).Text()
+	if err != nil {
+		return "", fmt.Errorf("responses: cancel %s: %w", id, err)
+	}
+	if res == "missing" {
+		return "", errNotFound
+	}
+	return res, nil
+}
+
+// cancelLoop follows the cancel channel and stops runs of this process.
+func (s *Service) cancelLoop(ctx context.Context) error {
+	sub := s.opts.Redis.Subscribe(ctx, s.st.cancelChannel())
+	defer sub.Close()
+	ch := sub.Channel()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case m, ok := <-ch:
+			if !ok {
+				return ctx.Err()
+			}
+			s.mu.Lock()
+			cancel := s.running[m.Payload]
+			s.mu.Unlock()
+			if cancel != nil {
+				cancel()
+			}
+		}
+	}
+}
+
+// sweepLoop runs the sweeper every LeaseTTL/2.
+func (s *Service) sweepLoop(ctx context.Context) error {
+	s.every(ctx, s.opts.LeaseTTL/2, func() {
+		if err := s.sweep(ctx); err != nil && ctx.Err() == nil {
+			s.log.Warn("responses: sweep", "err", err)
+		}
+	})
+	return ctx.Err()
+}
+
+// failLapsedScript fails a record whose lease has lapsed and appends the
+// response.failed event and the end marker. KEYS = {record, events};
+// ARGV = {now ms, error json, event json, event stream ID}.
+var failLapsedScript = redis.NewScript(`
+local v = redis.call('HMGET', KEYS[1], 'status', 'lease')
+if v[1] ~= 'in_progress' or tonumber(v[2] or '0') > tonumber(ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[1], 'status', 'failed', 'err', ARGV[2])
+redis.call('HDEL', KEYS[1], 'body', 'lease')
+pcall(redis.call, 'XADD', KEYS[2], ARGV[4], 't', 'response.failed', 'e', ARGV[3])
+redis.call('XADD', KEYS[2], '*', 'end', '1')
+return 1
+`)
+
+// sweep fails runs whose lease lapsed (their gateway died) and takes over
+// jobs a vanished worker had read but not started.
+func (s *Service) sweep(ctx context.Context) error {
+	now := s.opts.Now()
+	lapsed, err := s.opts.Redis.ZRangeByScore(ctx, s.st.leasesKey(), &redis.ZRangeBy{Min: "-inf", Max: strconv.FormatInt(now.UnixMilli(), 10), Count: 100}).Result()
+	if err != nil {
+		return fmt.Errorf("responses: list leases: %w", err)
+	}
+	for _, rec := range lapsed {
+		if err := s.failLapsed(ctx, rec, now); err != nil {
+			s.log.Warn("responses: fail lapsed run", "record", rec, "err", err)
+		}
+	}
+	claimed, _, err := s.opts.Redis.XAutoClaim(ctx, &redis.XAutoClaimArgs{Stream: s.st.jobsKey(), Group: jobGroup,
+		Consumer: s.worker + "-sweeper", MinIdle: 2 * s.opts.LeaseTTL, Start: "0", Count: 10}).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("responses: reclaim jobs: %w", err)
+	}
+	for _, m := range claimed {
+		s.runJob(ctx, m)
+	}
+	return nil
+}
+
+func (s *Service) failLapsed(ctx context.Context, rec string, now time.Time) error {
+	tenantTag, id, ok := s.splitRecKey(rec)
+	if !ok {
+		return s.opts.Redis.ZRem(ctx, s.st.leasesKey(), rec).Err()
+	}
+	evk := s.st.prefix + "ev:" + tenantTag + ":" + id
+	v, err := s.opts.Redis.HGet(ctx, rec, fObj).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return err
+	}
+	resp := new(Response)
+	if v != "" {
+		_ = json.Unmarshal([]byte(v), resp)
+	}
+	last, err := s.opts.Redis.XRevRangeN(ctx, evk, "+", "-", 1).Result()
+	if err != nil {
+		return err
+	}
+	seq := 0
+	if len(last) > 0 {
+		if _, n, ok := strings.Cut(last[0].ID, "-"); ok && strings.HasPrefix(last[0].ID, "0-") {
+			seq, _ = strconv.Atoi(n) // the next sequence number: IDs are 0-(seq+1)
+		}
+	}
+	failure := &ResponseError{Code: "server_error", Message: "the gateway running this background response stopped before it finished (its lease lapsed)"}
+	resp.Status, resp.Error, resp.Usage = StatusFailed, failure, orUsage(resp.Usage)
+	errJSON, _ := marshal(failure)
+	ev, _ := marshal(&event{Type: "response.failed", SequenceNumber: seq, Response: resp})
+	n, err := failLapsedScript.Run(ctx, s.opts.Redis, []string{rec, evk}, now.UnixMilli(), errJSON, ev, seqID(seq)).Int()
+	if err != nil {
+		return err
+	}
+	if n == 1 {
+		s.metrics.swept.Inc()
+	}
+	// Gone, lapsed and failed, or renewed since: a renewed one re-adds
+	// itself on its next renewal.
+	return s.opts.Redis.ZRem(ctx, s.st.leasesKey(), rec).Err()
+}
+
+func orUsage(u *Usage) *Usage {
+	if u == nil {
+		return &Usage{}
+	}
+	return u
+}
+
+// splitRecKey parses <prefix>resp:{tag}:<id>.
+func (s *Service) splitRecKey(rec string) (tenantTag, id string, ok bool) {
+	rest, ok := strings.CutPrefix(rec, s.st.prefix+"resp:")
+	if !ok {
+		return "", "", false
+	}
+	i := strings.LastIndex(rest, "}:")
+	if i < 0 {
+		return "", "", false
+	}
+	return rest[:i+1], rest[i+2:], true
+}

@@ -1,0 +1,288 @@
+package responses
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/warmpath/warmpath/internal/apierror"
+)
+
+// Chat sends chat-completions requests through warmpath's routed client:
+// admission, routing to the replica holding the prefix, retry, accounting.
+// The gateway implements it.
+//
+// Contract: the response is the upstream's (status, headers, a body that
+// streams when the body says "stream": true, as text/event-stream of
+// chat.completion.chunk with usage in the last chunk when
+// stream_options.include_usage is true). Routing, admission, auth-limit
+// and upstream failures come back as a *http.Response with status >= 400
+// and an OpenAI error envelope body, never as a Go error; a Go error means
+// the context ended or the request could not be sent at all.
+type Chat interface {
+	Complete(ctx context.Context, t Turn) (*http.Response, error)
+}
+
+// Turn is one chat-completions request of a Responses turn.
+type Turn struct {
+	// Body is a /v1/chat/completions JSON body, exactly as a client would
+	// POST it. It always streams, with stream_options.include_usage.
+	Body []byte
+	// Session is the session key routing must use: the chain root's
+	// response ID, the conversation ID, or "k:<tenant>:<hint>" for a
+	// client-named session (see doc.go); "" lets the gateway derive one
+	// (harness headers, then the conversation opening). It is not scoped
+	// by tenant unless it says so; response and conversation IDs are
+	// random and never collide.
+	Session string
+	// Tenant is the tenant the turn runs for, as Options.Tenant returned it
+	// for the creating request. Background turns run in Service.Run's
+	// workers, outside any client request, so the gateway must take the
+	// tenant from here (admission, accounting, cache_salt), not from ctx.
+	Tenant string
+	// Background marks a background-class turn (Responses background:
+	// true).
+	Background bool
+	// Header holds the client's request headers (priority, harness session
+	// headers); for background turns, the ones saved at creation minus
+	// credentials.
+	Header http.Header
+}
+
+// ChatFunc adapts a function to Chat.
+type ChatFunc func(ctx context.Context, t Turn) (*http.Response, error)
+
+// Complete calls f.
+func (f ChatFunc) Complete(ctx context.Context, t Turn) (*http.Response, error) { return f(ctx, t) }
+
+// Options configures a Service. Redis is required; every other field has
+// the default its doc states.
+type Options struct {
+	// Redis stores responses, items, conversations and background event
+	// buffers. Required.
+	Redis redis.UniversalClient
+	// KeyPrefix is prepended to every key; default "".
+	KeyPrefix string
+	// Tenant returns the authenticated tenant of a request's context;
+	// every stored record is scoped by it. nil means single-tenant: "".
+	Tenant func(ctx context.Context) string
+	// TTL is how long a response (and its items) lives after its chain was
+	// last continued; default 30 days.
+	TTL time.Duration
+	// ConversationTTL is how long a conversation and its items live after
+	// their last use; default 30 days. (OpenAI keeps conversations without
+	// a TTL; a shared Redis needs a bound.)
+	ConversationTTL time.Duration
+	// EventTTL is how long a background response's event buffer is kept
+	// after its last event, for GET ?stream=true replays; default 24h.
+	EventTTL time.Duration
+	// TurnTimeout bounds one upstream turn, from the request to the last
+	// chunk; default 10 minutes.
+	TurnTimeout time.Duration
+	// BackgroundWorkers is how many background responses one Service runs
+	// at once; default 4.
+	BackgroundWorkers int
+	// LeaseTTL is how long a background run's lease (and a conversation
+	// lock) lasts without renewal; it is renewed every LeaseTTL/3. A run
+	// whose lease lapses is marked failed by any Service's sweeper.
+	// Default 30s.
+	LeaseTTL time.Duration
+	// MaxBodyBytes bounds a request body; default 32 MiB.
+	MaxBodyBytes int64
+	// Models lists the served models; when set, requests for others get
+	// 404 model_not_found. nil accepts any model (the upstream decides).
+	Models func() []string
+	// Tokenize counts the prompt tokens of a chat-completions body, for
+	// POST /v1/responses/input_tokens. nil counts them by a one-token
+	// completion through Chat (exact, but it runs the model).
+	Tokenize func(ctx context.Context, chatBody []byte) (int, error)
+	// Logger receives the service's logs; nil discards them.
+	Logger *slog.Logger
+	// Registerer registers the service's metrics; nil registers none.
+	Registerer prometheus.Registerer
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Defaults of Options.
+const (
+	DefaultTTL               = 30 * 24 * time.Hour
+	DefaultEventTTL          = 24 * time.Hour
+	DefaultTurnTimeout       = 10 * time.Minute
+	DefaultBackgroundWorkers = 4
+	DefaultLeaseTTL          = 30 * time.Second
+	DefaultMaxBodyBytes      = 32 << 20
+)
+
+func (o *Options) fill() error {
+	if o.Redis == nil {
+		return errors.New("responses: Options.Redis is required")
+	}
+	if o.Tenant == nil {
+		o.Tenant = func(context.Context) string { return "" }
+	}
+	o.TTL = orDefault(o.TTL, DefaultTTL)
+	o.ConversationTTL = orDefault(o.ConversationTTL, DefaultTTL)
+	o.EventTTL = orDefault(o.EventTTL, DefaultEventTTL)
+	o.TurnTimeout = orDefault(o.TurnTimeout, DefaultTurnTimeout)
+	o.BackgroundWorkers = orDefault(o.BackgroundWorkers, DefaultBackgroundWorkers)
+	o.LeaseTTL = orDefault(o.LeaseTTL, DefaultLeaseTTL)
+	o.MaxBodyBytes = orDefault(o.MaxBodyBytes, DefaultMaxBodyBytes)
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return nil
+}
+
+func orDefault[T comparable](v, d T) T {
+	var zero T
+	if v == zero {
+		return d
+	}
+	return v
+}
+
+// Service serves the Responses and Conversations APIs over a Chat. It is
+// safe for concurrent use; New starts nothing, Run owns the background
+// goroutines.
+type Service struct {
+	opts    Options
+	chat    Chat
+	st      *store
+	log     *slog.Logger
+	metrics *metrics
+	worker  string // this Service's consumer name in the job group
+
+	mu      sync.Mutex                    // guards running
+	running map[string]context.CancelFunc // record key → cancel of a background run here
+}
+
+// New returns a Service. It validates opts and registers metrics; it starts
+// no goroutines.
+func New(opts Options, chat Chat) (*Service, error) {
+	if chat == nil {
+		return nil, errors.New("responses: a Chat is required")
+	}
+	if err := opts.fill(); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(opts.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	s := &Service{
+		opts: opts, chat: chat, log: opts.Logger, metrics: m,
+		st: &store{rdb: opts.Redis, prefix: opts.KeyPrefix, ttl: opts.TTL,
+			convTTL: opts.ConversationTTL, evTTL: opts.EventTTL},
+		worker:  newID("w"),
+		running: map[string]context.CancelFunc{},
+	}
+	return s, nil
+}
+
+// Handler serves /v1/responses… and /v1/conversations….
+func (s *Service) Handler() http.Handler {
+	mux := http.NewServeMux()
+	h := func(pattern string, fn func(http.ResponseWriter, *http.Request) error) {
+		mux.Handle(pattern, s.adapt(fn))
+	}
+	h("POST /v1/responses", s.create)
+	h("POST /v1/responses/input_tokens", s.inputTokens)
+	h("POST /v1/responses/compact", s.compact)
+	h("GET /v1/responses/{id}", s.retrieve)
+	h("DELETE /v1/responses/{id}", s.deleteResponse)
+	h("POST /v1/responses/{id}/cancel", s.cancel)
+	h("GET /v1/responses/{id}/input_items", s.inputItems)
+	h("POST /v1/conversations", s.createConversation)
+	h("GET /v1/conversations/{id}", s.getConversation)
+	h("POST /v1/conversations/{id}", s.updateConversation)
+	h("DELETE /v1/conversations/{id}", s.deleteConversation)
+	h("POST /v1/conversations/{id}/items", s.addConversationItems)
+	h("GET /v1/conversations/{id}/items", s.listConversationItems)
+	h("GET /v1/conversations/{id}/items/{item}", s.getConversationItem)
+	h("DELETE /v1/conversations/{id}/items/{item}", s.deleteConversationItem)
+	h("/", s.notFound)
+	return mux
+}
+
+// adapt turns an error-returning handler into an http.Handler: the body is
+// size-limited, and every error becomes OpenAI's envelope.
+func (s *Service) adapt(fn func(http.ResponseWriter, *http.Request) error) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Body = http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes)
+		err := fn(w, r)
+		if err == nil {
+			return
+		}
+		if errors.Is(err, errStreamStarted) {
+			s.log.Warn("responses: stream aborted", "path", r.URL.Path, "err", err)
+			return
+		}
+		he := apierror.Write(w, err)
+		if he.Status >= 500 {
+			s.log.Error("responses: request failed", "path", r.URL.Path, "status", he.Status, "err", he)
+		}
+	})
+}
+
+// errStreamStarted wraps failures after the SSE headers went out: nothing
+// more can be said to the client.
+var errStreamStarted = errors.New("responses: stream already started")
+
+func (s *Service) notFound(w http.ResponseWriter, r *http.Request) error {
+	return apierror.NotFound("unknown_url", "Unknown request URL: %s %s.", r.Method, r.URL.Path)
+}
+
+func (s *Service) compact(w http.ResponseWriter, r *http.Request) error {
+	return apierror.BadRequest("", "POST /v1/responses/compact is not supported: compaction items are opaque to OpenAI's models; send the history, or chain with previous_response_id.")
+}
+
+// checkModel answers 404 model_not_found when Models is set and does not
+// list model.
+func (s *Service) checkModel(model string) error {
+	if s.opts.Models == nil {
+		return nil
+	}
+	if ms := s.opts.Models(); ms != nil && !slices.Contains(ms, model) {
+		return apierror.NotFound("model_not_found", "The model '%s' does not exist or you do not have access to it.", model)
+	}
+	return nil
+}
+
+// Run owns the background goroutines: BackgroundWorkers workers running
+// queued responses, the sweeper failing runs whose lease lapsed (on any
+// gateway) and reclaiming jobs of vanished workers, and the cancel
+// subscriber. It blocks until ctx ends, then waits for them.
+func (s *Service) Run(ctx context.Context) error {
+	if err := s.ensureGroup(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	g, ctx := errgroup.WithContext(ctx)
+	for i := range s.opts.BackgroundWorkers {
+		name := fmt.Sprintf("%s-%d", s.worker, i)
+		g.Go(func() error { return s.workLoop(ctx, name) })
+	}
+	g.Go(func() error { return s.sweepLoop(ctx) })
+	g.Go(func() error { return s.cancelLoop(ctx) })
+	err := g.Wait()
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
