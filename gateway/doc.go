@@ -48,11 +48,13 @@
 // /metrics scrapes and DNS membership, see package fleet); the KV-event
 // subscribers (one per replica KV source in the per-replica topology, one
 // bound socket in the central topology), which feed the precise prefix
-// index; the two session-tip workers (tips.go); the Responses API's
-// background workers when Redis is configured; the fair queue's Run
-// (counter exchange with Redis, re-checks, share gauges; every scrape also
-// kicks it); and a once-a-second sync of the indexes' per-replica facts
-// (model, KV capacity). Speculative index entries expire lazily, on the index's own
+// index; the two session-tip workers (tips.go) and the four workers that
+// write completed turns' bindings to Redis off the response path
+// (background.go, rememberCompleted; queued writes get a second on
+// shutdown); the Responses API's background workers when Redis is
+// configured; the fair queue's Run (counter exchange with Redis, re-checks,
+// share gauges; every scrape also kicks it); and a once-a-second sync of
+// the indexes' per-replica facts (model, KV capacity). Speculative index entries expire lazily, on the index's own
 // calls, so no janitor runs. All stop when Run's context ends.
 //
 // # Errors

@@ -36,7 +36,8 @@ func (g *Gateway) Run(ctx context.Context) error {
 	if g.responses != nil {
 		eg.Go(func() error { return ignoreCanceled(g.responses.Run(ectx)) })
 	}
-	eg.Go(func() error { return g.runTips(ectx) })
+	eg.Go(func() error { return g.tips.Run(ectx) })
+	eg.Go(func() error { return g.writes.Run(ectx) })
 	eg.Go(func() error { return g.fleet.Run(ectx) })
 	if g.queue != nil {
 		eg.Go(func() error { return g.queue.q.Run(ectx) })

@@ -61,7 +61,8 @@ type Gateway struct {
 	tok         *tokenizer
 	tenants     *tenants
 	activity    *activity          // what the status page shows
-	tips        chan tipJob        // prompts whose session tip is filled in off the request path (tips.go)
+	tips        *workers           // fill session tips off the request path (tips.go)
+	writes      *workers           // write completed turns' bindings to Redis off the response path
 	responses   *responses.Service // nil without Redis
 	messages    *anthropic.Service
 	admit       Admitter
@@ -107,7 +108,8 @@ func New(cfg Config, o Options) (*Gateway, error) {
 
 	g.drainCtx, g.cutStreams = context.WithCancel(context.Background())
 	g.activity = newActivity()
-	g.tips = make(chan tipJob, tipBacklog)
+	g.tips = newWorkers(tipWorkers, tipBacklog, 0)
+	g.writes = newWorkers(writeWorkers, writeBacklog, time.Second)
 	g.tokenizeWarn.period = 10 * time.Second
 	var err error
 	if g.policy, err = scoring.NewPolicy(cfg.Routing.Policy, cfg.Routing.Weights); err != nil {

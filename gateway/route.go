@@ -242,25 +242,42 @@ func (g *Gateway) newBinding(r *Request, p *scoring.Plan, bind session.Binding, 
 	return nb
 }
 
+// Completed turns' binding writes: the pool's size and backlog.
+const (
+	writeWorkers = 4
+	writeBacklog = 4096
+)
+
 // rememberCompleted records, after a turn completed on replica, what the
 // replica now holds of the session, so the next sticky turn predicts its
-// cache hit without tokenizing. It runs after the response, off the
-// request's context.
+// cache hit without tokenizing. The binding is updated in process memory
+// at once (this gateway's next lookup prefers it) and written to Redis by
+// the write workers: the response's last bytes do not wait for Redis. A
+// full backlog writes inline rather than lose the update.
 func (g *Gateway) rememberCompleted(rt *route, replica string, u Usage) {
 	if rt.session == "" || rt.binding.Replica != replica || u.PromptTokens == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Redis.Timeout)
-	defer cancel()
-	_, err := g.sessions.Update(ctx, rt.session, rt.binding, func(b *session.Binding) bool {
+	_, changed := g.sessions.UpdateLocal(rt.session, rt.binding, func(b *session.Binding) bool {
 		if b.Replica != replica {
 			return false // rebound meanwhile
 		}
 		b.CachedTokens = u.PromptTokens + max(0, u.CompletionTokens-1)
 		return true
 	})
-	if err != nil {
-		g.m.redisErrors.WithLabelValues("remember").Inc()
+	if !changed {
+		return
+	}
+	key := rt.session
+	flush := func(ctx context.Context) {
+		ctx, cancel := context.WithTimeout(ctx, g.cfg.Redis.Timeout)
+		defer cancel()
+		if err := g.sessions.Flush(ctx, key); err != nil {
+			g.m.redisErrors.WithLabelValues("remember").Inc()
+		}
+	}
+	if !g.writes.try(flush) {
+		flush(context.Background())
 	}
 }
 

@@ -37,33 +37,9 @@ const (
 
 // tipLater queues the job, or drops it when the backlog is full.
 func (g *Gateway) tipLater(j tipJob) {
-	select {
-	case g.tips <- j:
-	default:
+	if !g.tips.try(func(ctx context.Context) { g.tip(ctx, j) }) {
 		g.m.tips.WithLabelValues("dropped").Inc()
 	}
-}
-
-// runTips runs the tip workers until ctx ends.
-func (g *Gateway) runTips(ctx context.Context) error {
-	done := make(chan struct{})
-	for range tipWorkers {
-		go func() {
-			defer func() { done <- struct{}{} }()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case j := <-g.tips:
-					g.tip(ctx, j)
-				}
-			}
-		}()
-	}
-	for range tipWorkers {
-		<-done
-	}
-	return nil
 }
 
 // tip tokenizes the job's prompt and records what the chosen replica now

@@ -205,6 +205,53 @@ func TestStoreRedis(t *testing.T) {
 	}
 }
 
+// An update kept locally is what this process's lookups see until its
+// flush lands, and what other processes see after; a rebinding by another
+// process wins over it.
+func TestStoreUpdateLocalThenFlush(t *testing.T) {
+	rdb, prefix := redistest.Client(t)
+	ctx := context.Background()
+	clock := time.UnixMilli(1_800_000_000_000)
+	now := func() time.Time { return clock }
+	s := NewStore(rdb, Options{Prefix: prefix, Now: now})
+	other := NewStore(rdb, Options{Prefix: prefix, Now: now})
+	if _, err := s.Remember(ctx, "k", bind("r1", 3), false); err != nil {
+		t.Fatal(err)
+	}
+	clock = clock.Add(time.Millisecond)
+	setCached := func(n int) func(*Binding) bool {
+		return func(b *Binding) bool { b.CachedTokens = n; return true }
+	}
+	if _, changed := s.UpdateLocal("k", bind("r1", 3), setCached(900)); !changed {
+		t.Fatal("UpdateLocal changed nothing")
+	}
+	if b, _, _ := s.Lookup(ctx, "k"); b.CachedTokens != 900 {
+		t.Errorf("own lookup before the flush: cached %d; want 900", b.CachedTokens)
+	}
+	if b, _, _ := other.Lookup(ctx, "k"); b.CachedTokens != 0 {
+		t.Errorf("other gateway before the flush: cached %d; want 0", b.CachedTokens)
+	}
+	if err := s.Flush(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if b, _, _ := other.Lookup(ctx, "k"); b.CachedTokens != 900 {
+		t.Errorf("other gateway after the flush: cached %d; want 900", b.CachedTokens)
+	}
+	// Another gateway rebinds: this process's pending copy of the old
+	// binding must not shadow it.
+	clock = clock.Add(time.Millisecond)
+	s.UpdateLocal("k", Binding{}, setCached(1200))
+	if _, err := other.Remember(ctx, "k", bind("r2", 1), false); err != nil {
+		t.Fatal(err)
+	}
+	if b, _, _ := s.Lookup(ctx, "k"); b.Replica != "r2" {
+		t.Errorf("after another gateway's rebinding: %q; want r2", b.Replica)
+	}
+	if _, changed := s.UpdateLocal("k", Binding{}, func(*Binding) bool { return false }); changed {
+		t.Error("UpdateLocal reported a change fn refused")
+	}
+}
+
 // Concurrent first turns of one session on several gateways agree on one
 // replica.
 func TestStoreFirstWriterWins(t *testing.T) {
