@@ -79,7 +79,7 @@ type QueueConfig struct {
 //
 //	room_r = EngineWaiting − queued_r                          interactive
 //	room_r = EngineWaiting − pending_r                         interactive, with vllm_priority
-//	room_r = BackgroundEngineWaiting − queued_r                background, while kv_r < BackgroundMaxKVUsage (else 0)
+//	room_r = BackgroundEngineWaiting − (waiting_r + sent_r)    background, while kv_r < BackgroundMaxKVUsage (else 0)
 //	queued_r = max(waiting_r + sent_r, notstarted_r)
 //
 // waiting_r and kv_r are the replica's engine queue and KV-cache use as
@@ -405,11 +405,17 @@ func (c *fleetCapacity) SaturatedFor(model string, inflight int, class fairq.Cla
 // is longer than allowed); inflight is its requests from this gateway.
 func (c *fleetCapacity) room(rep *fleet.Replica, st *fleet.State, inflight int, class fairq.Class) int {
 	sent := inflight - st.InflightAtScrape
-	// This gateway's requests not started on rep are in its queue (or
-	// prefilling) whatever the last scrape says: a scrape taken after a
-	// request was sent but before the engine saw it would hide it.
-	pend := c.pendingFor(rep)
-	queued := max(st.Waiting+sent, int(pend[fairq.Interactive].Load()+pend[fairq.Background].Load()))
+	// For interactive, this gateway's requests not started on rep are in
+	// its queue (or prefilling) whatever the last scrape says: a scrape
+	// taken after a request was sent but before the engine saw it would
+	// hide it. Background keeps the scraped count: there one long prefill
+	// would hold all background off the replica (measured: 40 s waits with
+	// capacity idle, and timeouts).
+	queued := st.Waiting + sent
+	if class == fairq.Interactive {
+		pend := c.pendingFor(rep)
+		queued = max(queued, int(pend[fairq.Interactive].Load()+pend[fairq.Background].Load()))
+	}
 	var room int
 	switch {
 	case class == fairq.Interactive && c.priority:
