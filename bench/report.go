@@ -44,6 +44,9 @@ type Report struct {
 	Wall    time.Duration `json:"wall_ns"`
 	// Results holds one entry per policy.
 	Results []Result `json:"results"`
+	// Mixed, for mixed-tenants, replaces the table and the JSON with its
+	// own (see MixedReport); Results then holds one entry per part.
+	Mixed *MixedReport `json:"-"`
 }
 
 // Result is one policy's figures. Times are simulated milliseconds
@@ -537,6 +540,9 @@ func pctOrDash(v float64) string {
 // WriteTable writes the results as an aligned text table with ratios
 // against round-robin.
 func (rep *Report) WriteTable(w io.Writer) error {
+	if rep.Mixed != nil {
+		return rep.Mixed.writeTable(w)
+	}
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "workload %s", rep.Workload)
 	for _, p := range rep.Config {
@@ -574,6 +580,9 @@ func (rep *Report) WriteTable(w io.Writer) error {
 
 // WriteJSON writes the report as indented JSON.
 func (rep *Report) WriteJSON(w io.Writer) error {
+	if rep.Mixed != nil {
+		return rep.Mixed.writeJSON(w)
+	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(rep)

@@ -53,6 +53,9 @@ type Config struct {
 	Server ServerConfig `yaml:"server"`
 	// Upstream bounds every call to a replica.
 	Upstream UpstreamConfig `yaml:"upstream"`
+	// Queue configures the admission queue: per-tenant fair queues in
+	// front of a saturated fleet (see QueueConfig).
+	Queue QueueConfig `yaml:"queue"`
 	// Responses tunes the Responses and Conversations API.
 	Responses ResponsesConfig `yaml:"responses"`
 	// MaxBodyBytes bounds request bodies; default 32 MiB.
@@ -381,6 +384,7 @@ func (c Config) withDefaults() Config {
 	def(&u.FirstByteTimeout, 10*time.Minute)
 	def(&u.IdleTimeout, 2*time.Minute)
 	def(&u.TokenizeTimeout, 2*time.Second)
+	c.Queue = c.Queue.withDefaults()
 	if c.Sim.Replicas == 0 {
 		c.Sim.Replicas = 4
 	}
@@ -557,6 +561,7 @@ func (c *Config) validate() error {
 			bad(d.field, "%v is negative", d.v)
 		}
 	}
+	errs = append(errs, c.Queue.validate()...)
 	if c.Server.MaxHeaderBytes < 4096 {
 		bad("server.max_header_bytes", "%d is below 4096", c.Server.MaxHeaderBytes)
 	}

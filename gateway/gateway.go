@@ -68,6 +68,7 @@ type Gateway struct {
 	responses   *responses.Service // nil without Redis
 	messages    *anthropic.Service
 	admit       Admitter
+	queue       *queueAdmitter        // nil: no fair queue (disabled, or Options.Admitter)
 	wrapped     prometheus.Registerer // reg with the policy label
 	upstream    *http.Transport
 	upstreamKey string
@@ -133,7 +134,9 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	}
 	g.sessions = session.NewStore(g.rdb, session.Options{Prefix: cfg.Redis.KeyPrefix, TTL: cfg.Routing.SessionTTL, Timeout: cfg.Redis.Timeout})
 
-	if g.fleet, err = fleet.New(cfg.fleetConfig(o, log, wrapped)); err != nil {
+	fc := cfg.fleetConfig(o, log, wrapped)
+	fc.OnUpdate = g.replicaUpdated
+	if g.fleet, err = fleet.New(fc); err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
 
@@ -154,6 +157,13 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	g.tok = newTokenizer(&http.Client{Transport: g.upstream, Timeout: cfg.Upstream.TokenizeTimeout}, cfg.Routing.TokenizeCacheBytes, g.m)
 	g.tok.service, g.tok.log = strings.TrimRight(cfg.Routing.TokenizeURL, "/"), log.With("component", "tokenizer")
 	g.admit = o.Admitter
+	if g.admit == nil && !cfg.Queue.Disabled {
+		if g.queue, err = newQueueAdmitter(&cfg, g.fleet, g.rdb, g.tenants.labels, wrapped, log); err != nil {
+			g.close()
+			return nil, err
+		}
+		g.admit = g.queue
+	}
 	if g.admit == nil {
 		g.admit = admitAll{}
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
@@ -12,6 +13,7 @@ import (
 	"github.com/warmpath/warmpath/internal/apierror"
 	"github.com/warmpath/warmpath/session"
 	"github.com/warmpath/warmpath/tenancy"
+	"github.com/warmpath/warmpath/tenancy/fairq"
 )
 
 // API says which OpenAI endpoint a request came in on.
@@ -53,10 +55,21 @@ type Request struct {
 	textBytes int
 	tokenIDs  bool
 	cacheSalt string
-	maxTokens int // max_completion_tokens or max_tokens, 0 when unset
-	// background marks a Responses background turn (background: true).
-	background bool
-	text       []byte // approxText, rendered once on first use
+	maxTokens int    // max_completion_tokens or max_tokens, 0 when unset
+	text      []byte // approxText, rendered once on first use
+
+	// Admission (priority.go, queue.go): the class and what chose it
+	// (background marks a Responses background turn, background: true,
+	// set through SetBackground); the conversation's turns so far
+	// (assistant messages) and the prompt bytes up to the last of them,
+	// which the replica serving the session is expected to hold cached;
+	// and the time spent in the queue.
+	class       fairq.Class
+	serviceTier string
+	background  bool
+	turns       int
+	priorBytes  int
+	queueWait   time.Duration
 
 	// bytesPerToken is the model's learned ratio (see tokenRatios), 0
 	// while unknown; the gateway sets it before routing.
@@ -144,6 +157,9 @@ func ParseRequest(api API, h http.Header, body []byte, p *tenancy.Principal) (*R
 		}
 		r.cacheSalt = p.CacheSalt(r.cacheSalt)
 	}
+	if err := r.parseClass(root); err != nil {
+		return nil, err
+	}
 	var opening []byte
 	switch api {
 	case APIChat:
@@ -220,6 +236,9 @@ func (r *Request) scanMessages() ([]byte, error) {
 			return false
 		}
 		r.textBytes += len(content.Raw) + len(msg.Get("tool_calls").Raw)
+		if role.String() == "assistant" {
+			r.turns, r.priorBytes = r.turns+1, r.textBytes
+		}
 		if !sawUser {
 			switch role.String() {
 			case "system", "developer":

@@ -13,7 +13,7 @@ import (
 // runBench runs a live benchmark: `warmpath bench --workload shared-prefix
 // [--policies …] [--replicas 8] [--kv-blocks B] [--cpu-blocks C] [--gateways 1] [--speed X] [--scale S] [--stage-scale F]
 // [--seed N] [--trace FILE --time-scale F] [--limit N] [--duration D]
-// [--drain D] [--report DIR] [--json FILE] [--fleet URLs [--kv-events EPs]] [--target
+// [--drain D] [--parts P] [--report DIR] [--json FILE] [--fleet URLs [--kv-events EPs]] [--target
 // URL] [--quiet]`.
 func runBench(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -38,13 +38,14 @@ func runBench(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.Target, "target", "", "benchmark this one endpoint (e.g. a deployed warmpath) as a single row")
 	fs.StringVar(&cfg.APIKey, "api-key", os.Getenv("WARMPATH_API_KEY"), "bearer token for --target (env WARMPATH_API_KEY)")
 	fs.StringVar(&cfg.Model, "model", "", "model to request (default: the simulator's, or the first the endpoint lists)")
+	parts := fs.String("parts", "", "mixed-tenants: comma-separated parts to run, of no-burst, fifo, strict, fair, shares (default all)")
 	reportDir := fs.String("report", "", "write an HTML report to DIR/index.html")
 	jsonPath := fs.String("json", "", "write the results as JSON to FILE")
 	quiet := fs.Bool("quiet", false, "no progress bar")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	cfg.Policies, cfg.Fleet, cfg.KVEvents = splitFlag(*policies), splitFlag(*fleet), splitFlag(*kvEvents)
+	cfg.Policies, cfg.Fleet, cfg.KVEvents, cfg.Parts = splitFlag(*policies), splitFlag(*fleet), splitFlag(*kvEvents), splitFlag(*parts)
 	if st, err := os.Stderr.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 && !*quiet {
 		cfg.Progress = os.Stderr
 	}

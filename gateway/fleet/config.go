@@ -204,6 +204,11 @@ type Config struct {
 	// Registerer receives the fleet's Prometheus metrics. Nil means no
 	// metrics. Never the global registry unless the caller passes it.
 	Registerer prometheus.Registerer
+	// OnUpdate, when set, is called after each successful scrape of a
+	// replica and when a replica becomes healthy, on that replica's
+	// goroutine (the gateway's admission queue re-checks capacity then).
+	// It must be fast and must not block. Nil means none.
+	OnUpdate func(*Replica)
 }
 
 // Check validates c as [New] does, without building anything. Its errors

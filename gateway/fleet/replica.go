@@ -73,6 +73,10 @@ type State struct {
 	ScrapedAt time.Time
 	// ScrapeErr is the error of the last scrape, "" when it succeeded.
 	ScrapeErr string
+	// InflightAtScrape is [Replica.InflightRequests] when the metrics
+	// above were scraped: requests sent since then (InflightRequests −
+	// InflightAtScrape, when positive) are not in Running or Waiting yet.
+	InflightAtScrape int
 
 	// Models lists the models the replica serves, sorted: the spec's Model,
 	// or what GET /v1/models returned. Nil until discovered.
@@ -327,6 +331,7 @@ func (r *Replica) setMetrics(now time.Time, m engineMetrics) {
 			s.BlockSize, s.NumGPUBlocks, s.NumCPUBlocks = m.BlockSize, m.NumGPUBlocks, m.NumCPUBlocks
 		}
 		s.ScrapedAt, s.ScrapeErr = now, ""
+		s.InflightAtScrape = int(r.inflight.Load())
 	})
 }
 
