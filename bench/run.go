@@ -494,7 +494,8 @@ func runGateway(ctx context.Context, cfg Config, policy string, urls, kv, replay
 		// The workload's tenants, each with its own API key.
 		gc.Auth = tenancy.Config{Mode: tenancy.ModeKeys, SaltSecret: "bench-salt-secret-0123456789abcdef"}
 	}
-	gc.Server.PreStop = -1 // nothing in front of the gateway to drain
+	gc.Server.PreStop = -1           // nothing in front of the gateway to drain
+	gc.Server.MaxConnsPerClient = -1 // the load generator is one client address
 	// The gateway's one token-denominated threshold scales with the
 	// workload's tokens, so that saturation trips at the same load.
 	gc.Routing.MaxInflightPrefillTokens = int64(math.Round(scoring.DefaultMaxInflightPrefillTokens * cfg.Scale))
