@@ -31,6 +31,11 @@ func TestSessionSticks(t *testing.T) {
 			if got := r.Header.Get("X-Warmpath-Reason"); got != scoring.ReasonScored {
 				t.Errorf("turn 1 reason = %q; want %q", got, scoring.ReasonScored)
 			}
+			// A subscriber that joins after this turn's blocks were
+			// speculated clears them (its events, or their replay, take
+			// over): wait for it, or a loaded machine sees the session's
+			// tip missing and rebinds turn 2.
+			eventually(t, 10*time.Second, func() bool { return gw.index.receiving(home) }, "KV events from the session's replica")
 			continue
 		}
 		if r.replica() != home {
