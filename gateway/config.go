@@ -137,6 +137,12 @@ type RoutingConfig struct {
 	// SessionTTL is how long a session binding outlives its last turn;
 	// default 30m.
 	SessionTTL time.Duration `yaml:"session_ttl"`
+	// SessionLocalTrust is how long after this gateway last read a
+	// session's binding from Redis (or wrote it there) its next turns are
+	// routed on the in-process copy without asking Redis: how late a
+	// rebinding by another gateway of an HA group is seen here. Default
+	// 1s; negative asks Redis on every turn.
+	SessionLocalTrust time.Duration `yaml:"session_local_trust"`
 	// SpeculativeTTL is how long a routing decision's predicted blocks
 	// count as cached before the engine's events confirm them; default 2s,
 	// negative disables speculative entries.
@@ -366,6 +372,7 @@ func (c Config) withDefaults() Config {
 		r.BlockSize = 16
 	}
 	def(&r.SessionTTL, DefaultSessionTTL)
+	def(&r.SessionLocalTrust, time.Second)
 	def(&r.SpeculativeTTL, 2*time.Second)
 	r.Saturation = r.Saturation.WithDefaults()
 	if r.TokenizeCacheBytes == 0 {

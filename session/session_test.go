@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -219,7 +220,7 @@ func TestStoreUpdateLocalThenFlush(t *testing.T) {
 	clock := time.UnixMilli(1_800_000_000_000)
 	now := func() time.Time { return clock }
 	s := NewStore(rdb, Options{Prefix: prefix, Now: now})
-	other := NewStore(rdb, Options{Prefix: prefix, Now: now})
+	other := NewStore(rdb, Options{Prefix: prefix, Now: now, LocalTrust: -1})
 	if _, err := s.Remember(ctx, "k", bind("r1", 3), false); err != nil {
 		t.Fatal(err)
 	}
@@ -243,12 +244,13 @@ func TestStoreUpdateLocalThenFlush(t *testing.T) {
 		t.Errorf("other gateway after the flush: cached %d; want 900", b.CachedTokens)
 	}
 	// Another gateway rebinds: this process's pending copy of the old
-	// binding must not shadow it.
+	// binding must not shadow it once the trust window has passed.
 	clock = clock.Add(time.Millisecond)
 	s.UpdateLocal("k", Binding{}, setCached(1200))
 	if _, err := other.Remember(ctx, "k", bind("r2", 1), false); err != nil {
 		t.Fatal(err)
 	}
+	clock = clock.Add(time.Second)
 	if b, _, _ := s.Lookup(ctx, "k"); b.Replica != "r2" {
 		t.Errorf("after another gateway's rebinding: %q; want r2", b.Replica)
 	}
@@ -289,7 +291,7 @@ func TestStoreSurvivesRedisRestart(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
 	defer rdb.Close()
 	ctx := context.Background()
-	s := NewStore(rdb, Options{TTL: time.Minute})
+	s := NewStore(rdb, Options{TTL: time.Minute, LocalTrust: -1})
 	if _, err := s.Remember(ctx, "k", bind("r2", 0), false); err != nil {
 		t.Fatal(err)
 	}
@@ -341,4 +343,115 @@ func TestStoreLocalTTLAndBound(t *testing.T) {
 
 func bind(replica string, tipDepth int) Binding {
 	return Binding{Binding: scoring.Binding{Replica: replica, TipDepth: tipDepth}}
+}
+
+// A binding this process read from or wrote to Redis is answered from
+// memory for LocalTrust, without a round trip: a rebinding by another
+// gateway is seen once the window has passed, and local changes do not
+// stretch it.
+func TestStoreLocalTrust(t *testing.T) {
+	rdb, prefix := redistest.Client(t)
+	ctx := context.Background()
+	clock := time.UnixMilli(1_800_000_000_000)
+	now := func() time.Time { return clock }
+	var gets atomic.Int64
+	rdb.AddHook(countGets{&gets})
+	s := NewStore(rdb, Options{Prefix: prefix, Now: now, LocalTrust: time.Second})
+	other := NewStore(rdb, Options{Prefix: prefix, Now: now, LocalTrust: -1})
+	if _, err := s.Remember(ctx, "k", bind("r1", 3), true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Remember(ctx, "k", bind("r2", 1), false); err != nil {
+		t.Fatal(err)
+	}
+	gets.Store(0)
+	clock = clock.Add(600 * time.Millisecond)
+	if b, ok, err := s.Lookup(ctx, "k"); err != nil || !ok || b.Replica != "r1" {
+		t.Fatalf("lookup inside the window = %+v, %v, %v; want the local r1", b, ok, err)
+	}
+	if n := gets.Load(); n != 0 {
+		t.Errorf("lookup inside the window asked Redis %d times; want 0", n)
+	}
+	// A completed turn's local update is not a check against Redis.
+	s.UpdateLocal("k", Binding{}, func(b *Binding) bool { b.CachedTokens = 500; return true })
+	clock = clock.Add(400 * time.Millisecond)
+	if b, _, _ := s.Lookup(ctx, "k"); b.Replica != "r2" {
+		t.Fatalf("lookup after the window = %q; want another gateway's r2", b.Replica)
+	}
+	if n := gets.Load(); n != 1 {
+		t.Errorf("lookup after the window asked Redis %d times; want 1", n)
+	}
+	// The read refreshed the window.
+	clock = clock.Add(999 * time.Millisecond)
+	if b, _, _ := s.Lookup(ctx, "k"); b.Replica != "r2" || gets.Load() != 1 {
+		t.Errorf("lookup inside the new window = %q after %d GETs; want r2 from memory", b.Replica, gets.Load())
+	}
+	// A binding whose write failed is never trusted.
+	if _, changed := s.UpdateLocal("fresh", bind("r3", 0), func(*Binding) bool { return true }); !changed {
+		t.Fatal("UpdateLocal changed nothing")
+	}
+	if _, ok := s.trusted("fresh"); ok {
+		t.Error("a binding Redis never saw is trusted")
+	}
+}
+
+// countGets counts GET commands.
+type countGets struct{ n *atomic.Int64 }
+
+func (countGets) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c countGets) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "get" {
+			c.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (countGets) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// A first turn claimed in memory reaches Redis with Flush; of two
+// gateways' claims the first to land wins, and the other gateway's copy
+// follows it. A local change to the winning claim before its flush lands
+// is written.
+func TestStoreClaimThenFlush(t *testing.T) {
+	rdb, prefix := redistest.Client(t)
+	ctx := context.Background()
+	a := NewStore(rdb, Options{Prefix: prefix})
+	b := NewStore(rdb, Options{Prefix: prefix})
+	if won, claimed := a.Claim("k", bind("r1", 2)); !claimed || won.Replica != "r1" {
+		t.Fatalf("first claim = %+v, %v", won, claimed)
+	}
+	if won, claimed := a.Claim("k", bind("r9", 0)); claimed || won.Replica != "r1" {
+		t.Errorf("second claim in one process = %+v, %v; want r1, false", won, claimed)
+	}
+	if n := rdb.Exists(ctx, prefix+"sess:k").Val(); n != 0 {
+		t.Fatal("Claim wrote to Redis")
+	}
+	b.Claim("k", bind("r2", 1))
+	a.UpdateLocal("k", Binding{}, func(x *Binding) bool { x.CachedTokens = 700; return true })
+	if err := a.Flush(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Flush(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	for name, s := range map[string]*Store{"a": a, "b": b} {
+		if l, ok := s.Local("k"); !ok || l.Replica != "r1" {
+			t.Errorf("%s's copy after both flushes = %+v; want r1", name, l)
+		}
+	}
+	stored, err := decode(rdb.Get(ctx, prefix+"sess:k").Val())
+	if err != nil || stored.Replica != "r1" || stored.CachedTokens != 700 {
+		t.Errorf("Redis holds %+v (%v); want r1 with 700 cached", stored, err)
+	}
+	// A later local change to a confirmed binding is a plain write.
+	a.UpdateLocal("k", Binding{}, func(x *Binding) bool { x.CachedTokens = 900; return true })
+	if err := a.Flush(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if stored, _ := decode(rdb.Get(ctx, prefix+"sess:k").Val()); stored.CachedTokens != 900 {
+		t.Errorf("Redis holds %d cached after the second flush; want 900", stored.CachedTokens)
+	}
 }
