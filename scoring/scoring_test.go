@@ -51,17 +51,6 @@ func TestScorers(t *testing.T) {
 		{"queue all equal", Queue{}, Request{}, eps("a", "b"), []float64{1, 1}},
 		{"inflight minmax", InflightRequests{}, Request{}, loaded, []float64{1, 0.5, 0}},
 		{"kv", KVUtil{}, Request{}, loaded, []float64{0.8, 0.1, 0.5}},
-		{
-			// costs: a = 0+1000 = 1000, b = max(2000, 4096)+0 = 4096, c = max(1000, 2048)+1000 = 3048
-			"prefill cost", PrefillCost{},
-			Request{PromptTokens: 1000, Matched: []int{0, 1000, 0}}, loaded,
-			[]float64{1, 1256.0 / 4352, 1256.0 / 3304},
-		},
-		{
-			"prefill cost prefers the cached replica when idle", PrefillCost{},
-			Request{PromptTokens: 8000, Matched: []int{0, 7000}}, eps("a", "b"),
-			[]float64{1256.0 / 8256, 1},
-		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -73,9 +62,9 @@ func TestScorers(t *testing.T) {
 	}
 }
 
-func TestRouteWeightsAndGuard(t *testing.T) {
+func TestRouteWeights(t *testing.T) {
 	ctx := context.Background()
-	p := &Policy{Name: "t", GuardSaturated: true, Scorers: []Weighted{
+	p := &Policy{Name: "t", Scorers: []Weighted{
 		{"prefix", 2, Affinity, Prefix{}},
 		{"kv", 1, Distribution, KVUtil{}},
 	}}
@@ -85,25 +74,12 @@ func TestRouteWeightsAndGuard(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The saturated replica loses its prefix affinity: both score 0.5, so
-	// either may win, but the breakdown must show the zeroed affinity.
-	if got := d.Breakdown["prefix"]; !near(got, []float64{0, 0}) {
-		t.Errorf("prefix breakdown = %v; want [0 0]", got)
-	}
-	// When every endpoint is saturated, the guard stands down: moving work
-	// would only make routing cache-blind.
-	endpoints[1].Saturated = true
-	d, _ = p.Route(ctx, r, endpoints, nil)
+	// Saturation does not enter scores: the holder wins on its prefix.
 	if got := endpoints[d.Chosen()].ID; got != "hot" {
-		t.Errorf("all saturated: chose %s; want the holder", got)
+		t.Errorf("chose %s; want the holder", got)
 	}
-	endpoints[0].Saturated, endpoints[1].Saturated = false, false
-	d, _ = p.Route(ctx, r, endpoints, nil)
-	if got := endpoints[d.Chosen()].ID; got != "hot" {
-		t.Errorf("unsaturated holder: chose %s; want hot", got)
-	}
-	if !near(d.Totals, []float64{2.5, 0.5}) {
-		t.Errorf("totals = %v; want [2.5 0.5]", d.Totals)
+	if !near(d.Totals, []float64{2.5, 0.5}) || !near(d.Breakdown["prefix"], []float64{2, 0}) {
+		t.Errorf("totals = %v, prefix = %v; want [2.5 0.5], [2 0]", d.Totals, d.Breakdown["prefix"])
 	}
 	if _, err := p.Route(ctx, r, nil, nil); err != ErrNoEndpoint {
 		t.Errorf("no endpoints: err = %v; want ErrNoEndpoint", err)
@@ -217,7 +193,8 @@ func TestNewPolicy(t *testing.T) {
 	}{
 		{"nope", nil},
 		{PolicyWarmpath, Weights{"prefix": -1}},
-		{PolicyWarmpath, Weights{"nonsense": 1}},
+		{PolicyWarmpath, Weights{"prefix": 1}},
+		{PolicyPrecisePrefix, Weights{"nonsense": 1}},
 		{PolicyRoundRobin, Weights{"kv": 1}},
 		{PolicyLeastLoad, Weights{"queue": 0, "kv": 0, "inflight": 0}},
 	}
@@ -243,8 +220,8 @@ func TestNewPolicy(t *testing.T) {
 	}
 }
 
-func BenchmarkRouteWarmpath64(b *testing.B) {
-	p, _ := NewPolicy(PolicyWarmpath, nil)
+func BenchmarkRoutePrecisePrefix64(b *testing.B) {
+	p, _ := NewPolicy(PolicyPrecisePrefix, nil)
 	e := make([]Endpoint, 64)
 	matched := make([]int, 64)
 	for i := range e {

@@ -1,0 +1,212 @@
+package scoring
+
+import (
+	"math"
+	"sync"
+)
+
+// Calibration constants.
+const (
+	// calibrationMemory is the forgetting factor per observation: the fit
+	// weighs about the last 1 ÷ (1 − 0.995) = 200 observations.
+	calibrationMemory = 0.995
+	// calibrationPrior is the prior's weight, in observations: each scale
+	// starts at 1 as if four observations had confirmed it.
+	calibrationPrior = 4
+	// minScale and maxScale bound each fitted scale: the prior may be off
+	// by a factor of 16 either way (a dilated simulator, a faster GPU).
+	minScale, maxScale = 1.0 / 16, 16
+	// minObserved is the least TTFT the relative weighting divides by.
+	minObserved = 0.01
+)
+
+// Calibrator fits each model's cost scales (Cost.QueueScale, TokenScale and
+// StepScale) to observed times to first token: every completed request
+// contributes its estimate's three parts and the TTFT it actually had.
+// It solves, per model, the weighted least squares
+//
+//	minimise Σ γᵏ (y − θ·f)² ÷ max(y, θ·f, 10 ms)² + κ Σⱼ (θⱼ − 1)²
+//
+// over the scales θ, where f = (QueueSeconds, OwnSeconds, StepSeconds) of
+// the estimate at the prior's constants (QueueSeconds taken as 0, and
+// AdmitSeconds taken off y, when the wait was KV-bound), y the observed
+// TTFT, γ = 0.995 a
+// forgetting factor (about the last 200 requests count) and κ = 4 the
+// prior's weight: relative errors count, so short and long requests weigh
+// alike, and each scale stays at the prior (1) until observations move
+// it, within [1/16, 16]. A scale the observations do not excite (no queue
+// seen yet) stays at its prior.
+//
+// It reads no clock and does no I/O. A Calibrator is safe for concurrent
+// use; the zero value is not (use NewCalibrator).
+type Calibrator struct {
+	prior Cost
+
+	mu   sync.Mutex // guards fits
+	fits map[string]*fit
+}
+
+// fit is one model's decayed normal equations and current scales, and
+// what its conversations look like.
+type fit struct {
+	a        [3][3]float64
+	b        [3]float64
+	n        float64 // decayed observation count
+	theta    [3]float64
+	sessions SessionStats
+}
+
+// NewCalibrator returns a calibrator whose every model starts at prior
+// (the zero Cost is DefaultCost).
+func NewCalibrator(prior Cost) *Calibrator {
+	return &Calibrator{prior: prior.WithDefaults(), fits: map[string]*fit{}}
+}
+
+// Cost returns model's calibrated cost: the prior's constants with the
+// fitted scales.
+func (c *Calibrator) Cost(model string) Cost {
+	out := c.prior
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if f := c.fits[model]; f != nil {
+		out.QueueScale, out.TokenScale, out.StepScale = f.theta[0], f.theta[1], f.theta[2]
+	}
+	return out
+}
+
+// Observations returns how many observations (decayed) model's fit holds.
+func (c *Calibrator) Observations(model string) float64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if f := c.fits[model]; f != nil {
+		return f.n
+	}
+	return 0
+}
+
+// Sessions returns a copy of model's conversation statistics.
+func (c *Calibrator) Sessions(model string) SessionStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if f := c.fits[model]; f != nil {
+		return f.sessions
+	}
+	return SessionStats{}
+}
+
+// ObserveTurn records that a conversation of model reached its turn-th
+// turn, gap seconds after its previous one ended (gap is ignored for a
+// first turn).
+func (c *Calibrator) ObserveTurn(model string, turn int, gap float64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	f := c.model(model)
+	f.sessions.ObserveTurn(turn)
+	if turn > 1 {
+		f.sessions.ObserveGap(gap)
+	}
+}
+
+// model returns model's fit, creating it at the prior. The caller holds
+// c.mu.
+func (c *Calibrator) model(model string) *fit {
+	f := c.fits[model]
+	if f == nil {
+		f = &fit{theta: [3]float64{1, 1, 1}}
+		c.fits[model] = f
+	}
+	return f
+}
+
+// Observe records that a request of model, estimated as e (by any
+// calibration), had observed seconds to its first token. Non-finite or
+// negative values are ignored.
+func (c *Calibrator) Observe(model string, e Estimate, observed float64) {
+	x := [3]float64{e.QueueSeconds, e.OwnSeconds, e.StepSeconds}
+	if e.AdmitBound {
+		// The wait was the measured admission rate's, not the queue's.
+		x[0], observed = 0, max(0, observed-e.AdmitSeconds)
+	}
+	if !(observed >= 0) || math.IsInf(observed, 0) || !finite3(x) {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.model(model).observe(x, observed)
+}
+
+func finite3(x [3]float64) bool {
+	for _, v := range x {
+		if !(v >= 0) || math.IsInf(v, 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// observe adds one observation and re-solves.
+func (f *fit) observe(x [3]float64, y float64) {
+	pred := f.theta[0]*x[0] + f.theta[1]*x[1] + f.theta[2]*x[2]
+	s := max(y, pred, minObserved)
+	w := 1 / (s * s)
+	for i := range 3 {
+		f.b[i] = calibrationMemory*f.b[i] + w*x[i]*y
+		for j := range 3 {
+			f.a[i][j] = calibrationMemory*f.a[i][j] + w*x[i]*x[j]
+		}
+	}
+	f.n = calibrationMemory*f.n + 1
+	f.solve()
+}
+
+// solve sets theta to the regularised least-squares solution. The prior
+// term is scaled like one relative observation (f ÷ y ≈ 1) per unit of κ.
+func (f *fit) solve() {
+	var m [3][4]float64
+	for i := range 3 {
+		for j := range 3 {
+			m[i][j] = f.a[i][j]
+		}
+		m[i][i] += calibrationPrior
+		m[i][3] = f.b[i] + calibrationPrior
+	}
+	theta, ok := gauss(m)
+	if !ok {
+		return
+	}
+	for i := range theta {
+		f.theta[i] = min(max(theta[i], minScale), maxScale)
+	}
+}
+
+// gauss solves the 3×3 system in m (augmented with its right-hand side)
+// by Gaussian elimination with partial pivoting.
+func gauss(m [3][4]float64) ([3]float64, bool) {
+	for col := range 3 {
+		p := col
+		for r := col + 1; r < 3; r++ {
+			if math.Abs(m[r][col]) > math.Abs(m[p][col]) {
+				p = r
+			}
+		}
+		if math.Abs(m[p][col]) < 1e-12 {
+			return [3]float64{}, false
+		}
+		m[col], m[p] = m[p], m[col]
+		for r := col + 1; r < 3; r++ {
+			k := m[r][col] / m[col][col]
+			for c := col; c < 4; c++ {
+				m[r][c] -= k * m[col][c]
+			}
+		}
+	}
+	var x [3]float64
+	for r := 2; r >= 0; r-- {
+		v := m[r][3]
+		for c := r + 1; c < 3; c++ {
+			v -= m[r][c] * x[c]
+		}
+		x[r] = v / m[r][r]
+	}
+	return x, true
+}
