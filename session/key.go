@@ -20,9 +20,17 @@ const (
 )
 
 // Headers are the request headers that name a session, in order of
-// precedence: vLLM's and Dynamo's X-Session-ID, then the agent harnesses'
-// (Claude Code, Codex, OpenCode).
-var Headers = []string{"X-Session-ID", "X-Claude-Code-Session-Id", "Session_id", "Session-Id", "X-Session-Affinity"}
+// precedence: vLLM's and Dynamo's X-Session-ID, Dynamo's
+// X-Dynamo-Session-ID, then the agent harnesses' (Claude Code, Codex,
+// OpenCode).
+var Headers = []string{"X-Session-ID", "X-Dynamo-Session-ID", "X-Claude-Code-Session-Id", "Session_id", "Session-Id", "X-Session-Affinity"}
+
+// Agent headers name a sub-agent within a Claude Code session and its
+// parent; ParentHeaders name a parent session in order of precedence
+// (Dynamo's canonical header first).
+const AgentHeader = "X-Claude-Code-Agent-Id"
+
+var ParentHeaders = []string{"X-Dynamo-Parent-Session-ID", "X-Claude-Code-Parent-Agent-Id"}
 
 // maxKeyLen bounds client-supplied identifiers; longer ones are hashed.
 const maxKeyLen = 128
@@ -43,40 +51,94 @@ type Body struct {
 
 // Key is a request's session key and where it came from.
 type Key struct {
-	// Value is the key, prefixed by its kind so different sources never
-	// collide; "" when the request carries nothing to key on.
+	// Value is the key of the request's conversation, prefixed by its kind
+	// so different sources never collide; "" when the request carries
+	// nothing to key on. It is never coarser than the conversation: a
+	// client-named session (a header, session_id, prompt_cache_key, user)
+	// is split by the conversation's opening, so a harness's side requests
+	// (OpenCode's title generation, with another system prompt and no
+	// tools) and sub-agents (the parent's harness, their own brief) get
+	// bindings of their own under one session id.
 	Value string
 	// Source is one of the Source constants.
 	Source string
+	// Family is the client-named session (or sub-agent) the conversation
+	// belongs to, "" when the client names none: its conversations publish
+	// their replica under it, for relatives to find.
+	Family string
+	// Parent is the family of the conversation's parent (a sub-agent's
+	// parent session or agent), "" when none is named.
+	Parent string
+}
+
+// Relatives returns the family key whose replica the conversation's
+// first turn should prefer: its parent's, else its own family's (another
+// conversation under the same session id); "" when it has neither.
+func (k Key) Relatives() string {
+	if k.Parent != "" {
+		return k.Parent
+	}
+	return k.Family
 }
 
 // Identify derives the session key of a request. scope (a tenant, a model)
 // is folded into every key so the same identifier in two scopes names two
 // sessions.
 func Identify(scope string, h http.Header, b Body) Key {
+	k := named(scope, h, b)
+	if k.Source == SourceNone && len(b.Opening) > 0 {
+		return Key{Value: "o:" + openingHash(scope, b.Opening), Source: SourceOpening}
+	}
+	if k.Source == SourceHeader {
+		if agent := strings.TrimSpace(h.Get(AgentHeader)); agent != "" {
+			// A sub-agent is a session of its own within its parent's; its
+			// parent is named, or else the session it runs in.
+			k.Parent = k.Family
+			k.Family = mk(scope, "h", agent)
+		}
+		for _, name := range ParentHeaders {
+			if v := strings.TrimSpace(h.Get(name)); v != "" {
+				k.Parent = mk(scope, "h", v)
+				break
+			}
+		}
+	}
+	k.Value = k.Family
+	if len(b.Opening) > 0 {
+		k.Value += "/" + openingHash(scope, b.Opening)
+	}
+	return k
+}
+
+// named returns the session the client names, with Family set and Value
+// not yet split by the opening.
+func named(scope string, h http.Header, b Body) Key {
 	for _, name := range Headers {
 		if v := strings.TrimSpace(h.Get(name)); v != "" {
-			return Key{Value: mk(scope, "h", v), Source: SourceHeader}
+			return Key{Family: mk(scope, "h", v), Source: SourceHeader}
 		}
 	}
 	switch {
 	case b.SessionID != "":
-		return Key{Value: mk(scope, "s", b.SessionID), Source: SourceSessionID}
+		return Key{Family: mk(scope, "s", b.SessionID), Source: SourceSessionID}
 	case b.PromptCacheKey != "":
-		return Key{Value: mk(scope, "p", b.PromptCacheKey), Source: SourcePromptCacheKey}
+		return Key{Family: mk(scope, "p", b.PromptCacheKey), Source: SourcePromptCacheKey}
 	case b.User != "":
-		return Key{Value: mk(scope, "u", b.User), Source: SourceUser}
+		return Key{Family: mk(scope, "u", b.User), Source: SourceUser}
 	case b.SafetyIdentifier != "":
-		return Key{Value: mk(scope, "u", b.SafetyIdentifier), Source: SourceUser}
-	case len(b.Opening) > 0:
-		var sum [8]byte
-		d := xxhash.New()
-		d.WriteString(scope)
-		d.Write([]byte{0})
-		d.Write(b.Opening)
-		return Key{Value: "o:" + hex.EncodeToString(d.Sum(sum[:0])), Source: SourceOpening}
+		return Key{Family: mk(scope, "u", b.SafetyIdentifier), Source: SourceUser}
 	}
 	return Key{Source: SourceNone}
+}
+
+// openingHash is the hex xxhash of scope and an opening.
+func openingHash(scope string, opening []byte) string {
+	var sum [8]byte
+	d := xxhash.New()
+	d.WriteString(scope)
+	d.Write([]byte{0})
+	d.Write(opening)
+	return hex.EncodeToString(d.Sum(sum[:0]))
 }
 
 // Chain is the session key of a Responses API chain: every turn chained to

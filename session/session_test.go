@@ -69,6 +69,48 @@ func TestIdentify(t *testing.T) {
 	}
 }
 
+// A client-named session is split by the conversation's opening: an
+// agent conversation and a side request under one session id (OpenCode's
+// title generation) are two bindings of one family, and a sub-agent is a
+// family of its own whose parent is the session it runs in, or the parent
+// its headers name.
+func TestIdentifyConversations(t *testing.T) {
+	agent := []byte("system\x00You are an agent.\x00user\x00fix the bug\x00[tools]")
+	title := []byte("system\x00Generate a title.\x00user\x00fix the bug\x00")
+	h := http.Header{"X-Session-Affinity": {"ses_1"}}
+	a, b := Identify("t", h, Body{Opening: agent}), Identify("t", h, Body{Opening: title})
+	if a.Value == b.Value || a.Family != b.Family || a.Family != "h:t:ses_1" || a.Parent != "" {
+		t.Errorf("agent %+v, title %+v; want two conversations of family h:t:ses_1", a, b)
+	}
+	if a.Relatives() != a.Family {
+		t.Errorf("relatives = %q; want the family", a.Relatives())
+	}
+	if again := Identify("t", h, Body{Opening: append([]byte{}, agent...)}); again != a {
+		t.Errorf("same conversation keyed %+v then %+v", a, again)
+	}
+	// No opening (a completion): the named session alone.
+	if c := Identify("t", h, Body{}); c.Value != "h:t:ses_1" {
+		t.Errorf("completion key = %q; want the session id", c.Value)
+	}
+	sub := http.Header{"X-Claude-Code-Session-Id": {"cc"}, "X-Claude-Code-Agent-Id": {"a1"}}
+	brief := []byte("system\x00You are an agent.\x00user\x00look for tests\x00[tools]")
+	k := Identify("t", sub, Body{Opening: brief})
+	if k.Family != "h:t:a1" || k.Parent != "h:t:cc" || k.Relatives() != "h:t:cc" || !strings.HasPrefix(k.Value, "h:t:a1/") {
+		t.Errorf("sub-agent key %+v; want family a1, parent cc", k)
+	}
+	sub.Set("X-Claude-Code-Parent-Agent-Id", "a0")
+	if k := Identify("t", sub, Body{Opening: brief}); k.Parent != "h:t:a0" {
+		t.Errorf("named parent: %+v", k)
+	}
+	dyn := http.Header{"X-Dynamo-Session-Id": {"run:researcher"}, "X-Dynamo-Parent-Session-Id": {"run"}}
+	if k := Identify("t", dyn, Body{Opening: brief}); k.Family != "h:t:run:researcher" || k.Parent != "h:t:run" {
+		t.Errorf("dynamo key %+v", k)
+	}
+	if o := Identify("t", http.Header{}, Body{Opening: agent}); o.Family != "" || o.Parent != "" || o.Relatives() != "" {
+		t.Errorf("opening-only key %+v has relatives", o)
+	}
+}
+
 func testBinding() Binding {
 	return Binding{Binding: scoring.Binding{Replica: "10.0.0.7:8000", TipDepth: 931, PromptTokens: 15000, PromptBytes: 61000,
 		CachedTokens: 15400, Turns: 12, Updated: time.UnixMilli(1789095808123)}, TipKey: 0xfedcba9876543210, TextLen: 59000, TextHash: 0xabcdef0123456789}
