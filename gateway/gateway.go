@@ -51,6 +51,7 @@ type Gateway struct {
 	kvm         *kvevents.Metrics
 	fleet       *fleet.Fleet
 	policy      *scoring.Policy
+	cal         *scoring.Calibrator // the TTFT model's per-model calibration
 	sessions    *session.Store
 	rdb         redis.UniversalClient
 	ownsRedis   bool
@@ -96,6 +97,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	g := &Gateway{cfg: cfg, log: log, reg: reg, wrapped: wrapped, m: newMetrics(wrapped), kvm: kvevents.NewMetrics(wrapped), upstreamKey: o.UpstreamAPIKey, started: time.Now()}
 
 	var err error
+	g.cal = scoring.NewCalibrator(scoring.DefaultCost())
 	if g.policy, err = scoring.NewPolicy(cfg.Routing.Policy, cfg.Routing.Weights); err != nil {
 		return nil, fmt.Errorf("config: routing: %w", err)
 	}
