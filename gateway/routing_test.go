@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -275,5 +276,48 @@ func TestConversationsSharingAKey(t *testing.T) {
 			t.Errorf("%s's next turn: reason %q rebind %q, cached %d; want sticky and cached", name,
 				r.Header.Get("X-Warmpath-Reason"), r.Header.Get("X-Warmpath-Rebind"), r.Usage.CachedTokens)
 		}
+	}
+}
+
+// warmpath shows each candidate's TTFT estimate, and checks the chosen
+// one against the first byte: the error histogram gets one sample per
+// answered request, by replica, and the calibration learns from it.
+func TestEstimateHeadersAndError(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{Replicas: 2})
+	cfg := fleetConfig(sim)
+	cfg.Debug = true
+	rdb := redisFor(t, &cfg)
+	gw := startGateway(t, cfg, rdb)
+	c := newConversation(words("estimate", 400), "first")
+	var last chatResult
+	for i := range 3 {
+		last = c.turn(t, gw.URL, fmt.Sprintf("next %d", i))
+		est, err := strconv.ParseFloat(last.Header.Get("X-Warmpath-Estimate-TTFT"), 64)
+		if err != nil || est <= 0 {
+			t.Fatalf("turn %d: X-Warmpath-Estimate-TTFT %q", i, last.Header.Get("X-Warmpath-Estimate-TTFT"))
+		}
+		scores := last.Header.Get("X-Warmpath-Scores")
+		if strings.Count(scores, "ttft:") != 2 || !strings.HasPrefix(scores, last.replica()+"=") {
+			t.Errorf("turn %d: scores %q; want both candidates, the chosen first", i, scores)
+		}
+	}
+	mfs, err := gw.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, mf := range mfs {
+		if mf.GetName() != "warmpath_ttft_estimate_error_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			n += m.GetHistogram().GetSampleCount()
+		}
+	}
+	if n != 3 {
+		t.Errorf("estimate error histogram has %d samples; want 3", n)
+	}
+	if got := gw.cal.Observations("qwen3-32b"); got < 2.9 {
+		t.Errorf("calibration saw %.1f observations; want 3", got)
 	}
 }

@@ -25,14 +25,15 @@ const (
 // contributes its estimate's three parts and the TTFT it actually had.
 // It solves, per model, the weighted least squares
 //
-//	minimise Σ γᵏ (y − θ·f)² ÷ max(y, θ·f, 10 ms)² + κ Σⱼ (θⱼ − 1)²
+//	minimise Σ γᵏ (y − θ·f)² ÷ max(y, 10 ms)² + κ Σⱼ w̄ⱼ (θⱼ − 1)²
 //
 // over the scales θ, where f = (QueueSeconds, OwnSeconds, StepSeconds) of
 // the estimate at the prior's constants (QueueSeconds taken as 0, and
 // AdmitSeconds taken off y, when the wait was KV-bound), y the observed
 // TTFT, γ = 0.995 a
-// forgetting factor (about the last 200 requests count) and κ = 4 the
-// prior's weight: relative errors count, so short and long requests weigh
+// forgetting factor (about the last 200 requests count), w̄ⱼ the mean
+// weight an observation gives part j (at least a tenth of the parts'
+// mean), and κ = 4 the prior's weight in observations: relative errors count, so short and long requests weigh
 // alike, and each scale stays at the prior (1) until observations move
 // it, within [1/16, 16]. A scale the observations do not excite (no queue
 // seen yet) stays at its prior.
@@ -51,7 +52,7 @@ type Calibrator struct {
 type fit struct {
 	a        [3][3]float64
 	b        [3]float64
-	n        float64 // decayed observation count
+	n        float64 // decayed observation count (the sum of the decay weights)
 	theta    [3]float64
 	sessions SessionStats
 }
@@ -146,8 +147,7 @@ func finite3(x [3]float64) bool {
 
 // observe adds one observation and re-solves.
 func (f *fit) observe(x [3]float64, y float64) {
-	pred := f.theta[0]*x[0] + f.theta[1]*x[1] + f.theta[2]*x[2]
-	s := max(y, pred, minObserved)
+	s := max(y, minObserved)
 	w := 1 / (s * s)
 	for i := range 3 {
 		f.b[i] = calibrationMemory*f.b[i] + w*x[i]*y
@@ -160,15 +160,22 @@ func (f *fit) observe(x [3]float64, y float64) {
 }
 
 // solve sets theta to the regularised least-squares solution. The prior
-// term is scaled like one relative observation (f ÷ y ≈ 1) per unit of κ.
+// on each scale weighs as much as κ typical observations of its part (the
+// part's mean weight per observation, but at least a tenth of the parts'
+// mean), so it fades as observations excite the part, holds where none
+// do, and keeps a part that hardly varies on its own (a step cost that
+// moves with the prefill) from absorbing the others' residual.
 func (f *fit) solve() {
 	var m [3][4]float64
+	n := max(f.n, 1)
+	mean := (f.a[0][0] + f.a[1][1] + f.a[2][2]) / 3 / n
 	for i := range 3 {
 		for j := range 3 {
 			m[i][j] = f.a[i][j]
 		}
-		m[i][i] += calibrationPrior
-		m[i][3] = f.b[i] + calibrationPrior
+		k := calibrationPrior * max(f.a[i][i]/n, mean/10, 1e-12)
+		m[i][i] += k
+		m[i][3] = f.b[i] + k
 	}
 	theta, ok := gauss(m)
 	if !ok {
