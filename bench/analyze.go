@@ -217,18 +217,21 @@ const predictionSamples = 8
 //
 // Each replica is a FIFO queue of uncached prompt tokens drained at
 // PrefillTokensPerSec, followed by a decode phase of OutputTokens × 15 ms
-// that overlaps other requests (decode costs no prefill capacity). The
-// scorers see, per replica: Waiting = routed requests whose prefill has not
-// started (vLLM's waiting queue); Running = those prefilling or decoding;
-// InflightRequests = all unfinished; InflightPrefillTokens = the gateway's
-// estimate (prompt minus predicted hit) of the prefill work routed there
-// that has no first token yet, as gateway/proxy.go counts it; KVUsage =
-// the blocks referenced by running requests (distinct prompt blocks plus
-// each one's output blocks) ÷ CacheBlocks, which is what vLLM and vllmsim
+// that overlaps other requests (decode costs no prefill capacity). A
+// request's TTFT is its wait before prefill plus its own prefill. The
+// policies see, per replica: Waiting = routed requests whose prefill has
+// not started (vLLM's waiting queue); Running = those prefilling or
+// decoding; InflightRequests = all unfinished; InflightPrefillTokens = the
+// gateway's estimate (prompt minus predicted hit) of the prefill work
+// routed there that has no first token yet, as gateway/proxy.go counts it,
+// with the head of that line and how long it has prefilled; KVUsage = the
+// blocks referenced by running requests (distinct prompt blocks plus each
+// one's output blocks) ÷ CacheBlocks, which is what vLLM and vllmsim
 // report (an LRU prefix cache is always nearly full, so its occupancy
-// would tell replicas apart only during warm-up);
-// Saturated = Waiting ≥ 8, KVUsage ≥ 0.95 or InflightPrefillTokens ≥ 65,536,
-// the gateway's defaults.
+// would tell replicas apart only during warm-up); ArrivalRate,
+// UncachedRate and RequestTokens from a scoring.Meter counting requests as
+// their prefill starts (vLLM's queue-time histogram); CacheTokens the
+// LRU's size; Saturated = the gateway's default thresholds.
 //
 // Routing is the gateway's own decision, scoring.Decide, given the
 // simulated replicas as endpoints and the session's binding: precise
@@ -238,17 +241,22 @@ const predictionSamples = 8
 // decision (trace block keys stand in for its text chunks); sticky
 // sessions keep the binding's tip (the last full block of the session's
 // last scored turn; sticky turns do not move it) as the evidence the
-// replica still holds the conversation. Session keys come from the
+// replica still holds the conversation, and, as the gateway does after
+// each completed turn, the turn's full blocks as its cached tokens. The
+// TTFT model's cost is a FIFO's (PrefillTokensPerSec, no step cost),
+// calibrated as the gateway calibrates it, by each decision's simulated
+// TTFT once its first token is due; the conversation statistics it reads
+// (gaps, turns) are the trace's sessions'. Session keys come from the
 // gateway's request parser for chat logs; a Mooncake request carries no
 // session, so its key is the key of its opening's last block (ReadTrace):
 // the chain over the prefix its conversation shares with others and the
-// first block where it parts from them. Every request asks for the
-// same model and PromptTokens is exact (the gateway estimates it from text
+// first block where it parts from them. Every request asks for the same
+// model and PromptTokens is exact (the gateway estimates it from text
 // before tokenizing; a trace has no text to estimate from).
 //
 // Not simulated: decode interference with prefill, chunked-prefill
-// batching, preemption, failures and retries, several gateways, metric
-// staleness and KV-event lag.
+// batching, KV-bound admission, preemption, failures and retries, several
+// gateways, metric staleness and KV-event lag.
 func Analyze(ctx context.Context, cfg AnalyzeConfig) (*AnalyzeReport, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {

@@ -35,14 +35,14 @@
 // lengths are left at full size and every simulated time is a full-size
 // time; only the number of engine steps and streamed tokens drops by s.
 // The gateway's one token-denominated threshold
-// (routing.max_inflight_prefill_tokens) is scaled by s as well. Two things
-// do not scale: a dilated step is 1/s times longer, so a request that
+// (routing.max_inflight_prefill_tokens) is scaled by s as well. One thing
+// does not scale: a dilated step is 1/s times longer, so a request that
 // arrives mid-step waits 1/s times longer for it (this adds roughly half a
-// scaled step, ~50 ms at s = 0.25, to every TTFT), and the warmpath
-// prefill-cost scorer's constants (1,024 tokens per waiting request, 256
-// tokens of smoothing) are in tokens and so weigh 1/s times more. The
-// latter visibly changes warmpath's behaviour under load at s = 0.1 but not
-// at 0.25, whose results match full size; hence DefaultScale.
+// scaled step, ~50 ms at s = 0.25, to every TTFT). warmpath's TTFT model
+// has no token-denominated constants left: its prior is per token of the
+// default profile, which a run at scale s and speed v sees as 1/(s·v)
+// slower per scaled token in wall-clock time, and its calibration fits the
+// difference from the first answered requests.
 //
 // Config.Speed runs simulated time that many times faster than real time.
 // All reported times are simulated: wall-clock durations multiplied by

@@ -559,7 +559,8 @@ func waitFleet(ctx context.Context, reg *prometheus.Registry, n int) error {
 
 // gatherMetrics sums each counter and each gauge of reg by name, and also
 // by name and label value for series with one label besides "policy",
-// keyed like name{label="value"}.
+// keyed like name{label="value"}; a histogram's sum and count become the
+// counters name_sum and name_count.
 func gatherMetrics(reg *prometheus.Registry) (counters, gauges map[string]float64) {
 	counters, gauges = map[string]float64{}, map[string]float64{}
 	mfs, err := reg.Gather()
@@ -579,6 +580,11 @@ func gatherMetrics(reg *prometheus.Registry) (counters, gauges map[string]float6
 				v = m.Counter.GetValue()
 			case m.Gauge != nil:
 				v, out = m.Gauge.GetValue(), gauges
+			case m.Histogram != nil:
+				// A histogram's sum and count, as counters.
+				counters[name+"_sum"] += m.Histogram.GetSampleSum()
+				counters[name+"_count"] += float64(m.Histogram.GetSampleCount())
+				continue
 			default:
 				continue
 			}
