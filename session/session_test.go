@@ -296,3 +296,33 @@ func TestStoreLocalTTLAndBound(t *testing.T) {
 func bind(replica string, tipDepth int) Binding {
 	return Binding{Binding: scoring.Binding{Replica: replica, TipDepth: tipDepth}}
 }
+
+// FuzzIdentify feeds arbitrary session headers and bodies to Identify, a
+// trust boundary: keys stay short and printable, a conversation key
+// extends its family's, and a parent is only ever a named family.
+func FuzzIdentify(f *testing.F) {
+	f.Add("ses_1", "", "", "", "user", []byte("system\x00hi"))
+	f.Add("", "cc", "agent-1", "parent-0", "", []byte("system\x00You are an agent.\x00user\x00task"))
+	f.Add(strings.Repeat("x", 300), "a\x01b", "", "", "alice", []byte{})
+	f.Fuzz(func(t *testing.T, sid, claude, agent, parent, user string, opening []byte) {
+		h := http.Header{}
+		for name, v := range map[string]string{"X-Session-ID": sid, "X-Claude-Code-Session-Id": claude,
+			"X-Claude-Code-Agent-Id": agent, "X-Claude-Code-Parent-Agent-Id": parent} {
+			if v != "" {
+				h[http.CanonicalHeaderKey(name)] = []string{v}
+			}
+		}
+		k := Identify("tenant", h, Body{User: user, Opening: opening})
+		for _, s := range []string{k.Value, k.Family, k.Parent} {
+			if len(s) > 2*maxKeyLen+64 || strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r > 0x7e }) {
+				t.Fatalf("unsafe key %q from %+v", s, k)
+			}
+		}
+		if k.Family != "" && !strings.HasPrefix(k.Value, k.Family) {
+			t.Fatalf("conversation key %q does not extend family %q", k.Value, k.Family)
+		}
+		if k.Parent != "" && k.Source != SourceHeader {
+			t.Fatalf("parent %q without a named session (%s)", k.Parent, k.Source)
+		}
+	})
+}
