@@ -459,6 +459,11 @@ func runGateway(ctx context.Context, cfg Config, policy string, urls, kv, replay
 	gc.Health = gateway.HealthConfig{Interval: wall(time.Second), Timeout: 2 * time.Second, Failures: 3,
 		ScrapeInterval: wall(250 * time.Millisecond), StaleAfter: 2 * time.Second}
 	gc.Routing.SpeculativeTTL = wall(2 * time.Second)
+	// The in-process Redis answers in microseconds unless the host stalls;
+	// a stall is a wall-clock event, so its calls get a generous bound
+	// rather than failing over to in-process state (which only the
+	// session-keeping policy would pay for).
+	gc.Redis.Timeout = 2 * time.Second
 	if cfg.tweak != nil {
 		cfg.tweak(&gc)
 	}
