@@ -21,22 +21,25 @@ const (
 )
 
 // Calibrator fits each model's cost scales (Cost.QueueScale, TokenScale and
-// StepScale) to observed times to first token: every completed request
-// contributes its estimate's three parts and the TTFT it actually had.
-// It solves, per model, the weighted least squares
+// StepScale) and its fixed overhead (Cost.Overhead) to observed times to
+// first token: every completed request contributes its estimate's parts
+// and the TTFT it actually had. It solves, per model, the weighted least
+// squares
 //
-//	minimise Σ γᵏ (y − θ·f)² ÷ max(y, 10 ms)² + κ Σⱼ w̄ⱼ (θⱼ − 1)²
+//	minimise Σ γᵏ (y − θ·f)² ÷ max(y, 10 ms)² + κ Σⱼ w̄ⱼ (θⱼ − θ⁰ⱼ)²
 //
-// over the scales θ, where f = (QueueSeconds, OwnSeconds, StepSeconds) of
-// the estimate at the prior's constants (QueueSeconds taken as 0, and
-// AdmitSeconds taken off y, when the wait was KV-bound), y the observed
-// TTFT, γ = 0.995 a
+// over θ = (QueueScale, TokenScale, StepScale, Overhead), where f =
+// (QueueSeconds, OwnSeconds, StepSeconds, 1 s) of the estimate at the
+// prior's constants (QueueSeconds taken as 0, and AdmitSeconds taken off
+// y, when the wait was KV-bound), y the observed TTFT, γ = 0.995 a
 // forgetting factor (about the last 200 requests count), w̄ⱼ the mean
 // weight an observation gives part j (at least a tenth of the parts'
-// mean), and κ = 4 the prior's weight in observations: relative errors count, so short and long requests weigh
-// alike, and each scale stays at the prior (1) until observations move
-// it, within [1/16, 16]. A scale the observations do not excite (no queue
-// seen yet) stays at its prior.
+// mean), θ⁰ = (1, 1, 1, 0) the prior and κ = 4 its weight in
+// observations: relative errors count, so short and long requests weigh
+// alike, and each part stays at its prior until observations move it;
+// the scales stay within [1/16, 16] and the overhead within [0, 60 s].
+// The overhead is what no replica's load explains: the network, the
+// engine's HTTP front end, a loaded host.
 //
 // It reads no clock and does no I/O. A Calibrator is safe for concurrent
 // use; the zero value is not (use NewCalibrator).
@@ -47,13 +50,22 @@ type Calibrator struct {
 	fits map[string]*fit
 }
 
-// fit is one model's decayed normal equations and current scales, and
-// what its conversations look like.
+// parts is the number of fitted parameters.
+const parts = 4
+
+// thetaPrior is the prior of the fitted parameters.
+var thetaPrior = [parts]float64{1, 1, 1, 0}
+
+// maxOverhead bounds the fitted overhead, seconds.
+const maxOverhead = 60
+
+// fit is one model's decayed normal equations and current parameters,
+// and what its conversations look like.
 type fit struct {
-	a        [3][3]float64
-	b        [3]float64
+	a        [parts][parts]float64
+	b        [parts]float64
 	n        float64 // decayed observation count (the sum of the decay weights)
-	theta    [3]float64
+	theta    [parts]float64
 	sessions SessionStats
 }
 
@@ -64,13 +76,13 @@ func NewCalibrator(prior Cost) *Calibrator {
 }
 
 // Cost returns model's calibrated cost: the prior's constants with the
-// fitted scales.
+// fitted scales and overhead.
 func (c *Calibrator) Cost(model string) Cost {
 	out := c.prior
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if f := c.fits[model]; f != nil {
-		out.QueueScale, out.TokenScale, out.StepScale = f.theta[0], f.theta[1], f.theta[2]
+		out.QueueScale, out.TokenScale, out.StepScale, out.Overhead = f.theta[0], f.theta[1], f.theta[2], f.theta[3]
 	}
 	return out
 }
@@ -113,7 +125,7 @@ func (c *Calibrator) ObserveTurn(model string, turn int, gap float64) {
 func (c *Calibrator) model(model string) *fit {
 	f := c.fits[model]
 	if f == nil {
-		f = &fit{theta: [3]float64{1, 1, 1}}
+		f = &fit{theta: thetaPrior}
 		c.fits[model] = f
 	}
 	return f
@@ -123,12 +135,12 @@ func (c *Calibrator) model(model string) *fit {
 // calibration), had observed seconds to its first token. Non-finite or
 // negative values are ignored.
 func (c *Calibrator) Observe(model string, e Estimate, observed float64) {
-	x := [3]float64{e.QueueSeconds, e.OwnSeconds, e.StepSeconds}
+	x := [parts]float64{e.QueueSeconds, e.OwnSeconds, e.StepSeconds, 1}
 	if e.AdmitBound {
 		// The wait was the measured admission rate's, not the queue's.
 		x[0], observed = 0, max(0, observed-e.AdmitSeconds)
 	}
-	if !(observed >= 0) || math.IsInf(observed, 0) || !finite3(x) {
+	if !(observed >= 0) || math.IsInf(observed, 0) || !finite(x) {
 		return
 	}
 	c.mu.Lock()
@@ -136,7 +148,7 @@ func (c *Calibrator) Observe(model string, e Estimate, observed float64) {
 	c.model(model).observe(x, observed)
 }
 
-func finite3(x [3]float64) bool {
+func finite(x [parts]float64) bool {
 	for _, v := range x {
 		if !(v >= 0) || math.IsInf(v, 0) {
 			return false
@@ -146,12 +158,12 @@ func finite3(x [3]float64) bool {
 }
 
 // observe adds one observation and re-solves.
-func (f *fit) observe(x [3]float64, y float64) {
+func (f *fit) observe(x [parts]float64, y float64) {
 	s := max(y, minObserved)
 	w := 1 / (s * s)
-	for i := range 3 {
+	for i := range parts {
 		f.b[i] = calibrationMemory*f.b[i] + w*x[i]*y
-		for j := range 3 {
+		for j := range parts {
 			f.a[i][j] = calibrationMemory*f.a[i][j] + w*x[i]*x[j]
 		}
 	}
@@ -160,57 +172,61 @@ func (f *fit) observe(x [3]float64, y float64) {
 }
 
 // solve sets theta to the regularised least-squares solution. The prior
-// on each scale weighs as much as κ typical observations of its part (the
-// part's mean weight per observation, but at least a tenth of the parts'
-// mean), so it fades as observations excite the part, holds where none
-// do, and keeps a part that hardly varies on its own (a step cost that
-// moves with the prefill) from absorbing the others' residual.
+// on each part weighs as much as κ typical observations of it (the part's
+// mean weight per observation, but at least a tenth of the parts' mean),
+// so it fades as observations excite the part, holds where none do, and
+// keeps a part that hardly varies on its own (a step cost that moves with
+// the prefill) from absorbing the others' residual.
 func (f *fit) solve() {
-	var m [3][4]float64
+	var m [parts][parts + 1]float64
 	n := max(f.n, 1)
-	mean := (f.a[0][0] + f.a[1][1] + f.a[2][2]) / 3 / n
-	for i := range 3 {
-		for j := range 3 {
+	var mean float64
+	for i := range parts {
+		mean += f.a[i][i] / parts / n
+	}
+	for i := range parts {
+		for j := range parts {
 			m[i][j] = f.a[i][j]
 		}
 		k := calibrationPrior * max(f.a[i][i]/n, mean/10, 1e-12)
 		m[i][i] += k
-		m[i][3] = f.b[i] + k
+		m[i][parts] = f.b[i] + k*thetaPrior[i]
 	}
 	theta, ok := gauss(m)
 	if !ok {
 		return
 	}
-	for i := range theta {
+	for i := range parts - 1 {
 		f.theta[i] = min(max(theta[i], minScale), maxScale)
 	}
+	f.theta[parts-1] = min(max(theta[parts-1], 0), maxOverhead)
 }
 
-// gauss solves the 3×3 system in m (augmented with its right-hand side)
-// by Gaussian elimination with partial pivoting.
-func gauss(m [3][4]float64) ([3]float64, bool) {
-	for col := range 3 {
+// gauss solves the system in m (augmented with its right-hand side) by
+// Gaussian elimination with partial pivoting.
+func gauss(m [parts][parts + 1]float64) ([parts]float64, bool) {
+	for col := range parts {
 		p := col
-		for r := col + 1; r < 3; r++ {
+		for r := col + 1; r < parts; r++ {
 			if math.Abs(m[r][col]) > math.Abs(m[p][col]) {
 				p = r
 			}
 		}
-		if math.Abs(m[p][col]) < 1e-12 {
-			return [3]float64{}, false
+		if math.Abs(m[p][col]) < 1e-15 {
+			return [parts]float64{}, false
 		}
 		m[col], m[p] = m[p], m[col]
-		for r := col + 1; r < 3; r++ {
+		for r := col + 1; r < parts; r++ {
 			k := m[r][col] / m[col][col]
-			for c := col; c < 4; c++ {
+			for c := col; c <= parts; c++ {
 				m[r][c] -= k * m[col][c]
 			}
 		}
 	}
-	var x [3]float64
-	for r := 2; r >= 0; r-- {
-		v := m[r][3]
-		for c := r + 1; c < 3; c++ {
+	var x [parts]float64
+	for r := parts - 1; r >= 0; r-- {
+		v := m[r][parts]
+		for c := r + 1; c < parts; c++ {
 			v -= m[r][c] * x[c]
 		}
 		x[r] = v / m[r][r]

@@ -44,7 +44,7 @@
 //	         (fewer scheduled over the last MeterWindow than are waiting, and its KV
 //	         cache full or prefill under half its time); else 0
 //	TTFT   = max(QueueScale × queued × PrefillPerToken, admit)
-//	         + TokenScale × (P − M) × PrefillPerToken + StepScale × steps × o
+//	         + TokenScale × (P − M) × PrefillPerToken + StepScale × steps × o + Overhead
 //
 // RequestTokens (the engine's recent mean uncached prompt per request) is
 // what a waiting request costs; it replaces the fixed 1,024-token price
@@ -58,7 +58,7 @@
 // warmpath sends each request to the replica with the lowest
 //
 //	cost   = TTFT + Others + Future
-//	Others = (P − M) × perToken × (1 + ArrivalRate × TTFT)
+//	Others = (P − M) × perToken × (1 + ArrivalRate × (TTFT − Overhead))
 //	Future = remaining turns × P(gap > life) × P × perToken
 //	life   = (1 − KVUsage) × CacheTokens ÷ UncachedRate
 //
@@ -94,10 +94,11 @@
 //
 // # Calibration
 //
-// A [Calibrator] fits, per model, QueueScale, TokenScale and StepScale to
-// observed TTFTs by decayed least squares on relative error, each scale
-// held at its prior (1) until observations excite it, within [1/16, 16];
-// it also keeps each model's [SessionStats]. A [Meter] turns an engine's
+// A [Calibrator] fits, per model, QueueScale, TokenScale and StepScale
+// (prior 1, within [1/16, 16]) and a fixed Overhead (prior 0: what no
+// replica's load explains, the same everywhere) to observed TTFTs by
+// decayed least squares on relative error, each held at its prior until
+// observations excite it; it also keeps each model's [SessionStats]. A [Meter] turns an engine's
 // counters into ArrivalRate, UncachedRate and RequestTokens.
 //
 // # Scores

@@ -25,7 +25,7 @@ const (
 // the rest prefill. QueueScale, TokenScale and StepScale are the
 // calibration: they multiply the three parts of an estimate (the queue
 // ahead, the request's own prefill, the steps' fixed costs; see
-// [Estimate] and [Calibrator]); 0 means 1.
+// [Estimate] and [Calibrator]); 0 means 1. Overhead is calibrated too.
 //
 // The zero value is [DefaultCost] (see WithDefaults).
 type Cost struct {
@@ -35,6 +35,11 @@ type Cost struct {
 	DecodePerContextToken             float64
 	StepTokens                        int
 	QueueScale, TokenScale, StepScale float64
+	// Overhead is added to every estimate, seconds: what no replica's
+	// load explains (network, the engine's front end, a loaded host); it
+	// is the same on every replica, so it changes no choice. Calibrated;
+	// 0 in the prior.
+	Overhead float64
 }
 
 // DefaultCost returns the prior cost model (the Default constants).
@@ -77,8 +82,8 @@ func (c Cost) WithDefaults() Cost {
 type Estimate struct {
 	// TTFT is the predicted time to first token, seconds: QueueScale ×
 	// QueueSeconds (or AdmitSeconds, when the replica is not draining its
-	// queue) + TokenScale × OwnSeconds + StepScale ×
-	// StepSeconds.
+	// queue) + TokenScale × OwnSeconds + StepScale × StepSeconds +
+	// Overhead.
 	TTFT float64
 	// Others is the delay the request's own prefill imposes on everyone
 	// else (the fleet's time and the requests queued behind it), and
@@ -198,7 +203,7 @@ func (c *Cost) loadOf(e *Endpoint, price float64) load {
 //	        over the last MeterWindow than are waiting and the replica's KV cache
 //	        is full or prefill took under half its time; else 0
 //	TTFT  = max(QueueScale × queued × PrefillPerToken, admit)
-//	        + TokenScale × uncached × PrefillPerToken + StepScale × steps × o
+//	        + TokenScale × uncached × PrefillPerToken + StepScale × steps × o + Overhead
 func (c *Cost) estimate(l load, uncached, cached float64) Estimate {
 	w := l.queued + uncached
 	o := c.StepBase + l.running*c.DecodePerSeq + l.context*c.DecodePerContextToken
@@ -220,7 +225,7 @@ func (c *Cost) estimate(l load, uncached, cached float64) Estimate {
 	if l.admit > queue {
 		queue, e.AdmitSeconds, e.AdmitBound = l.admit, l.admit, true
 	}
-	e.TTFT = queue + c.TokenScale*e.OwnSeconds + c.StepScale*e.StepSeconds
+	e.TTFT = queue + c.TokenScale*e.OwnSeconds + c.StepScale*e.StepSeconds + max(c.Overhead, 0)
 	return e
 }
 
@@ -241,7 +246,8 @@ func (c *Cost) perToken(l load) float64 {
 // The prefill's seconds are paid once by the fleet, whose replica can do
 // nothing else meanwhile, and once more by each request that arrives at
 // the replica before it is done and waits behind it: ArrivalRate × TTFT of
-// them in expectation. A cache hit shrinks uncached and so both terms: at
+// them in expectation (TTFT here without the fixed overhead, which holds
+// no replica up). A cache hit shrinks uncached and so both terms: at
 // low load the fleet's share keeps a conversation where its prefix is
 // unless another replica is faster by more than the prefix costs to
 // recompute, and under load the queue's share grows with every request
@@ -250,7 +256,7 @@ func (c *Cost) others(l load, e Estimate) float64 {
 	if e.UncachedTokens <= 0 {
 		return 0
 	}
-	return float64(e.UncachedTokens) * c.perToken(l) * (1 + l.rate*e.TTFT)
+	return float64(e.UncachedTokens) * c.perToken(l) * (1 + l.rate*max(0, e.TTFT-c.Overhead))
 }
 
 // future is what the conversation's next turns are expected to pay for

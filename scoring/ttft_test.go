@@ -225,11 +225,21 @@ func TestCalibratorFits(t *testing.T) {
 	// No queue ever seen: its scale stays at the prior.
 	d := NewCalibrator(Cost{})
 	for range 500 {
-		d.Observe("m", Estimate{OwnSeconds: 1, StepSeconds: 0.02}, 3.06)
-		d.Observe("m", Estimate{AdmitBound: true, AdmitSeconds: 10, QueueSeconds: 99, OwnSeconds: 1, StepSeconds: 0.02}, 13.06)
+		own := 0.05 + 2*rng.Float64()
+		d.Observe("m", Estimate{OwnSeconds: own, StepSeconds: 0.02 * own}, 3.06*own)
+		d.Observe("m", Estimate{AdmitBound: true, AdmitSeconds: 10, QueueSeconds: 99, OwnSeconds: own, StepSeconds: 0.02 * own}, 10+3.06*own)
 	}
-	if got := d.Cost("m"); got.QueueScale != 1 || math.Abs(got.TokenScale-3) > 0.1 {
-		t.Errorf("scales %+v; want queue 1 (unseen), token ≈ 3", got)
+	if got := d.Cost("m"); got.QueueScale != 1 || math.Abs(got.TokenScale-3) > 0.15 || got.Overhead > 0.05 {
+		t.Errorf("scales %+v; want queue 1 (unseen), token ≈ 3, no overhead", got)
+	}
+	// A constant delay on top of the model is the overhead.
+	o := NewCalibrator(Cost{})
+	for range 1000 {
+		e := Estimate{QueueSeconds: rng.Float64(), OwnSeconds: 0.05 + rng.Float64(), StepSeconds: 0.01 + 0.02*rng.Float64()}
+		o.Observe("m", e, e.QueueSeconds+e.OwnSeconds+e.StepSeconds+0.5)
+	}
+	if got := o.Cost("m"); math.Abs(got.Overhead-0.5) > 0.1 || math.Abs(got.TokenScale-1) > 0.15 {
+		t.Errorf("fit %+v; want overhead 0.5 s on unchanged scales", got)
 	}
 	// Absurd observations are clamped, bad ones ignored.
 	for range 500 {
