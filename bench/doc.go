@@ -6,13 +6,14 @@
 //
 // # Live benchmark
 //
-// Run plans a Workload (shared-prefix, agentic or trace; see Workloads) and,
-// for each policy in turn, builds a fresh simulated fleet (vllmsim, same
-// configuration and seed), a fresh in-process Redis (miniredis) and a fresh
-// gateway with that policy, drives the workload through the gateway with
-// streamed chat completions, collects the figures and tears everything
-// down. Every policy faces the same requests at the same times. Instead of
-// the simulated fleet, Run can route to external OpenAI-compatible replicas
+// Run plans a Workload (shared-prefix, agentic, agentic-harness or trace;
+// see Workloads) and, for each policy in turn, builds a fresh simulated
+// fleet (vllmsim, same configuration and seed), a fresh in-process Redis
+// (miniredis) and a fresh gateway with that policy, drives the workload
+// through the gateway with streamed chat completions, collects the
+// figures and tears everything down. Every policy faces the same requests
+// at the same times. Instead of the simulated fleet, Run can route to
+// external OpenAI-compatible replicas
 // (Config.Fleet, their prefix caches reset between policies) or benchmark
 // one running endpoint (Config.Target). Config.Gateways > 1 puts several
 // gateways sharing the one Redis in front of the fleet, as a highly
