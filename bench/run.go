@@ -444,6 +444,7 @@ func runGateway(ctx context.Context, cfg Config, policy string, urls, kv, replay
 	}
 	gc.Routing.Policy = policy
 	gc.Auth.Mode = tenancy.ModeNone // the load generator is one anonymous tenant
+	gc.Server.PreStop = -1          // nothing in front of the gateway to drain
 	// The gateway's one token-denominated threshold scales with the
 	// workload's tokens, so that saturation trips at the same load.
 	gc.Routing.MaxInflightPrefillTokens = int64(math.Round(scoring.DefaultMaxInflightPrefillTokens * cfg.Scale))

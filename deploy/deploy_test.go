@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -241,13 +242,10 @@ func ptrOr[T any](p *T, def T) T {
 	return *p
 }
 
-// The drain the gateway implements (issue 12 §2): a pre-stop period in
-// which load balancers stop sending, then a drain timeout for in-flight
-// streams.
-const (
-	preStopSeconds = 15
-	drainSeconds   = 30
-)
+// Kubernetes' preStop sleep: Service endpoints drop the pod while it
+// sleeps, before SIGTERM; the gateway then runs its own drain (server.
+// pre_stop, server.drain_timeout, from the ConfigMap).
+const preStopSeconds = 15
 
 func TestGatewayDeployment(t *testing.T) {
 	ms := loadManifests(t)
@@ -271,8 +269,10 @@ func TestGatewayDeployment(t *testing.T) {
 	if c.Lifecycle == nil || c.Lifecycle.PreStop == nil || c.Lifecycle.PreStop.Sleep == nil || c.Lifecycle.PreStop.Sleep.Seconds != preStopSeconds {
 		t.Errorf("preStop %+v; want sleep %d s", c.Lifecycle, preStopSeconds)
 	}
-	if g := spec.TerminationGracePeriodSeconds; g == nil || *g < preStopSeconds+drainSeconds {
-		t.Errorf("terminationGracePeriodSeconds %d; want ≥ %d (pre-stop + drain)", ptrOr(g, 30), preStopSeconds+drainSeconds)
+	sc := gatewayConfig(t, ms, d).Server
+	need := int64(preStopSeconds) + int64((sc.PreStop + sc.DrainTimeout + time.Second).Seconds())
+	if g := spec.TerminationGracePeriodSeconds; g == nil || *g < need {
+		t.Errorf("terminationGracePeriodSeconds %d; want ≥ %d (preStop sleep + server.pre_stop + server.drain_timeout + the cut streams' second)", ptrOr(g, 30), need)
 	}
 	if len(spec.TopologySpreadConstraints) == 0 {
 		t.Error("no topologySpreadConstraints")

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"mime"
 	"net/http"
 	"strconv"
@@ -44,20 +45,27 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 		done: func(err error) {
 			x.flight.Done()
 			g.finish(x, got, have)
+			if g.log.Enabled(context.Background(), slog.LevelDebug) {
+				g.logFor(x).Debug("request", "model", x.req.model, "status", resp.StatusCode, "stream", stream,
+					"prompt_tokens", got.PromptTokens, "cached_tokens", got.CachedTokens, "predicted_cached", x.predicted,
+					"attempts", x.attempts, "duration_ms", time.Since(x.start).Milliseconds(), "err", err)
+			}
 			if have {
 				g.m.account(g.tenant(x), x.req.model, got, x.predicted, g.cfg.Routing.BlockSize)
+				g.activity.served(time.Now(), g.tenant(x), got)
 				if err == nil {
 					g.rememberCompleted(x.route, x.replica.Spec.Name, got)
 				}
 			}
 			if err != nil && !errors.Is(err, context.Canceled) && x.ctx.Err() == nil {
-				// The body broke after the first byte: too late to retry,
-				// but the replica is suspect. A stream was ended with an
-				// error event (sseFilter.end).
-				x.replica.ReportFailure(err)
-				g.m.upstreamErrors.WithLabelValues(x.replica.Spec.Name, "broken_body").Inc()
+				// The body broke after the first byte: too late to retry.
+				// A stream was ended with an error event (sseFilter.end).
 				if stream {
 					g.m.streamsCut.WithLabelValues(cutReason(err)).Inc()
+				}
+				if !errors.Is(err, errDraining) { // then the replica is suspect
+					x.replica.ReportFailure(err)
+					g.m.upstreamErrors.WithLabelValues(x.replica.Spec.Name, "broken_body").Inc()
 				}
 			}
 		},

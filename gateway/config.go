@@ -47,6 +47,9 @@ type Config struct {
 	Routing RoutingConfig `yaml:"routing"`
 	// Health configures active health checks and metrics scraping.
 	Health HealthConfig `yaml:"health"`
+	// Server bounds what clients can hold of the HTTP server, and how it
+	// drains on SIGTERM.
+	Server ServerConfig `yaml:"server"`
 	// Upstream bounds every call to a replica.
 	Upstream UpstreamConfig `yaml:"upstream"`
 	// Responses tunes the Responses and Conversations API.
@@ -134,6 +137,13 @@ type RoutingConfig struct {
 	// prefill at 15,000 tokens/s); negative disables a threshold. See
 	// scoring.Saturation.
 	scoring.Saturation `yaml:",inline"`
+	// TokenizeUnseen makes the precise policies tokenize every prompt that
+	// is not sticky. By default (false) a prompt whose opening (its first
+	// approx_chunk_bytes of text) this gateway never sent to any replica
+	// routes on load without the tokenizer round trip: no replica can
+	// hold a prefix of it, unless another gateway sent it, or this one
+	// restarted since (then one request per opening pays a prefill).
+	TokenizeUnseen bool `yaml:"tokenize_unseen"`
 	// TokenizeCacheBytes bounds the cache of tokenized prompts by the
 	// bytes their token ids take (4 a token, plus about 100 an entry);
 	// default 256 MiB, about 16,000 prompts of 4,096 tokens.
@@ -336,6 +346,7 @@ func (c Config) withDefaults() Config {
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = 32 << 20
 	}
+	c.Server.withDefaults()
 	u := &c.Upstream
 	def(&u.ConnectTimeout, 2*time.Second)
 	def(&u.HeaderTimeout, 10*time.Minute)
@@ -443,11 +454,16 @@ func (c *Config) validate() error {
 		{"upstream.connect_timeout", c.Upstream.ConnectTimeout}, {"upstream.header_timeout", c.Upstream.HeaderTimeout},
 		{"upstream.first_byte_timeout", c.Upstream.FirstByteTimeout}, {"upstream.idle_timeout", c.Upstream.IdleTimeout},
 		{"upstream.tokenize_timeout", c.Upstream.TokenizeTimeout}, {"health.interval", c.Health.Interval},
+		{"server.header_timeout", c.Server.HeaderTimeout}, {"server.body_timeout", c.Server.BodyTimeout},
+		{"server.idle_timeout", c.Server.IdleTimeout}, {"server.drain_timeout", c.Server.DrainTimeout},
 		{"health.timeout", c.Health.Timeout}, {"health.scrape_interval", c.Health.ScrapeInterval}, {"health.stale_after", c.Health.StaleAfter},
 	} {
 		if d.v < 0 {
 			bad(d.field, "%v is negative", d.v)
 		}
+	}
+	if c.Server.MaxHeaderBytes < 4096 {
+		bad("server.max_header_bytes", "%d is below 4096", c.Server.MaxHeaderBytes)
 	}
 	if c.Health.Failures < 0 {
 		bad("health.failures", "%d is negative", c.Health.Failures)

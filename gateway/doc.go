@@ -29,7 +29,9 @@
 // Gateway.Do runs admit → route → forward → account for one parsed
 // Request and returns the upstream response as a stream: the routed
 // client. The chat and completions handlers are thin users of it (parse,
-// Do, copy the response); the Responses API is another. No routing state
+// Do, copy the response); the Responses API (responses.go, package
+// responses) and the Anthropic Messages API (messages.go, package
+// gateway/anthropic, which answers in its own error envelope) are others. No routing state
 // or error travels through a context value.
 //
 // Streams are never buffered: each SSE event is released as soon as its
@@ -43,8 +45,12 @@
 // /metrics scrapes and DNS membership, see package fleet); the KV-event
 // subscribers (one per replica KV source in the per-replica topology, one
 // bound socket in the central topology), which feed the precise prefix
-// index; and a once-a-second sync of the indexes' per-replica facts (model,
-// KV capacity). Speculative index entries expire lazily, on the index's own
+// index; the two session-tip workers (tips.go) and the four workers that
+// write completed turns' bindings to Redis off the response path
+// (background.go, rememberCompleted; queued writes get a second on
+// shutdown); the Responses API's
+// background workers when Redis is configured; and a once-a-second sync of
+// the indexes' per-replica facts (model, KV capacity). Speculative index entries expire lazily, on the index's own
 // calls, so no janitor runs. All stop when Run's context ends.
 //
 // # Errors

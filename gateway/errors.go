@@ -35,7 +35,7 @@ func normalizeErrorBody(status int, body []byte) []byte {
 		if c := e.Get("code"); c.Type == gjson.String && c.String() != "" {
 			eb.Code = apierror.OrNil(c.String())
 		}
-		if wrapped && e.Get("message").Type == gjson.String && e.Get("type").Type == gjson.String &&
+		if wrapped && e.Get("message").Type == gjson.String && openAIType[e.Get("type").String()] &&
 			stringOrNull(e.Get("param")) && stringOrNull(e.Get("code")) {
 			return nil // already OpenAI-shaped
 		}
@@ -48,7 +48,9 @@ func normalizeErrorBody(status int, body []byte) []byte {
 	if eb.Message == "" {
 		eb.Message = http.StatusText(status)
 	}
-	if eb.Type == "" {
+	if !openAIType[eb.Type] {
+		// vLLM names its Python exception classes here (BadRequestError,
+		// NotFoundError): keep the message, give the type OpenAI's name.
 		eb.Type = errorTypeFor(status)
 	}
 	if eb.Code == nil {
@@ -60,6 +62,14 @@ func normalizeErrorBody(status int, body []byte) []byte {
 
 func stringOrNull(r gjson.Result) bool {
 	return r.Exists() && (r.Type == gjson.String || r.Type == gjson.Null)
+}
+
+// openAIType lists the error types OpenAI's API answers with, which pass
+// through unchanged.
+var openAIType = map[string]bool{
+	"invalid_request_error": true, "authentication_error": true, "permission_error": true,
+	"not_found_error": true, "rate_limit_error": true, "server_error": true, "api_error": true,
+	"requests": true, "tokens": true, "insufficient_quota": true,
 }
 
 func errorTypeFor(status int) string {

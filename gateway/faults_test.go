@@ -3,6 +3,7 @@ package gateway
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -17,6 +18,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/warmpath/warmpath/internal/apierror"
 	"github.com/warmpath/warmpath/internal/redistest"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/vllmsim"
@@ -85,6 +87,7 @@ func TestReplicaRestartClearsIndex(t *testing.T) {
 	sim := startSim(t, vllmsim.Config{Replicas: 2})
 	cfg := fleetConfig(sim)
 	cfg.Debug = true
+	cfg.Routing.TokenizeUnseen = true // the first turn's binding has its tip at once
 	cfg.Routing.SpeculativeTTL = -1
 	rdb := redisFor(t, &cfg)
 	gw := startGateway(t, cfg, rdb)
@@ -198,18 +201,36 @@ func TestHungReplicaReleasesRequests(t *testing.T) {
 			victim = r
 		}
 	}
-	victim.SetFaults(vllmsim.Faults{Hang: true})
-	t.Cleanup(func() { victim.SetFaults(vllmsim.Faults{}) })
+	// The same load with every replica well, then with the victim hung;
+	// the latencies of turns answered by the others are logged (issue 12's
+	// target: their p99 within 2× of normal), not asserted.
 	var mu sync.Mutex
 	var served []string
-	parallel(len(convs), func(i int) {
-		for range 3 {
-			r := convs[i].turn(t, gw.URL, "while one replica hangs")
-			mu.Lock()
-			served = append(served, r.replica())
-			mu.Unlock()
+	load := func(label string, turns int) {
+		var others []time.Duration
+		parallel(len(convs), func(i int) {
+			for range turns {
+				start := time.Now()
+				r := convs[i].turn(t, gw.URL, label)
+				d := time.Since(start)
+				mu.Lock()
+				served = append(served, r.replica())
+				if r.replica() != home && r.Header.Get("X-Warmpath-Attempts") == "1" {
+					others = append(others, d)
+				}
+				mu.Unlock()
+			}
+		})
+		slices.Sort(others)
+		if n := len(others); n > 0 {
+			t.Logf("%s: %d turns on the other replicas, p50 %v, p99 %v, max %v", label, n, others[n/2], others[(n*99+99)/100-1], others[n-1])
 		}
-	})
+	}
+	load("all replicas well", 3)
+	served = nil
+	victim.SetFaults(vllmsim.Faults{Hang: true})
+	t.Cleanup(func() { victim.SetFaults(vllmsim.Faults{}) })
+	load("one replica hung", 3)
 	for _, name := range served {
 		if name == victim.Info().Name {
 			t.Errorf("a turn was answered by the hung replica")
@@ -344,5 +365,214 @@ func TestRedisOutageBreaker(t *testing.T) {
 	lat("redis back")
 	if n := len(rdb.Keys(t.Context(), "*sess:*").Val()); n == 0 {
 		t.Error("no binding written to the restarted Redis")
+	}
+}
+
+// Upstream error bodies keep their message but not the engine's internals:
+// vLLM's Python exception class names become OpenAI's error types.
+func TestUpstreamErrorTypesNormalized(t *testing.T) {
+	tests := []struct {
+		status int
+		body   string
+		typ    string
+	}{
+		{400, `{"error":{"message":"bad","type":"BadRequestError","param":null,"code":400}}`, "invalid_request_error"},
+		{404, `{"object":"error","message":"no such model","type":"NotFoundError","param":null,"code":404}`, "invalid_request_error"},
+		{500, `{"error":{"message":"boom","type":"EngineDeadError","param":null,"code":"x"}}`, "server_error"},
+		{429, `{"error":{"message":"slow down","type":"requests","param":null,"code":"rate_limit_exceeded"}}`, "requests"},
+	}
+	for _, tt := range tests {
+		out := normalizeErrorBody(tt.status, []byte(tt.body))
+		if out == nil {
+			out = []byte(tt.body)
+		}
+		var env apierror.Envelope
+		if err := json.Unmarshal(out, &env); err != nil {
+			t.Fatal(err)
+		}
+		if env.Error.Type != tt.typ || env.Error.Message == "" {
+			t.Errorf("%s → type %q message %q; want %q and the message kept", tt.body, env.Error.Type, env.Error.Message, tt.typ)
+		}
+	}
+}
+
+// Slow request bodies cannot hold the gateway: each is answered 408 once
+// server.body_timeout passes and its connection closed, one client holds
+// at most server.max_conns_per_client connections, and oversized headers
+// are refused. A client that aborts its body counts as 499, not 400.
+func TestSlowBodiesAndHugeHeadersAreBounded(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{Replicas: 1})
+	cfg := fleetConfig(sim)
+	cfg.Server = ServerConfig{BodyTimeout: 300 * time.Millisecond, MaxConnsPerClient: 4}
+	rdb := redisFor(t, &cfg)
+	gw := startGateway(t, cfg, rdb)
+	addr := gw.Addr()
+	slow := make([]net.Conn, 4)
+	for i := range slow {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{")
+		slow[i] = c
+	}
+	// A fifth connection from the same client is closed on arrival. Its
+	// request is sent only once the four are surely accepted: the server
+	// answers each of them (408) only after accepting it.
+	extra, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer extra.Close()
+	for i, c := range slow {
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second)) // a bound on the test, not a sync
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("slow body %d: %v", i, err)
+		}
+		if resp.StatusCode != http.StatusRequestTimeout {
+			t.Errorf("slow body %d: status %d; want 408", i, resp.StatusCode)
+		}
+	}
+	_ = extra.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := http.ReadResponse(bufio.NewReader(extra), nil); err == nil {
+		t.Error("a connection beyond max_conns_per_client was served")
+	}
+	if got := counter(t, gw.reg, "warmpath_connections_rejected_total", nil); got < 1 {
+		t.Errorf("warmpath_connections_rejected_total = %v; want ≥ 1", got)
+	}
+	if got := counter(t, gw.reg, "warmpath_requests_total", map[string]string{"code": "408"}); got != 4 {
+		t.Errorf("requests answered 408 = %v; want 4", got)
+	}
+
+	// The slots came back: a normal request works; huge headers do not.
+	if r := chat(t, gw.URL, map[string]any{"model": "qwen3-32b", "max_tokens": 2, "messages": []msg{{"user", "hi"}}}, nil); r.Status != http.StatusOK {
+		t.Errorf("after the slow bodies: status %d", r.Status)
+	}
+	if r := chat(t, gw.URL, map[string]any{"model": "qwen3-32b", "messages": []msg{{"user", "hi"}}}, map[string]string{"X-Huge": strings.Repeat("h", 200<<10)}); r.Status != http.StatusRequestHeaderFieldsTooLarge {
+		t.Errorf("200 KiB of headers: status %d; want 431", r.Status)
+	}
+
+	// A body the client abandons mid-way is a 499.
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"model\":")
+	c.Close()
+	eventually(t, 5*time.Second, func() bool {
+		return counter(t, gw.reg, "warmpath_requests_total", map[string]string{"code": "499"}) == 1
+	}, "the abandoned body counted as 499")
+	if got := counter(t, gw.reg, "warmpath_requests_total", map[string]string{"code": "400"}); got != 0 {
+		t.Errorf("requests answered 400 = %v; want 0", got)
+	}
+}
+
+// SIGTERM drains: /readyz answers 503 at once while the listener keeps
+// serving for the pre-stop period; then the listener closes, a stream
+// that finishes within the drain timeout finishes, and one still open
+// after it is ended with an error event and [DONE]; Run returns nil.
+func TestGracefulDrain(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{Replicas: 1, Speed: 1, StreamInterval: 50 * time.Millisecond})
+	cfg := fleetConfig(sim)
+	cfg.Server = ServerConfig{PreStop: 400 * time.Millisecond, DrainTimeout: 600 * time.Millisecond}
+	rdb := redisFor(t, &cfg)
+	g, err := New(cfg, Options{Redis: rdb, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, sigterm := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer wcancel()
+	if err := g.WaitReady(wctx); err != nil {
+		t.Fatal(err)
+	}
+	url := "http://" + g.Addr()
+	// A long stream: hundreds of tokens at 50 ms each outlast the drain.
+	body, _ := json.Marshal(map[string]any{"model": "qwen3-32b", "stream": true, "max_tokens": 400, "ignore_eos": true,
+		"messages": []msg{{"user", words("drain", 30)}}})
+	resp, err := http.Post(url+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	if _, err := br.ReadString('\n'); err != nil { // the stream is under way
+		t.Fatal(err)
+	}
+
+	sigterm()
+	eventually(t, 2*time.Second, func() bool {
+		r, err := http.Get(url + "/readyz")
+		if err != nil {
+			return false
+		}
+		r.Body.Close()
+		return r.StatusCode == http.StatusServiceUnavailable
+	}, "/readyz to answer 503")
+	// Still serving during the pre-stop period.
+	if r := chat(t, url, map[string]any{"model": "qwen3-32b", "max_tokens": 2, "messages": []msg{{"user", "during pre-stop"}}}, nil); r.Status != http.StatusOK {
+		t.Errorf("request during pre-stop: status %d", r.Status)
+	}
+	var events []string
+	for {
+		line, err := br.ReadString('\n')
+		if strings.HasPrefix(line, "data: ") {
+			events = append(events, strings.TrimSpace(strings.TrimPrefix(line, "data: ")))
+		}
+		if err != nil {
+			break
+		}
+	}
+	n := len(events)
+	if n < 2 || events[n-1] != "[DONE]" || !strings.Contains(events[n-2], "shutting down") {
+		t.Errorf("the long stream ended with %q; want the shutting-down error event, then [DONE]", events[max(0, n-2):])
+	}
+	if err := <-done; err != nil {
+		t.Errorf("Run = %v after the drain; want nil", err)
+	}
+	if _, err := net.DialTimeout("tcp", g.Addr(), time.Second); err == nil {
+		t.Error("the listener still accepts after the drain")
+	}
+	if got := counter(t, g.reg, "warmpath_streams_cut_total", map[string]string{"reason": "drain"}); got != 1 {
+		t.Errorf("streams cut by the drain = %v; want 1", got)
+	}
+}
+
+// A replica that restarts while idle (its cache gone, no KV event yet to
+// say so) stops being predicted warm as soon as its counters are seen to
+// reset: its index entries are cleared, and the session bound to it
+// rebinds as evicted instead of predicting a hit it will not get.
+func TestIdleRestartForgetsCache(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{Replicas: 2})
+	cfg := fleetConfig(sim)
+	cfg.Debug = true
+	cfg.Routing.TokenizeUnseen = true // the first turn's binding has its tip at once
+	cfg.Routing.SpeculativeTTL = -1
+	rdb := redisFor(t, &cfg)
+	gw := startGateway(t, cfg, rdb)
+	c := newConversation(words("idle restart", 400), "first")
+	home := c.turn(t, gw.URL, "second").replica()
+	eventually(t, 5*time.Second, func() bool { return gw.index.ix.Stats().Replicas[home].Entries > 20 }, "the home replica's blocks indexed")
+	// Idle, as a replica is once scraped after serving.
+	eventually(t, 5*time.Second, func() bool { return gw.fleet.Replica(home).State().PrefixQueries > 0 }, "a scrape after the turn")
+	for _, r := range sim.Replicas() {
+		if r.Info().Name == home {
+			r.Restart() // no traffic follows: no event says the cache is gone
+		}
+	}
+
+	eventually(t, 5*time.Second, func() bool {
+		return counter(t, gw.reg, "warmpath_replica_restarts_total", map[string]string{"replica": home}) == 1
+	}, "the restart seen on /metrics")
+	if n := gw.index.ix.Stats().Replicas[home].Entries; n != 0 {
+		t.Errorf("%d index entries left for the restarted replica", n)
+	}
+	r := c.turn(t, gw.URL, "after the restart")
+	if got := r.Header.Get("X-Warmpath-Rebind"); got != scoring.RebindEvicted {
+		t.Errorf("rebind = %q (reason %s, predicted %s); want evicted", got, r.Header.Get("X-Warmpath-Reason"), r.Header.Get("X-Warmpath-Predicted-Cached"))
 	}
 }

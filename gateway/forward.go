@@ -83,7 +83,7 @@ func (g *Gateway) forward(ctx context.Context, x *exchange) (*http.Response, err
 			resp.Body.Close()
 		}
 		g.m.retries.WithLabelValues(kind).Inc()
-		g.log.Info("retrying on next-best replica", "failed", rep.Spec.Name, "err", lastErr)
+		g.logFor(x).Info("retrying on next-best replica", "failed", rep.Spec.Name, "err", lastErr)
 	}
 	return nil, apierror.BadGateway(lastErr, "the upstream replica failed before answering; try again")
 }
@@ -127,7 +127,11 @@ func (g *Gateway) attempt(ctx context.Context, x *exchange, rep *fleet.Replica) 
 		cancel(nil)
 		return nil, err
 	}
-	resp.Body = newWatchdog(resp.Body, actx, cancel, g.cfg.Upstream.FirstByteTimeout, g.cfg.Upstream.IdleTimeout)
+	w := newWatchdog(resp.Body, actx, cancel, g.cfg.Upstream.FirstByteTimeout, g.cfg.Upstream.IdleTimeout)
+	// Past the drain timeout the attempt ends, and its stream with an
+	// error event.
+	w.undrain = context.AfterFunc(g.drainCtx, func() { cancel(errDraining) })
+	resp.Body = w
 	return resp, nil
 }
 
@@ -142,6 +146,8 @@ type watchdog struct {
 	timer  *time.Timer
 	idle   time.Duration
 	began  bool
+	// undrain unregisters the attempt from the drain; nil until set.
+	undrain func() bool
 }
 
 func newWatchdog(src io.ReadCloser, ctx context.Context, cancel context.CancelCauseFunc, first, idle time.Duration) *watchdog {
@@ -171,6 +177,9 @@ func (w *watchdog) Read(p []byte) (int, error) {
 
 func (w *watchdog) Close() error {
 	w.timer.Stop()
+	if w.undrain != nil {
+		w.undrain()
+	}
 	err := w.src.Close()
 	w.cancel(nil)
 	return err

@@ -7,14 +7,15 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
-	"golang.org/x/sync/errgroup"
 
+	"github.com/warmpath/warmpath/gateway/anthropic"
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/kvevents"
 	"github.com/warmpath/warmpath/responses"
@@ -60,7 +61,11 @@ type Gateway struct {
 	approx      *approxIndex
 	tok         *tokenizer
 	tenants     *tenants
+	activity    *activity          // what the status page shows
+	tips        *workers           // fill session tips off the request path (tips.go)
+	writes      *workers           // write completed turns' bindings to Redis off the response path
 	responses   *responses.Service // nil without Redis
+	messages    *anthropic.Service
 	admit       Admitter
 	wrapped     prometheus.Registerer // reg with the policy label
 	upstream    *http.Transport
@@ -69,7 +74,12 @@ type Gateway struct {
 	srv         *http.Server
 	metricsLn   net.Listener // nil: /metrics is served on ln
 	metricsSrv  *http.Server
-	started     time.Time
+	draining    atomic.Bool // SIGTERM arrived: /readyz answers 503
+	// tokenizeWarn rate-limits a warning any client can trigger.
+	tokenizeWarn sometimes
+	drainCtx     context.Context // ends when the drain timeout passes, cutting open streams
+	cutStreams   context.CancelFunc
+	started      time.Time
 }
 
 // New builds a gateway from cfg: it fills defaults, validates (errors name
@@ -96,6 +106,11 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	wrapped := prometheus.WrapRegistererWith(prometheus.Labels{"policy": cfg.Routing.Policy}, reg)
 	g := &Gateway{cfg: cfg, log: log, reg: reg, wrapped: wrapped, m: newMetrics(wrapped), kvm: kvevents.NewMetrics(wrapped), upstreamKey: o.UpstreamAPIKey, started: time.Now()}
 
+	g.drainCtx, g.cutStreams = context.WithCancel(context.Background())
+	g.activity = newActivity()
+	g.tips = newWorkers(tipWorkers, tipBacklog, 0)
+	g.writes = newWorkers(writeWorkers, writeBacklog, time.Second)
+	g.tokenizeWarn.period = 10 * time.Second
 	var err error
 	g.cal = scoring.NewCalibrator(scoring.DefaultCost())
 	if g.policy, err = scoring.NewPolicy(cfg.Routing.Policy, cfg.Routing.Weights); err != nil {
@@ -145,10 +160,16 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		return nil, fmt.Errorf("config: responses: %w", err)
 	}
 
+	if g.messages, err = g.newMessages(); err != nil {
+		g.close()
+		return nil, fmt.Errorf("config: messages: %w", err)
+	}
+
 	if g.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
 		g.close()
 		return nil, fmt.Errorf("config: listen: %w", err)
 	}
+	g.ln = limitClients(g.ln, cfg.Server.MaxConnsPerClient, g.m.connsRejected)
 	if cfg.MetricsListen != "" {
 		if g.metricsLn, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
 			g.close()
@@ -158,8 +179,9 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	}
 	g.srv = &http.Server{
 		Handler:           g.routes(),
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       120 * time.Second,
+		ReadHeaderTimeout: cfg.Server.HeaderTimeout,
+		MaxHeaderBytes:    cfg.Server.MaxHeaderBytes,
+		IdleTimeout:       cfg.Server.IdleTimeout,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	return g, nil
@@ -224,51 +246,6 @@ func (g *Gateway) Policy() string { return g.policy.Name }
 
 // Registry returns the registry behind /metrics.
 func (g *Gateway) Registry() *prometheus.Registry { return g.reg }
-
-// Run serves until ctx ends, with every goroutine the gateway needs: the
-// HTTP server, the fleet's health checks and scrapes, and the KV-event
-// subscribers. It returns nil after a clean shutdown, or the first
-// component's error.
-func (g *Gateway) Run(ctx context.Context) error {
-	defer g.close()
-	eg, ctx := errgroup.WithContext(ctx)
-	if err := g.tenants.start(ctx, eg, g.rdb, g.cfg.Redis.KeyPrefix, g.log); err != nil {
-		return err
-	}
-	if g.breaker != nil {
-		eg.Go(func() error { return g.breaker.Run(ctx) })
-	}
-	if g.responses != nil {
-		eg.Go(func() error { return ignoreCanceled(g.responses.Run(ctx)) })
-	}
-	eg.Go(func() error { return g.fleet.Run(ctx) })
-	eg.Go(func() error { return g.runKVEvents(ctx) })
-	serve(ctx, eg, g.srv, g.ln)
-	if g.metricsSrv != nil {
-		serve(ctx, eg, g.metricsSrv, g.metricsLn)
-	}
-	return eg.Wait()
-}
-
-// serve runs srv on ln under eg until ctx ends, then shuts it down.
-func serve(ctx context.Context, eg *errgroup.Group, srv *http.Server, ln net.Listener) {
-	eg.Go(func() error {
-		err := srv.Serve(ln)
-		if errors.Is(err, http.ErrServerClosed) {
-			return nil
-		}
-		return fmt.Errorf("gateway: serve %s: %w", ln.Addr(), err)
-	})
-	eg.Go(func() error {
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := srv.Shutdown(sctx); err != nil {
-			srv.Close() // streams still open after the grace period
-		}
-		return nil
-	})
-}
 
 func (g *Gateway) close() {
 	if g.metricsLn != nil {

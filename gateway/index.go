@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,19 +18,22 @@ type preciseIndex struct {
 	ix        *blockindex.Index
 	blockSize int
 
-	mu      sync.RWMutex    // guards sources and models
-	sources map[string]bool // replicas whose events have arrived
+	mu      sync.RWMutex             // guards sources and models
+	sources map[string]*atomic.Int64 // replicas whose events have arrived → Unix nanos of the last batch
 	models  map[string]string
 }
 
-var _ kvevents.Handler = (*preciseIndex)(nil)
+var (
+	_ kvevents.Handler     = (*preciseIndex)(nil)
+	_ kvevents.RankClearer = (*preciseIndex)(nil)
+)
 
 func newPreciseIndex(rc RoutingConfig, reg prometheus.Registerer) (*preciseIndex, error) {
 	ix, err := blockindex.New(blockindex.Config{BlockSize: rc.BlockSize, MaxEntries: rc.IndexMaxEntries})
 	if err != nil {
 		return nil, err
 	}
-	p := &preciseIndex{ix: ix, blockSize: rc.BlockSize, sources: map[string]bool{}, models: map[string]string{}}
+	p := &preciseIndex{ix: ix, blockSize: rc.BlockSize, sources: map[string]*atomic.Int64{}, models: map[string]string{}}
 	reg.MustRegister(indexCollector{p})
 	return p, nil
 }
@@ -37,18 +41,37 @@ func newPreciseIndex(rc RoutingConfig, reg prometheus.Registerer) (*preciseIndex
 // Apply implements kvevents.Handler.
 func (p *preciseIndex) Apply(replica string, b kvevents.Batch) {
 	p.mu.RLock()
-	seen := p.sources[replica]
+	last := p.sources[replica]
 	p.mu.RUnlock()
-	if !seen {
+	if last == nil {
 		p.mu.Lock()
-		p.sources[replica] = true
+		if last = p.sources[replica]; last == nil {
+			last = new(atomic.Int64)
+			p.sources[replica] = last
+		}
 		p.mu.Unlock()
 	}
+	last.Store(time.Now().UnixNano())
 	p.ix.Apply(replica, b)
+}
+
+// lastEvent returns when the replica's last batch arrived, zero if none.
+func (p *preciseIndex) lastEvent(replica string) time.Time {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if last := p.sources[replica]; last != nil {
+		return time.Unix(0, last.Load())
+	}
+	return time.Time{}
 }
 
 // Clear implements kvevents.Handler.
 func (p *preciseIndex) Clear(replica string) { p.ix.Clear(replica) }
+
+// ClearRank implements kvevents.RankClearer: one data-parallel rank's
+// subscriber joining, restarting or losing a replay clears that rank's
+// blocks only.
+func (p *preciseIndex) ClearRank(replica string, rank int) { p.ix.ClearRank(replica, rank) }
 
 // setModel registers the model a replica serves, which roots its keys.
 func (p *preciseIndex) setModel(replica, model string) {
@@ -77,7 +100,7 @@ func (p *preciseIndex) forget(replica string) {
 func (p *preciseIndex) receiving(replica string) bool {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	return p.sources[replica]
+	return p.sources[replica] != nil
 }
 
 func (p *preciseIndex) keys(tokens []uint32, model, salt string) []uint64 {
@@ -170,6 +193,22 @@ func (a *approxIndex) matchTokens(keys []uint64, names []string, promptTokens in
 }
 
 func (a *approxIndex) record(replica string, keys []uint64) { a.a.Record(replica, keys) }
+
+// seen reports whether any of replicas was sent a prompt whose first chunk
+// is key, as far as the index still remembers.
+func (a *approxIndex) seen(key uint64, replicas []string) bool {
+	var buf [64]blockindex.Hit
+	dst := buf[:0]
+	if len(replicas) > len(buf) {
+		dst = nil
+	}
+	for _, h := range a.a.Match([]uint64{key}, replicas, dst) {
+		if h.Blocks > 0 {
+			return true
+		}
+	}
+	return false
+}
 
 // sizeTo sizes a replica's memory of sent chunks to its KV capacity, as the
 // Inference Extension's approximate producer auto-tunes from vLLM's

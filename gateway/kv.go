@@ -141,18 +141,31 @@ func (g *Gateway) runSubscriber(ctx context.Context, name string, run func(conte
 	}
 }
 
-// syncReplicas keeps the indexes' per-replica facts current: the model that
-// roots a replica's block keys (configured, or discovered from /v1/models),
-// and the approximate index's capacity (from the engine's KV size).
+// syncReplicas keeps the indexes' per-replica facts current, once per
+// metrics scrape: the model that roots a replica's block keys (configured,
+// or discovered from /v1/models), the approximate index's capacity (from
+// the engine's KV size), and, when a replica restarted (fleet.State's
+// Restarts: its counters went back to zero), what it held: nothing. Its
+// KV events would say so only once it next serves; meanwhile a sticky
+// session would be predicted warm on a cold cache.
 func (g *Gateway) syncReplicas(ctx context.Context) {
-	t := time.NewTicker(time.Second)
+	t := time.NewTicker(max(g.cfg.Health.ScrapeInterval, 50*time.Millisecond))
 	defer t.Stop()
+	restarts := map[*fleet.Replica]int{} // restarts seen, per member
 	for {
-		for _, rep := range g.fleet.Snapshot().Replicas {
+		reps := g.fleet.Snapshot().Replicas
+		next := make(map[*fleet.Replica]int, len(reps))
+		for _, rep := range reps {
 			g.registerModel(rep) // models discovered later (central topology)
 			st := rep.State()
 			g.approx.sizeTo(rep.Spec.Name, st.NumGPUBlocks*st.BlockSize)
+			if seen, ok := restarts[rep]; ok && st.Restarts > seen {
+				g.index.Clear(rep.Spec.Name)
+				g.m.replicaRestarts.WithLabelValues(rep.Spec.Name).Inc()
+			}
+			next[rep] = st.Restarts
 		}
+		restarts = next
 		select {
 		case <-ctx.Done():
 			return

@@ -23,10 +23,14 @@ type metrics struct {
 	rebinds         *prometheus.CounterVec   // reason
 	tokenizer       *prometheus.CounterVec   // result
 	tokenizeAvoided prometheus.Counter
+	tokenizeUnseen  prometheus.Counter
+	tips            *prometheus.CounterVec
 	retries         *prometheus.CounterVec // reason
 	upstreamErrors  *prometheus.CounterVec // replica, kind
 	redisErrors     *prometheus.CounterVec // op
 	streamsCut      *prometheus.CounterVec // reason
+	connsRejected   prometheus.Counter
+	replicaRestarts *prometheus.CounterVec // replica
 	inflight        prometheus.Gauge
 
 	mu    sync.Mutex // guards fracs
@@ -82,6 +86,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		tokenizeAvoided: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "warmpath_tokenizer_avoided_total", Help: "Turns routed without tokenizing (sticky sessions whose replica still holds their prefix).",
 		}),
+		tokenizeUnseen: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "warmpath_tokenizer_unseen_total", Help: "Scored turns routed on load without tokenizing: no replica was sent their opening (routing.tokenize_unseen off).",
+		}),
+		tips: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warmpath_session_tips_total", Help: "Session tips filled in off the request path, by result: filled, stale (the session moved or already had one), failed (tokenizer), dropped (the workers' backlog was full).",
+		}, []string{"result"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "warmpath_upstream_retries_total", Help: "Requests retried on the next-best replica after a failure before the first byte.",
 		}, []string{"reason"}),
@@ -94,6 +104,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		streamsCut: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "warmpath_streams_cut_total", Help: "Streams that ended before the replica finished them, by reason (upstream_error, idle_timeout, first_byte_timeout, truncated, event_too_large); each ended with an error event.",
 		}, []string{"reason"}),
+		connsRejected: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "warmpath_connections_rejected_total", Help: "Client connections closed on arrival because their address already held server.max_conns_per_client.",
+		}),
+		replicaRestarts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warmpath_replica_restarts_total", Help: "Engine restarts seen on a replica's /metrics (its counters went back to zero); the index forgot what it held.",
+		}, []string{"replica"}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "warmpath_inflight_requests", Help: "Requests being proxied now.",
 		}),
@@ -101,7 +117,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	reg.MustRegister(m.requests, m.duration, m.ttft, m.ttftError, m.promptTokens, m.cachedTokens, m.predictedTokens,
 		m.cachedFraction, m.mispredicted, m.mispredictedTok, m.decisions, m.rebinds, m.tokenizer,
-		m.tokenizeAvoided, m.retries, m.upstreamErrors, m.redisErrors, m.streamsCut, m.inflight)
+		m.tokenizeAvoided, m.tokenizeUnseen, m.tips, m.retries, m.upstreamErrors, m.redisErrors, m.streamsCut, m.connsRejected, m.replicaRestarts, m.inflight)
 	return m
 }
 

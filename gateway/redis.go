@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -144,5 +145,26 @@ func (b *redisBreaker) Run(ctx context.Context) error {
 			b.gauge.Set(0)
 			b.log.Info("redis answers again; breaker closed")
 		}
+	}
+}
+
+// RedisLogger adapts go-redis's own log lines (dial failures, pool
+// notices; redis.SetLogger) to structured, rate-limited records: at most
+// one a second, with how many were held back, so an outage is visible
+// without a line per request.
+func RedisLogger(log *slog.Logger) interface {
+	Printf(ctx context.Context, format string, v ...any)
+} {
+	return &redisLogger{log: log.With("component", "go-redis"), limit: sometimes{period: time.Second}}
+}
+
+type redisLogger struct {
+	log   *slog.Logger
+	limit sometimes
+}
+
+func (l *redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	if ok, held := l.limit.allow(); ok {
+		l.log.WarnContext(ctx, fmt.Sprintf(format, v...), "held_back", held)
 	}
 }

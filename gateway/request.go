@@ -38,6 +38,7 @@ type Request struct {
 	api    API
 	body   []byte
 	header http.Header // the client's headers, forwarded upstream
+	id     string      // X-Request-Id, for logs and the engine
 	model  string
 	stream bool
 	// wantUsage reports that a streaming client asked for the usage chunk.
@@ -95,7 +96,7 @@ func ParseRequest(api API, h http.Header, body []byte, p *tenancy.Principal) (*R
 	if !root.IsObject() {
 		return nil, apierror.BadRequest("", "request body must be a JSON object")
 	}
-	r := &Request{api: api, body: body, header: h, principal: p}
+	r := &Request{api: api, body: body, header: h, principal: p, id: h.Get("X-Request-Id")}
 	m := root.Get("model")
 	if m.Type != gjson.String || m.String() == "" {
 		return nil, apierror.BadRequest("model", "you must provide a model parameter")

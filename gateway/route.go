@@ -170,9 +170,10 @@ func endpoints(reps []*fleet.Replica, now time.Time) []scoring.Endpoint {
 
 // matchPrefix fills in.Matched from the policy's prefix index: the precise
 // index over the prompt's token ids (and the exact prompt length), or the
-// approximate one over its text. It returns the block keys or chunks for
-// commit. A failed tokenization routes on load alone rather than fail the
-// request.
+// approximate one over its text. It returns the block keys and text
+// chunks for commit (the chunks also feed the precise policies' record of
+// what was sent, which spares unseen prompts the tokenizer). A failed
+// tokenization routes on load alone rather than fail the request.
 func (g *Gateway) matchPrefix(ctx context.Context, r *Request, reps []*fleet.Replica, in *scoring.Input) (keys, chunks []uint64) {
 	names := make([]string, len(in.Endpoints))
 	for i := range in.Endpoints {
@@ -180,15 +181,29 @@ func (g *Gateway) matchPrefix(ctx context.Context, r *Request, reps []*fleet.Rep
 	}
 	switch {
 	case g.policy.UsesPrecise:
+		if !g.cfg.Routing.TokenizeUnseen {
+			// A prompt whose opening no replica was sent (as far as this
+			// gateway's record of sent text tells) has nothing to match:
+			// route it on load without the tokenizer round trip.
+			chunks = g.approx.keys(r.approxText(), r.model, r.cacheSalt)
+			if len(chunks) > 0 && !g.approx.seen(chunks[0], names) {
+				g.m.tokenizeUnseen.Inc()
+				in.Matched = make([]int, len(names))
+				return nil, chunks
+			}
+		}
 		tokens, err := g.tokenize(ctx, r, reps, in.Endpoints)
 		if err != nil {
-			g.log.Warn("tokenize failed; routing without prefix information", "err", err)
+			if ok, held := g.tokenizeWarn.allow(); ok {
+				g.log.Warn("tokenize failed; routing without prefix information", "request_id", r.id, "err", err, "held_back", held)
+			}
 			in.Matched = make([]int, len(names))
 			return nil, nil
 		}
 		in.PromptTokens = len(tokens)
 		keys = g.index.keys(tokens, r.model, r.cacheSalt)
 		in.Matched = g.index.matchTokens(keys, names, len(tokens))
+		return keys, chunks
 	case g.policy.UsesApprox:
 		chunks = g.approx.keys(r.approxText(), r.model, r.cacheSalt)
 		in.Matched = g.approx.matchTokens(chunks, names, in.PromptTokens)
@@ -239,6 +254,12 @@ func (g *Gateway) commit(ctx context.Context, r *Request, rt *route, bind sessio
 			g.m.redisErrors.WithLabelValues("remember").Inc()
 		}
 	}
+	if p.Reason == scoring.ReasonSticky && rt.binding.TipDepth == 0 && g.policy.UsesPrecise {
+		// A session whose first turn was routed without the tokenizer (an
+		// unseen opening, a failed tokenization) has come back: give it
+		// its tip now, off the request path. One-shot prompts never pay.
+		g.tipLater(tipJob{req: r, reps: rt.reps, eps: rt.eps, replica: rt.eps[p.Chosen()].ID, session: rt.session, binding: rt.binding})
+	}
 	if p.Rebind != "" {
 		g.m.rebinds.WithLabelValues(p.Rebind).Inc()
 	}
@@ -246,6 +267,8 @@ func (g *Gateway) commit(ctx context.Context, r *Request, rt *route, bind sessio
 	if p.Reason == scoring.ReasonSticky {
 		g.m.tokenizeAvoided.Inc()
 	}
+	g.activity.decided(decision{Time: time.Now(), RequestID: r.id, Tenant: r.tenantID(), Replica: rt.eps[p.Chosen()].ID,
+		Reason: p.Reason, Rebind: p.Rebind, Prompt: p.PromptTokens, Predicted: p.Predicted[0], Scores: scoreSummary(rt.eps, p)})
 }
 
 // newBinding is the session binding after this turn: the plan's, plus
@@ -267,20 +290,42 @@ func (g *Gateway) newBinding(r *Request, p *scoring.Plan, bind session.Binding, 
 	return nb
 }
 
+// Completed turns' binding writes: the pool's size and backlog.
+const (
+	writeWorkers = 4
+	writeBacklog = 4096
+)
+
 // rememberCompleted records, after a turn completed on replica, what the
 // replica now holds of the session, so the next sticky turn predicts its
-// cache hit without tokenizing. It runs after the response, off the
-// request's context.
+// cache hit without tokenizing. The binding is updated in process memory
+// at once (this gateway's next lookup prefers it) and written to Redis by
+// the write workers: the response's last bytes do not wait for Redis. A
+// full backlog writes inline rather than lose the update.
 func (g *Gateway) rememberCompleted(rt *route, replica string, u Usage) {
 	if rt.session == "" || rt.binding.Replica != replica || u.PromptTokens == 0 {
 		return
 	}
-	b := rt.binding
-	b.CachedTokens = u.PromptTokens + max(0, u.CompletionTokens-1)
-	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Redis.Timeout)
-	defer cancel()
-	if _, err := g.sessions.Remember(ctx, rt.session, b, false); err != nil {
-		g.m.redisErrors.WithLabelValues("remember").Inc()
+	_, changed := g.sessions.UpdateLocal(rt.session, rt.binding, func(b *session.Binding) bool {
+		if b.Replica != replica {
+			return false // rebound meanwhile
+		}
+		b.CachedTokens = u.PromptTokens + max(0, u.CompletionTokens-1)
+		return true
+	})
+	if !changed {
+		return
+	}
+	key := rt.session
+	flush := func(ctx context.Context) {
+		ctx, cancel := context.WithTimeout(ctx, g.cfg.Redis.Timeout)
+		defer cancel()
+		if err := g.sessions.Flush(ctx, key); err != nil {
+			g.m.redisErrors.WithLabelValues("remember").Inc()
+		}
+	}
+	if !g.writes.try(flush) {
+		flush(context.Background())
 	}
 }
 

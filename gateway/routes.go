@@ -4,7 +4,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"io"
 	"net/http"
 	"strconv"
@@ -48,7 +47,7 @@ func (g *Gateway) serve(route string, h handler) http.HandlerFunc {
 			if he.Status == apierror.StatusClientClosed {
 				rec.status = apierror.StatusClientClosed
 			}
-			if he.Status >= 500 || (he.Err != nil && he.Status != apierror.StatusClientClosed) {
+			if route != "readyz" && (he.Status >= 500 || (he.Err != nil && he.Status != apierror.StatusClientClosed)) {
 				g.log.Warn("request failed", "route", route, "status", he.Status, "msg", he.Msg, "err", he.Err, "request_id", w.Header().Get("X-Request-Id"))
 			}
 		}
@@ -95,7 +94,7 @@ func (s *statusRecorder) code() int {
 // routes builds the HTTP surface.
 func (g *Gateway) routes() http.Handler {
 	r := chi.NewRouter()
-	r.Use(requestID)
+	r.Use(requestID, g.bodyDeadline)
 	r.NotFound(g.serve("not_found", func(w http.ResponseWriter, r *http.Request) error {
 		return apierror.NotFound("unknown_url", "Unknown request URL: %s %s.", r.Method, r.URL.Path)
 	}))
@@ -105,12 +104,18 @@ func (g *Gateway) routes() http.Handler {
 	}))
 	r.Get("/healthz", func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	r.Get("/readyz", g.serve("readyz", g.ready))
+	r.Get("/ui", uiPageHandler) // the page holds no data; its JSON needs the admin key
+	r.Get("/ui/status.json", g.serve("status", g.status))
 	if g.metricsSrv == nil {
 		r.Handle("/metrics", promhttp.HandlerFor(g.reg, promhttp.HandlerOpts{}))
 	}
 	if g.tenants.admin != nil {
 		r.Handle("/admin/*", g.tenants.admin)
 	}
+	// The Messages API authenticates itself, to answer in its own envelope.
+	messages := g.messagesHandler()
+	r.Handle("/v1/messages", messages)
+	r.Handle("/v1/messages/*", messages)
 	r.Group(func(r chi.Router) {
 		r.Use(g.tenants.auth.Middleware)
 		r.Post("/v1/chat/completions", g.serve("chat_completions", g.inference(APIChat)))
@@ -138,6 +143,7 @@ func requestID(next http.Handler) http.Handler {
 			id = "req_" + hex.EncodeToString(b[:])
 		}
 		w.Header().Set("X-Request-Id", id)
+		r.Header.Set("X-Request-Id", id) // passed on to the engine, which logs it
 		next.ServeHTTP(w, r)
 	})
 }
@@ -149,10 +155,7 @@ func (g *Gateway) inference(api API) handler {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, g.cfg.MaxBodyBytes))
 		if err != nil {
-			if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-				return err
-			}
-			return apierror.BadRequest("", "reading request body: %v", err)
+			return bodyError(err)
 		}
 		h := r.Header.Clone()
 		setForwarded(h, r)
@@ -174,6 +177,9 @@ func (g *Gateway) inference(api API) handler {
 
 // ready reports whether at least one replica can take traffic.
 func (g *Gateway) ready(w http.ResponseWriter, r *http.Request) error {
+	if g.draining.Load() {
+		return apierror.Unavailable(nil, "draining: the gateway is shutting down")
+	}
 	for _, rep := range g.fleet.Snapshot().Replicas {
 		if rep.State().Healthy {
 			_, err := w.Write([]byte("ready\n"))

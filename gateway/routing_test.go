@@ -53,8 +53,40 @@ func TestSessionSticks(t *testing.T) {
 	if got := counter(t, gw.reg, "warmpath_tokenizer_avoided_total", nil); got != 5 {
 		t.Errorf("tokenizer avoided %v times; want 5", got)
 	}
+	// The first turn's opening was never sent anywhere: it was routed on
+	// load without waiting for the tokenizer, which ran once, off the
+	// request path, when the session came back, for the session's tip.
+	if got := counter(t, gw.reg, "warmpath_tokenizer_unseen_total", nil); got != 1 {
+		t.Errorf("unseen openings routed without the tokenizer = %v; want 1", got)
+	}
+	eventually(t, 5*time.Second, func() bool {
+		return counter(t, gw.reg, "warmpath_session_tips_total", map[string]string{"result": "filled"}) == 1
+	}, "the session's tip, filled in off the request path")
 	if got := counter(t, gw.reg, "warmpath_tokenizer_calls_total", map[string]string{"result": "ok"}); got != 1 {
-		t.Errorf("tokenizer called %v times; want 1", got)
+		t.Errorf("tokenizations = %v; want the one for the tip", got)
+	}
+}
+
+// A one-shot prompt with an opening no replica was sent is never
+// tokenized, before or after it is served.
+func TestOneShotUnseenNeverTokenized(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{Replicas: 2})
+	cfg := fleetConfig(sim)
+	rdb := redisFor(t, &cfg)
+	gw := startGateway(t, cfg, rdb)
+	for i := range 5 {
+		chat(t, gw.URL, map[string]any{"model": "qwen3-32b", "max_tokens": 2,
+			"messages": []msg{{"user", words(fmt.Sprintf("oneshot%d", i), 300)}}}, nil)
+	}
+	if got := counter(t, gw.reg, "warmpath_tokenizer_unseen_total", nil); got != 5 {
+		t.Errorf("unseen prompts = %v; want 5", got)
+	}
+	// A sixth prompt sharing the first's opening is tokenized: a replica
+	// may hold it. Its tokenization is the only one.
+	chat(t, gw.URL, map[string]any{"model": "qwen3-32b", "max_tokens": 2,
+		"messages": []msg{{"user", words("oneshot0", 300) + " and more"}}}, nil)
+	if got := counter(t, gw.reg, "warmpath_tokenizer_calls_total", map[string]string{"result": "ok"}); got != 1 {
+		t.Errorf("tokenizations = %v; want 1 (the prompt whose opening was sent)", got)
 	}
 }
 

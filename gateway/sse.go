@@ -181,8 +181,11 @@ func (f *sseFilter) end(err error, open bool) {
 
 // cutEvent is the error event and [DONE] that end a stream cut short.
 func cutEvent(cause error) []byte {
-	e := &apierror.Error{Type: apierror.TypeServer, Code: "upstream_error",
-		Msg: "The upstream replica stopped before the answer was complete (" + cutReason(cause) + "); the response is incomplete. Try again."}
+	msg := "The upstream replica stopped before the answer was complete (" + cutReason(cause) + "); the response is incomplete. Try again."
+	if errors.Is(cause, errDraining) {
+		msg = "The gateway is shutting down; the response is incomplete. Try again."
+	}
+	e := &apierror.Error{Type: apierror.TypeServer, Code: "upstream_error", Msg: msg}
 	out := append([]byte("data: "), e.Marshal()...)
 	return append(out, "\n\ndata: [DONE]\n\n"...)
 }
@@ -199,6 +202,8 @@ func cutReason(cause error) string {
 		return "truncated"
 	case errors.Is(cause, errEventTooLarge):
 		return "event_too_large"
+	case errors.Is(cause, errDraining):
+		return "drain"
 	}
 	return "upstream_error"
 }

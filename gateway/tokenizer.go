@@ -4,10 +4,10 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -17,6 +17,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	lru "github.com/hashicorp/golang-lru/v2"
+	"github.com/tidwall/gjson"
 	"golang.org/x/sync/singleflight"
 
 	"github.com/warmpath/warmpath/gateway/fleet"
@@ -166,13 +167,53 @@ func (t *tokenizer) call(ctx context.Context, baseURL string, body []byte) ([]ui
 		}
 		return nil, err
 	}
-	var out struct {
-		Tokens []uint32 `json:"tokens"`
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxTokenizeResponse))
+	if err != nil {
+		return nil, fmt.Errorf("gateway: tokenize at %s: %w", baseURL, err)
 	}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, maxTokenizeResponse)).Decode(&out); err != nil {
+	ids, err := decodeTokens(raw)
+	if err != nil {
 		return nil, fmt.Errorf("gateway: tokenize at %s: decode: %w", baseURL, err)
 	}
-	return out.Tokens, nil
+	return ids, nil
+}
+
+// decodeTokens reads the "tokens" array of a /tokenize answer
+// ({"count":…,"max_model_len":…,"tokens":[…]}) without reflection: it
+// finds the array with gjson and parses its integers in one pass, about
+// several times faster than encoding/json for a 16k-token prompt (see
+// BenchmarkDecodeTokens). Anything but an array of integers in [0, 2^32)
+// is an error.
+func decodeTokens(body []byte) ([]uint32, error) {
+	arr := gjson.GetBytes(body, "tokens") // safe on any bytes; the array is checked below
+	if !arr.IsArray() {
+		return nil, errors.New(`no "tokens" array`)
+	}
+	raw := arr.Raw
+	out := make([]uint32, 0, len(raw)/6)
+	for i := 1; i < len(raw)-1; {
+		switch c := raw[i]; {
+		case c == ' ' || c == '\n' || c == '\r' || c == '\t' || c == ',':
+			i++
+			continue
+		case c < '0' || c > '9':
+			return nil, fmt.Errorf("token %d is not a non-negative integer", len(out))
+		}
+		var v uint64
+		j := i
+		for ; j < len(raw) && raw[j] >= '0' && raw[j] <= '9'; j++ {
+			v = v*10 + uint64(raw[j]-'0')
+			if v > math.MaxUint32 {
+				return nil, fmt.Errorf("token %d is out of range", len(out))
+			}
+		}
+		if j < len(raw) && raw[j] != ',' && raw[j] != ']' && raw[j] != ' ' && raw[j] != '\n' && raw[j] != '\r' && raw[j] != '\t' {
+			return nil, fmt.Errorf("token %d is not an integer", len(out))
+		}
+		out = append(out, uint32(v))
+		i = j
+	}
+	return out, nil
 }
 
 // tokenCache is an LRU of tokenized prompts bounded by the bytes its token

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -157,4 +158,73 @@ func TestTokenizerAvoidsFailingReplicas(t *testing.T) {
 	if reps[2].State().HealthReason != reps[1].State().HealthReason {
 		t.Errorf("a 404 from /tokenize was reported to health: %q", reps[2].State().HealthReason)
 	}
+}
+
+func TestDecodeTokens(t *testing.T) {
+	good := map[string][]uint32{
+		`{"count":3,"max_model_len":8192,"tokens":[1,22,4294967295]}`: {1, 22, 4294967295},
+		`{"tokens": [ 7 , 8 ]}`:    {7, 8},
+		`{"tokens":[]}`:            {},
+		"{\"tokens\":[\n1,\n2\n]}": {1, 2},
+	}
+	for in, want := range good {
+		if got, err := decodeTokens([]byte(in)); err != nil || !slices.Equal(got, want) {
+			t.Errorf("decodeTokens(%s) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{`{"tokens":[1,-2]}`, `{"tokens":[1.5]}`, `{"tokens":[4294967296]}`, `{"tokens":["1"]}`, `{"tokens":3}`, `{}`, `nope`, `{"tokens":[1,2}`, `{"tokens":[1e3]}`} {
+		if got, err := decodeTokens([]byte(in)); err == nil {
+			t.Errorf("decodeTokens(%s) = %v; want an error", in, got)
+		}
+	}
+}
+
+// FuzzDecodeTokens: a replica's /tokenize answer is untrusted; whatever
+// decodeTokens accepts is exactly what encoding/json reads as uint32s.
+func FuzzDecodeTokens(f *testing.F) {
+	for _, s := range []string{`{"tokens":[1,2,3]}`, `{"count":1,"tokens":[0]}`, `{"tokens":[4294967295]}`, `{"tokens":[-1]}`, `{"tokens":[1.0]}`, `{"tokens":[ 1 ,2 ]}`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		got, err := decodeTokens([]byte(in))
+		if err != nil {
+			return
+		}
+		var want struct {
+			Tokens []uint32 `json:"tokens"`
+		}
+		if jerr := json.Unmarshal([]byte(in), &want); jerr != nil {
+			return // encoding/json is stricter about duplicate keys and the like
+		}
+		if !slices.Equal(got, want.Tokens) && !(len(got) == 0 && len(want.Tokens) == 0) {
+			t.Fatalf("decodeTokens(%q) = %v; encoding/json reads %v", in, got, want.Tokens)
+		}
+	})
+}
+
+func BenchmarkDecodeTokens(b *testing.B) {
+	ids := make([]uint32, 16000)
+	for i := range ids {
+		ids[i] = uint32(1000 + i*37%150000)
+	}
+	body, _ := json.Marshal(map[string]any{"count": len(ids), "max_model_len": 32768, "tokens": ids})
+	b.Run("fast", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := decodeTokens(body); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("encoding-json", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			var out struct {
+				Tokens []uint32 `json:"tokens"`
+			}
+			if err := json.Unmarshal(body, &out); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

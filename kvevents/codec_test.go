@@ -534,3 +534,33 @@ func TestParseReplayReply(t *testing.T) {
 		})
 	}
 }
+
+func TestCheckPortLayout(t *testing.T) {
+	for _, tt := range []struct {
+		events, replay string
+		size           int
+		want           string // substring of the error; "" for none
+	}{
+		{"tcp://*:5557", "tcp://*:5558", 1, ""},
+		{"tcp://*:5557", "tcp://*:5558", 2, "rank 1's events port 5558 is rank 0's replay port"},
+		{"tcp://*:5558", "tcp://*:5557", 2, "rank 0's events port 5558 is rank 1's replay port"},
+		{"tcp://*:5557", "tcp://0.0.0.0:5560", 4, "rank 3's events port 5560 is rank 0's replay port"},
+		{"tcp://*:5557", "tcp://*:5561", 4, ""},
+		{"tcp://*:5557", "tcp://*:5557", 1, "rank 0's events port 5557 is rank 0's replay port"},
+		{"tcp://10.0.0.1:5557", "tcp://10.0.0.2:5558", 2, ""},
+		{"tcp://10.0.0.1:5557", "tcp://*:5558", 2, "overlap"},
+		{"tcp://*:5557", "", 8, ""},
+		{"ipc:///tmp/kv", "ipc:///tmp/kv-replay", 4, ""},
+		{"tcp://*:65535", "", 2, "past 65535"},
+		{"tcp://*:5557", "tcp://*:65535", 2, "past 65535"},
+		{"tcp://*:5557", "tcp://*:5567", 0, "size 0"},
+	} {
+		err := CheckPortLayout(tt.events, tt.replay, tt.size)
+		switch {
+		case tt.want == "" && err != nil:
+			t.Errorf("CheckPortLayout(%s, %s, %d) = %v; want nil", tt.events, tt.replay, tt.size, err)
+		case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+			t.Errorf("CheckPortLayout(%s, %s, %d) = %v; want an error containing %q", tt.events, tt.replay, tt.size, err, tt.want)
+		}
+	}
+}

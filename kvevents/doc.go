@@ -30,11 +30,19 @@
 // # Topologies
 //
 // A [Subscriber] connects one SUB socket to one replica's PUB endpoint
-// (vLLM binds tcp://*:5557); the gateway runs one per replica and cancels
-// it when the replica leaves. A [Central] binds one SUB socket that
-// engines' PUB sockets connect to, naming replicas by topic. A [Publisher]
-// binds or connects its PUB socket by vLLM's rule and binds an optional
-// replay ROUTER.
+// (vLLM binds tcp://*:5557); the gateway runs one per replica (and per
+// data-parallel rank, at the endpoint's port + rank) and cancels it when
+// the replica leaves. A [Central] binds one SUB socket that engines' PUB
+// sockets connect to (one per data-parallel rank, CentralConfig.Ranks),
+// naming replicas by topic, which CentralConfig.Resolve maps to fleet
+// names: batches of a replica the fleet does not know are dropped,
+// counted by topic and warned about once. Only one process can bind the
+// address connecting engines dial, so several gateways put a [Relay] there
+// (`warmpath kv-relay`): it binds that address and republishes every
+// message unchanged on an XPUB socket that each gateway's Central connects
+// to (CentralConfig.Connect); replays still go to each engine's ROUTER. A
+// [Publisher] binds or connects its PUB socket by vLLM's rule and binds an
+// optional replay ROUTER.
 //
 // # Sequencing
 //
@@ -56,17 +64,31 @@
 //     times out, returns nothing, or starts later than asked because the
 //     publisher's buffer moved on): Clear, then go on from the next batch.
 //
-// A Clear of a replica also resets the sequence state of its other DP
-// ranks, which resync from 0 (with replay) on their next batch. Replays
-// are bounded by an overall and an idle timeout and by the number of live
-// batches buffered meanwhile.
+// A replay from 0 (joining, or after a restart) asks for everything, and
+// what the publisher still holds from its first retained batch on is
+// everything there is: it is complete whether the publisher numbers from 1
+// (llm-d-inference-sim) or has dropped its oldest batches. Live batches
+// that a replay already applied are dropped without counting as
+// duplicates.
+//
+// A data-parallel engine is one replica whose ranks publish separate
+// streams (separate sockets in vLLM, rank r on port + r; see
+// OffsetEndpoint and CheckPortLayout). When the Handler implements
+// [RankClearer], each rank joins, restarts and clears on its own
+// (ClearRank), and the other ranks keep their state and their sync. A
+// plain Handler only knows Clear(replica), which also wipes what the other
+// ranks contributed, so their sequence state is reset and they resync
+// from 0 (with replay) on their next batch. Replays are bounded by an
+// overall and an idle timeout and by the number of live batches buffered
+// meanwhile.
 //
 // # Goroutines and concurrency
 //
-// Constructors start nothing. Each of Publisher.Run, Subscriber.Run and
-// Central.Run is one blocking goroutine that owns every socket of its
-// component (pebbe/zmq4 sockets are not safe for concurrent use); sockets
-// created by NewPublisher and NewCentral pass to Run when it starts. Run
+// Constructors start nothing. Each of Publisher.Run, Subscriber.Run,
+// Central.Run and Relay.Run is one blocking goroutine that owns every
+// socket of its component (pebbe/zmq4 sockets are not safe for concurrent
+// use); sockets created by NewPublisher, NewCentral and NewRelay pass to
+// Run when it starts. Run
 // polls at least every 50 ms, returns ctx.Err() soon after ctx ends, and
 // closes its sockets before returning. Publisher.Publish and Reset are safe
 // for concurrent use and never block: they queue work for Run. Decode,
@@ -80,7 +102,7 @@
 //		Replica:        "10.0.0.7:8000",
 //		Endpoint:       "tcp://10.0.0.7:5557",
 //		ReplayEndpoint: "tcp://10.0.0.7:5558",
-//		Handler:        index, // Apply(replica, batch), Clear(replica)
+//		Handler:        index, // Apply(replica, batch), ClearRank(replica, rank)
 //		Metrics:        kvevents.NewMetrics(registry),
 //		Logger:         logger,
 //	})

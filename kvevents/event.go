@@ -14,6 +14,20 @@ type Batch struct {
 	DPRank *int
 }
 
+// NoRank is the data-parallel rank of a batch that carries none (see
+// Batch.Rank).
+const NoRank = -1
+
+// Rank returns b's data-parallel rank, or NoRank when the batch carries
+// nil. Engines with data parallelism are one replica whose ranks each have
+// their own KV cache, event stream and sequence numbers.
+func (b Batch) Rank() int {
+	if b.DPRank == nil {
+		return NoRank
+	}
+	return *b.DPRank
+}
+
 // Event is one KV-cache event: *BlockStored, *BlockRemoved or
 // *AllBlocksCleared.
 type Event interface {

@@ -3,6 +3,7 @@ package kvevents
 import (
 	"bytes"
 	"encoding/json"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -243,28 +244,39 @@ func TestFixturesFrames(t *testing.T) {
 	}
 }
 
-// TestFixtureCopyCurrent keeps testdata/fixtures in step with the shared
-// fixtures when both exist.
+// TestFixtureCopyCurrent keeps testdata/fixtures, subdirectories included,
+// in step with the shared fixtures when both exist.
 func TestFixtureCopyCurrent(t *testing.T) {
 	shared := fixtureDir(t)
-	if shared == filepath.Join("testdata", "fixtures") {
+	copyDir := filepath.Join("testdata", "fixtures")
+	if shared == copyDir {
 		t.Skip("shared fixtures not found; using the copy")
 	}
-	entries, err := os.ReadDir(shared)
+	n := 0
+	err := filepath.WalkDir(shared, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel, err := filepath.Rel(shared, path)
+		if err != nil {
+			return err
+		}
+		want, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		n++
+		got, err := os.ReadFile(filepath.Join(copyDir, rel))
+		if err != nil || !bytes.Equal(got, want) {
+			t.Errorf("%s differs from %s (err %v); copy it again", filepath.Join(copyDir, rel), path, err)
+		}
+		return nil
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, e := range entries {
-		if e.IsDir() {
-			continue // vllm-encoder/ is read by its own test
-		}
-		want, err := os.ReadFile(filepath.Join(shared, e.Name()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := os.ReadFile(filepath.Join("testdata", "fixtures", e.Name()))
-		if err != nil || !bytes.Equal(got, want) {
-			t.Errorf("testdata/fixtures/%s differs from %s (err %v); copy it again", e.Name(), shared, err)
-		}
+	if _, err := os.Stat(filepath.Join(shared, "vllm-encoder", "batches.json")); err != nil {
+		t.Errorf("shared fixtures lack vllm-encoder/batches.json: %v", err)
 	}
+	t.Logf("%d shared fixture files compared", n)
 }

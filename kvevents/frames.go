@@ -74,3 +74,70 @@ func bindsEndpoint(endpoint string) bool {
 	return strings.Contains(endpoint, "*") || strings.Contains(endpoint, "::") ||
 		strings.HasPrefix(endpoint, "ipc://") || strings.HasPrefix(endpoint, "inproc://")
 }
+
+// CheckPortLayout checks the endpoints of an engine with size
+// data-parallel ranks for collisions. vLLM offsets the events endpoint
+// and the replay endpoint of rank r by r (OffsetEndpoint), so the events
+// take ports [e, e+size) and the replays [p, p+size): the two ranges must
+// not overlap on one host, nor run past 65535. With vLLM's example ports
+// (events 5557, replay 5558) and two ranks, rank 1 would publish on rank
+// 0's replay port. replay may be empty (no replay endpoint). Endpoints
+// other than tcp://host:port (ipc, inproc) are offset by name and never
+// collide; hosts that differ (neither a wildcard) do not collide either.
+// The returned error says which ports collide and how to space them.
+func CheckPortLayout(events, replay string, size int) error {
+	if size < 1 {
+		return fmt.Errorf("kvevents: data-parallel size %d < 1", size)
+	}
+	eh, ep, eok := tcpHostPort(events)
+	rh, rp, rok := tcpHostPort(replay)
+	for _, c := range []struct {
+		name, ep string
+		port     int
+		ok       bool
+	}{{"events", events, ep, eok}, {"replay", replay, rp, rok}} {
+		if c.ok && c.port+size-1 > 65535 {
+			return fmt.Errorf("kvevents: %s endpoint %s: %d data-parallel ranks need ports %d-%d, past 65535",
+				c.name, c.ep, size, c.port, c.port+size-1)
+		}
+	}
+	if !eok || !rok || !sameHost(eh, rh) {
+		return nil
+	}
+	if ep < rp+size && rp < ep+size {
+		// The first collision: events rank i on replay rank j's port.
+		i, j := rp-ep, 0
+		if rp < ep {
+			i, j = 0, ep-rp
+		}
+		return fmt.Errorf("kvevents: with %d data-parallel ranks the events ports %d-%d (%s + rank) and the replay "+
+			"ports %d-%d (%s + rank) overlap: rank %d's events port %d is rank %d's replay port; put the replay "+
+			"endpoint at least %d ports away from the events endpoint (e.g. events %d, replay %d)",
+			size, ep, ep+size-1, events, rp, rp+size-1, replay, i, ep+i, j, size, ep, ep+max(size, 10))
+	}
+	return nil
+}
+
+// tcpHostPort splits tcp://host:port; ok is false for anything else.
+func tcpHostPort(endpoint string) (host string, port int, ok bool) {
+	rest, found := strings.CutPrefix(endpoint, "tcp://")
+	if !found {
+		return "", 0, false
+	}
+	h, p, err := net.SplitHostPort(rest)
+	if err != nil {
+		return "", 0, false
+	}
+	n, err := strconv.Atoi(p)
+	if err != nil || n < 1 || n > 65535 {
+		return "", 0, false
+	}
+	return h, n, true
+}
+
+// sameHost reports whether two endpoint hosts may be the same interface:
+// equal, or either a wildcard.
+func sameHost(a, b string) bool {
+	wild := func(h string) bool { return h == "*" || h == "" || h == "0.0.0.0" || h == "::" }
+	return a == b || wild(a) || wild(b)
+}

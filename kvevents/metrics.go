@@ -3,14 +3,15 @@ package kvevents
 import (
 	"errors"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Metrics holds the subscriber-side Prometheus metrics, all named
-// warmpath_kvevents_* and labelled by replica. A nil *Metrics records
-// nothing. Its methods are safe for concurrent use, so one Metrics may be
+// warmpath_kvevents_* and labelled by replica (unknown-replica batches by
+// topic instead). A nil *Metrics records nothing. Its methods are safe for concurrent use, so one Metrics may be
 // shared by every Subscriber and Central of a process.
 type Metrics struct {
 	events        *prometheus.CounterVec   // replica, type
@@ -26,7 +27,21 @@ type Metrics struct {
 	unknownKeys   *prometheus.CounterVec   // replica
 	lag           *prometheus.HistogramVec // replica
 	lastSeq       *prometheus.GaugeVec     // replica, dp_rank
+	unknown       *prometheus.CounterVec   // topic (bounded, see unknownReplica)
+
+	mu     sync.Mutex      // guards users and topics
+	users  map[string]int  // replica → Subscriber.Run calls in progress
+	topics map[string]bool // topic label values in use by unknown
 }
+
+// maxTopicLabels bounds the topic label values of
+// warmpath_kvevents_unknown_replica_batches_total; later topics are
+// counted under OtherTopic.
+const maxTopicLabels = 64
+
+// OtherTopic is the topic label under which unknown-replica batches are
+// counted once maxTopicLabels (64) distinct topics have been seen.
+const OtherTopic = "other"
 
 // Replay results, the values of the result label of
 // warmpath_kvevents_replays_total.
@@ -85,6 +100,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Time from a live batch's engine timestamp to its delivery to the handler, in seconds (negative values mean clock skew).",
 			Buckets: []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10},
 		}, []string{"replica"})),
+		unknown: counter("unknown_replica_batches_total",
+			"Batches dropped because their topic names a replica not in the fleet, by topic (the first 64 topics; later ones as \"other\").", "topic"),
 		lastSeq: register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: "warmpath", Subsystem: "kvevents", Name: "last_seq",
 			Help: "Sequence number of the last batch applied, by replica and data-parallel rank.",
@@ -199,8 +216,55 @@ func (m *Metrics) clear(replica, reason string) {
 	}
 }
 
-// forget deletes every series of replica, so a fleet with churning
-// replica names does not grow the registry forever.
+func (m *Metrics) unknownReplica(topic string) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	if !m.topics[topic] {
+		if m.topics == nil {
+			m.topics = map[string]bool{}
+		}
+		if len(m.topics) < maxTopicLabels {
+			m.topics[topic] = true
+		} else {
+			topic = OtherTopic
+		}
+	}
+	m.mu.Unlock()
+	m.unknown.WithLabelValues(topic).Inc()
+}
+
+// acquire registers a subscriber of replica; release undoes it and, for
+// the last one, deletes every series of replica, so a fleet with churning
+// replica names does not grow the registry forever while the subscribers
+// of a replica's other data-parallel ranks keep theirs.
+func (m *Metrics) acquire(replica string) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	if m.users == nil {
+		m.users = map[string]int{}
+	}
+	m.users[replica]++
+	m.mu.Unlock()
+}
+
+func (m *Metrics) release(replica string) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.users[replica]--; m.users[replica] > 0 {
+		return
+	}
+	delete(m.users, replica)
+	m.forget(replica)
+}
+
+// forget deletes every series of replica.
 func (m *Metrics) forget(replica string) {
 	if m == nil {
 		return

@@ -72,6 +72,10 @@ type PublisherConfig struct {
 	// when it is full Publish drops the batch and counts it. Zero or less
 	// means DefaultQueueSize.
 	QueueSize int
+	// FirstSeq is the sequence number of the first batch after Run starts
+	// and after each Reset. vLLM numbers from 0, the default;
+	// llm-d-inference-sim numbers from 1.
+	FirstSeq uint64
 	// Logger receives warnings (malformed replay requests, send errors);
 	// nil discards them.
 	Logger *slog.Logger
@@ -80,12 +84,13 @@ type PublisherConfig struct {
 // Publisher publishes KV-event batches the way a vLLM engine does: live on
 // a PUB socket as [topic, seq, payload] with seq counting from 0, and, when
 // configured, replayed on request from a bounded ring buffer over a ROUTER
-// socket. The simulator uses it.
+// socket. The simulator uses it. PublisherConfig.FirstSeq moves the first
+// sequence number, as some publishers other than vLLM do.
 //
 // NewPublisher creates, binds or connects the sockets; Run is the one
 // goroutine that uses them from then on (starting it is the happens-before
-// edge that hands them over). Publish, Reset, Dropped, Endpoint and
-// ReplayEndpoint are safe for concurrent use, also with Run.
+// edge that hands them over). Publish, Reset, DropNext, Dropped, Endpoint
+// and ReplayEndpoint are safe for concurrent use, also with Run.
 type Publisher struct {
 	cfg            PublisherConfig
 	log            *slog.Logger
@@ -104,8 +109,9 @@ type Publisher struct {
 	state   pubState
 	wake    chan struct{} // capacity 1; signals queue activity to Run
 
-	dropped atomic.Uint64
-	sent    atomic.Uint64 // live batches handed to the PUB socket (or skipped); read by tests
+	dropped  atomic.Uint64
+	sent     atomic.Uint64 // live batches handed to the PUB socket (or skipped); read by tests
+	dropNext atomic.Int64  // live sends still to skip, see DropNext
 
 	// skipLive, when set before Run, makes Run buffer but not send the
 	// batches for which it returns true (tests simulate loss with it).
@@ -154,10 +160,11 @@ func NewPublisher(zctx *zmq.Context, cfg PublisherConfig) (*Publisher, error) {
 		cfg.QueueSize = DefaultQueueSize
 	}
 	p := &Publisher{
-		cfg:   cfg,
-		log:   loggerOrDiscard(cfg.Logger),
-		topic: []byte(cfg.Topic),
-		wake:  make(chan struct{}, 1),
+		cfg:     cfg,
+		log:     loggerOrDiscard(cfg.Logger),
+		topic:   []byte(cfg.Topic),
+		wake:    make(chan struct{}, 1),
+		nextSeq: cfg.FirstSeq,
 	}
 	var err error
 	p.pub, p.endpoint, err = openSocket(zctx, zmq.PUB, cfg.Endpoint, bindsEndpoint(cfg.Endpoint), func(s *zmq.Socket) error {
@@ -259,14 +266,15 @@ func (p *Publisher) Publish(b Batch) error {
 }
 
 // Reset simulates an engine restart: the next published batch gets
-// sequence number 0 and the replay buffer is emptied. It is ordered with
+// sequence number FirstSeq (0 by default) and the replay buffer is
+// emptied. It is ordered with
 // respect to Publish: batches published before Reset keep their numbers
 // and are still sent; they are gone from the replay buffer once the socket
 // goroutine reaches the reset. Reset never blocks and is safe for
 // concurrent use.
 func (p *Publisher) Reset() {
 	p.mu.Lock()
-	p.nextSeq = 0
+	p.nextSeq = p.cfg.FirstSeq
 	if p.state != pubClosed {
 		p.queue = append(p.queue, pubItem{reset: true})
 	}
@@ -381,9 +389,31 @@ func (p *Publisher) Run(ctx context.Context) error {
 	}
 }
 
+// DropNext makes Run keep the next n batches it sends for replay without
+// sending them live, as libzmq drops messages for a subscriber past the
+// send high-water mark: subscribers see a sequence gap. It simulates loss
+// (for the simulator and tests); n ≤ 0 cancels drops still pending.
+func (p *Publisher) DropNext(n int) { p.dropNext.Store(int64(max(n, 0))) }
+
+// skipSend reports whether the live send of seq is dropped.
+func (p *Publisher) skipSend(seq uint64) bool {
+	if p.skipLive != nil && p.skipLive(seq) {
+		return true
+	}
+	for {
+		n := p.dropNext.Load()
+		if n <= 0 {
+			return false
+		}
+		if p.dropNext.CompareAndSwap(n, n-1) {
+			return true
+		}
+	}
+}
+
 // send writes one live message.
 func (p *Publisher) send(it pubItem) error {
-	if p.skipLive != nil && p.skipLive(it.seq) {
+	if p.skipSend(it.seq) {
 		return nil
 	}
 	if _, err := p.pub.SendMessage(p.topic, seqFrame(it.seq), it.payload); err != nil {

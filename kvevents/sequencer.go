@@ -13,14 +13,27 @@ import (
 
 // Handler receives the decoded event stream. Subscriber and Central call
 // it from their Run goroutine only, so an implementation shared by several
-// of them must be safe for concurrent use, but sees each replica from one
-// goroutine at a time.
+// of them must be safe for concurrent use, but sees each (replica,
+// data-parallel rank) stream from one goroutine at a time. A Handler that
+// also implements RankClearer is told to clear ranks apart.
 type Handler interface {
-	// Apply receives batches of one replica in sequence order.
+	// Apply receives batches of one replica in sequence order per
+	// data-parallel rank (Batch.Rank).
 	Apply(replica string, b Batch)
 	// Clear drops everything known about the replica (engine restart,
-	// unrepairable gap).
+	// unrepairable gap). It is not called on a RankClearer.
 	Clear(replica string)
+}
+
+// RankClearer is a Handler that keeps what each data-parallel rank of a
+// replica contributed apart. When the Handler implements it, Subscriber
+// and Central call ClearRank instead of Clear, so that a rank's restart,
+// unrepairable gap or first batch drops only that rank's state, and the
+// replica's other ranks keep theirs (and their sequence state).
+type RankClearer interface {
+	// ClearRank drops what the replica's rank contributed. rank is
+	// Batch.Rank of that rank's batches (NoRank when they carry none).
+	ClearRank(replica string, rank int)
 }
 
 // HandlerFuncs adapts a pair of functions to Handler; a nil function
@@ -88,6 +101,7 @@ func (o *syncOptions) fill() {
 type sequencer struct {
 	zctx     *zmq.Context
 	h        Handler
+	rc       RankClearer // h, when it clears ranks apart; else nil
 	m        *Metrics
 	log      *slog.Logger
 	opts     syncOptions
@@ -100,19 +114,23 @@ type sequencer struct {
 
 type replicaState struct {
 	// joined is set at the replica's first message, when the handler is
-	// told to drop whatever an earlier subscriber left for it.
+	// told to drop whatever an earlier subscriber left for it. With a
+	// RankClearer, each source joins on its own instead.
 	joined bool
 	// dirty is true when the handler may hold state for the replica that
 	// a Clear would drop: initially (an earlier subscriber may have left
-	// some) and after every Apply.
+	// some) and after every Apply. With a RankClearer, each source keeps
+	// its own.
 	dirty   bool
-	sources map[int]*source // by DP rank; -1 for nil
+	sources map[int]*source // by DP rank; NoRank for nil
 }
 
 // source is the sequence state of one (replica, DP rank) stream.
 type source struct {
 	replica string
 	rank    *int
+	joined  bool   // as replicaState.joined, per source (RankClearer only)
+	dirty   bool   // as replicaState.dirty, per source (RankClearer only)
 	synced  bool   // last is valid
 	last    uint64 // seq of the last batch applied
 	// haveLive and lastLive track the live stream alone: it never goes
@@ -145,8 +163,9 @@ type replay struct {
 
 func newSequencer(zctx *zmq.Context, h Handler, m *Metrics, log *slog.Logger, opts syncOptions,
 	replayEP func(replica string, dpRank *int) string) *sequencer {
+	rc, _ := h.(RankClearer)
 	return &sequencer{
-		zctx: zctx, h: h, m: m, log: log, opts: opts, replayEP: replayEP,
+		zctx: zctx, h: h, rc: rc, m: m, log: log, opts: opts, replayEP: replayEP,
 		replicas: make(map[string]*replicaState),
 	}
 }
@@ -177,13 +196,13 @@ func (s *sequencer) source(replica string, rank *int) *source {
 		rs = &replicaState{dirty: true, sources: make(map[int]*source)}
 		s.replicas[replica] = rs
 	}
-	k := -1
+	k := NoRank
 	if rank != nil {
 		k = *rank
 	}
 	src := rs.sources[k]
 	if src == nil {
-		src = &source{replica: replica}
+		src = &source{replica: replica, dirty: true}
 		if rank != nil {
 			r := *rank
 			src.rank = &r
@@ -205,7 +224,12 @@ func (s *sequencer) live(src *source, sb seqBatch, now time.Time) {
 	}
 	if !src.synced {
 		// Joining the stream: mid-stream (seq > 0) replays from 0.
-		if rs := s.replicas[src.replica]; !rs.joined {
+		if s.rc != nil {
+			if !src.joined {
+				src.joined = true
+				s.clear(src, ClearJoin)
+			}
+		} else if rs := s.replicas[src.replica]; !rs.joined {
 			rs.joined = true
 			s.clear(src, ClearJoin)
 		}
@@ -253,15 +277,30 @@ func (s *sequencer) live(src *source, sb seqBatch, now time.Time) {
 func (s *sequencer) apply(src *source, sb seqBatch, live bool, now time.Time) {
 	s.h.Apply(src.replica, sb.b)
 	s.replicas[src.replica].dirty = true
+	src.dirty = true
 	src.synced, src.last = true, sb.seq
 	s.m.applied(src.replica, &sb.b, sb.seq, live, now)
 }
 
-// clear tells the handler to forget src's replica, unless nothing was
-// applied since the last Clear. The Clear also wipes what the replica's
-// other DP ranks contributed, so they resync: from 0 on their next batch
-// (with replay), or once their running replay ends.
+// clear tells the handler to forget what src contributed, unless nothing
+// was applied since the last clear. A RankClearer forgets src's rank
+// alone. Otherwise the Clear also wipes what the replica's other DP ranks
+// contributed, so they resync: from 0 on their next batch (with replay),
+// or once their running replay ends.
 func (s *sequencer) clear(src *source, reason string) {
+	if s.rc != nil {
+		if !src.dirty {
+			return
+		}
+		rank := NoRank
+		if src.rank != nil {
+			rank = *src.rank
+		}
+		s.rc.ClearRank(src.replica, rank)
+		src.dirty = false
+		s.m.clear(src.replica, reason)
+		return
+	}
 	rs := s.replicas[src.replica]
 	if !rs.dirty {
 		return
@@ -380,6 +419,13 @@ func (s *sequencer) replayed(rp *replay, seq uint64, payload []byte, now time.Ti
 	if seq < rp.next {
 		return
 	}
+	if rp.got == 0 && rp.from == 0 && !rp.lost {
+		// A replay from the start returns what the publisher still holds,
+		// from its first retained batch: not every publisher numbers from
+		// 0 (llm-d-inference-sim starts at 1), and a long-running one has
+		// dropped its oldest batches. Both are all there is to have.
+		rp.next = seq
+	}
 	if seq > rp.next {
 		// Older batches are gone from the publisher's buffer, or a hole.
 		s.log.Info("kvevents: replay incomplete, forgetting replica", "replica", src.replica,
@@ -431,9 +477,21 @@ func (s *sequencer) finishReplay(rp *replay, result string, now time.Time) {
 		src.synced, src.haveLive = false, false
 	}
 	for i, sb := range pending {
-		s.live(src, sb, now)
+		if s.covered(src, sb) {
+			// Replayed already: the live copy is expected, not a duplicate.
+			src.haveLive, src.lastLive = true, sb.seq
+		} else {
+			s.live(src, sb, now)
+		}
 		pending[i] = seqBatch{}
 	}
+}
+
+// covered reports whether a live batch buffered during src's replay was
+// applied by the replay: src is in sync past it, and it does not take the
+// live stream backwards (which would be a restart).
+func (s *sequencer) covered(src *source, sb seqBatch) bool {
+	return src.replay == nil && src.synced && sb.seq <= src.last && (!src.haveLive || sb.seq > src.lastLive)
 }
 
 // expire fails replays past their overall or idle deadline.
@@ -446,11 +504,12 @@ func (s *sequencer) expire(now time.Time) {
 	}
 }
 
-// addSockets adds the replay sockets to p.
-func (s *sequencer) addSockets(p *zmq.Poller) {
+// addSockets adds the replay sockets to p and returns how many.
+func (s *sequencer) addSockets(p *zmq.Poller) int {
 	for _, rp := range s.replays {
 		p.Add(rp.sock, zmq.POLLIN)
 	}
+	return len(s.replays)
 }
 
 // close closes the replay sockets; the sequencer is done.

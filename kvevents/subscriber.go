@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -100,20 +100,22 @@ func NewSubscriber(zctx *zmq.Context, cfg SubscriberConfig) (*Subscriber, error)
 // the DEALERs it opens for replays) and the only caller of the Handler. A
 // failing SUB socket is closed and re-created after a short backoff; Run
 // returns another error only when the zmq context is terminated. When it
-// returns it has closed its sockets and deleted the replica's metric
-// series. Run may be called once.
+// returns it has closed its sockets and, if it was the replica's last
+// running Subscriber on its Metrics (a data-parallel engine has one per
+// rank), deleted the replica's metric series. Run may be called once.
 func (s *Subscriber) Run(ctx context.Context) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return errors.New("kvevents: subscriber: Run called twice")
 	}
-	defer s.cfg.Metrics.forget(s.cfg.Replica)
+	s.cfg.Metrics.acquire(s.cfg.Replica)
+	defer s.cfg.Metrics.release(s.cfg.Replica)
 	var replayEP func(string, *int) string
 	if ep := s.cfg.ReplayEndpoint; ep != "" {
 		replayEP = func(string, *int) string { return ep }
 	}
 	seq := newSequencer(s.zctx, s.cfg.Handler, s.cfg.Metrics, s.log, s.opts, replayEP)
 	defer seq.close()
-	open := func() (*zmq.Socket, error) {
+	open := func(int) (*zmq.Socket, error) {
 		sock, _, err := openSocket(s.zctx, zmq.SUB, s.cfg.Endpoint, false, func(sk *zmq.Socket) error {
 			if err := sk.SetRcvhwm(s.opts.recvHWM); err != nil {
 				return err
@@ -122,159 +124,8 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		})
 		return sock, err
 	}
-	replica := func([]byte) string { return s.cfg.Replica }
-	return runLoop(ctx, s.log, open, seq, replica)
-}
-
-// CentralConfig configures a Central. Bind and Handler are required.
-type CentralConfig struct {
-	// Bind is the address the SUB socket binds, e.g. "tcp://*:5557";
-	// engines' PUB sockets connect to it.
-	Bind string
-	// Subscribe is the topic prefix to accept; empty means "kv@".
-	Subscribe string
-	// ReplayEndpoint, when set, returns the replay ROUTER of a replica
-	// ("" for none). For batches of data-parallel rank r > 0 the endpoint
-	// is offset as vLLM offsets its ranks' endpoints (see OffsetEndpoint).
-	// Nil means no replays: gaps make the handler forget the replica.
-	ReplayEndpoint func(replica string) string
-	// Handler receives the batches; required.
-	Handler Handler
-	// Metrics records counters; nil records nothing.
-	Metrics *Metrics
-	// Logger receives warnings and debug output; nil discards them.
-	Logger *slog.Logger
-	// RecvHWM, ReplayTimeout, ReplayIdleTimeout and MaxPending are as in
-	// SubscriberConfig.
-	RecvHWM           int
-	ReplayTimeout     time.Duration
-	ReplayIdleTimeout time.Duration
-	MaxPending        int
-}
-
-// Central receives the KV events of many replicas on one bound SUB socket
-// (llm-d's central topology): engines' PUB sockets connect to it and name
-// themselves in the topic kv@<replica>@<model> (see ParseTopic; another
-// topic names the replica whole). Sequence state is kept per replica and
-// data-parallel rank, with the same gap, replay and restart handling as
-// Subscriber. Replicas are never forgotten by Central itself: the block
-// index ages out those that stop publishing.
-type Central struct {
-	zctx     *zmq.Context
-	cfg      CentralConfig
-	log      *slog.Logger
-	opts     syncOptions
-	endpoint string
-
-	mu    sync.Mutex  // guards sock and state until Run takes over
-	sock  *zmq.Socket // owned by Run once it starts
-	state pubState
-}
-
-// NewCentral validates cfg, fills in defaults and binds the SUB socket now,
-// so address errors surface here and Endpoint knows an ephemeral port. It
-// starts no goroutine: call Run, or Close if Run will never be called.
-// zctx must not be nil and must outlive Run.
-func NewCentral(zctx *zmq.Context, cfg CentralConfig) (*Central, error) {
-	switch {
-	case zctx == nil:
-		return nil, errors.New("kvevents: new central: nil zmq context")
-	case cfg.Bind == "":
-		return nil, errors.New("kvevents: new central: empty bind address")
-	case cfg.Handler == nil:
-		return nil, errors.New("kvevents: new central: nil handler")
-	}
-	if cfg.Subscribe == "" {
-		cfg.Subscribe = "kv@"
-	}
-	c := &Central{
-		zctx: zctx, cfg: cfg, log: loggerOrDiscard(cfg.Logger),
-		opts: syncOptions{
-			replayTimeout: cfg.ReplayTimeout, replayIdle: cfg.ReplayIdleTimeout,
-			maxPending: cfg.MaxPending, recvHWM: cfg.RecvHWM,
-		},
-	}
-	c.opts.fill()
-	var err error
-	c.sock, c.endpoint, err = c.bind(cfg.Bind)
-	if err != nil {
-		return nil, fmt.Errorf("kvevents: new central: %w", err)
-	}
-	return c, nil
-}
-
-func (c *Central) bind(endpoint string) (*zmq.Socket, string, error) {
-	return openSocket(c.zctx, zmq.SUB, endpoint, true, func(sk *zmq.Socket) error {
-		if err := sk.SetRcvhwm(c.opts.recvHWM); err != nil {
-			return err
-		}
-		return sk.SetSubscribe(c.cfg.Subscribe)
-	})
-}
-
-// Endpoint returns the bound address as libzmq reports it (ephemeral
-// ports resolved; a wildcard host reads 0.0.0.0).
-func (c *Central) Endpoint() string { return c.endpoint }
-
-// Close releases the socket of a Central whose Run was never called; it
-// is a no-op once Run has started. It is safe for concurrent use.
-func (c *Central) Close() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.state != pubNew {
-		return nil
-	}
-	c.state = pubClosed
-	if err := c.sock.Close(); err != nil {
-		return fmt.Errorf("kvevents: central close: %w", err)
-	}
-	return nil
-}
-
-// Run receives and applies events until ctx ends, then returns ctx.Err().
-// It is the only goroutine touching the central's sockets (the bound SUB
-// and the DEALERs it opens for replays) and the only caller of the
-// Handler. A failing SUB socket is closed and bound again to the same
-// address after a short backoff; Run returns another error only when the
-// zmq context is terminated. It closes its sockets before returning. Run
-// may be called once, and not after Close.
-func (c *Central) Run(ctx context.Context) error {
-	c.mu.Lock()
-	if c.state != pubNew {
-		c.mu.Unlock()
-		return errors.New("kvevents: central: Run called twice or after Close")
-	}
-	c.state = pubRunning
-	first := c.sock
-	c.sock = nil
-	c.mu.Unlock()
-
-	var replayEP func(string, *int) string
-	if f := c.cfg.ReplayEndpoint; f != nil {
-		replayEP = func(replica string, rank *int) string {
-			ep := f(replica)
-			if ep != "" && rank != nil {
-				ep = OffsetEndpoint(ep, *rank)
-			}
-			return ep
-		}
-	}
-	seq := newSequencer(c.zctx, c.cfg.Handler, c.cfg.Metrics, c.log, c.opts, replayEP)
-	defer seq.close()
-	open := func() (*zmq.Socket, error) {
-		if first != nil {
-			s := first
-			first = nil
-			return s, nil
-		}
-		s, _, err := c.bind(c.endpoint)
-		return s, err
-	}
-	replica := func(topic []byte) string {
-		r, _ := ParseTopic(string(topic))
-		return r
-	}
-	return runLoop(ctx, c.log, open, seq, replica)
+	replica := func([]byte, time.Time) (string, bool) { return s.cfg.Replica, true }
+	return runLoop(ctx, s.log, 1, open, seq, replica)
 }
 
 // Reconnect backoff after a socket error (jittered, see backoff).
@@ -283,99 +134,142 @@ const (
 	maxBackoff = 5 * time.Second
 )
 
-// maxDrain bounds the live messages read per poll, so replay replies and
-// ctx are serviced under a flood.
+// maxDrain bounds the live messages read per poll and socket, so replay
+// replies and ctx are serviced under a flood.
 const maxDrain = 1024
 
-// runLoop polls the SUB socket from open and the sequencer's replay
-// sockets until ctx ends. replica names the source of a live message from
-// its topic frame.
-func runLoop(ctx context.Context, log *slog.Logger, open func() (*zmq.Socket, error), seq *sequencer,
-	replica func(topic []byte) string) error {
-	var sub *zmq.Socket
+// subSocket is one SUB socket of a runLoop, re-created after a failure.
+type subSocket struct {
+	sock    *zmq.Socket // nil while closed
+	bo      backoff
+	retryAt time.Time
+}
+
+// runLoop polls n SUB sockets (socket i from open(i), opened again after a
+// failure with a backoff) and the sequencer's replay sockets until ctx
+// ends. replica names the source of a live message from its topic frame,
+// or reports false to drop it.
+func runLoop(ctx context.Context, log *slog.Logger, n int, open func(i int) (*zmq.Socket, error), seq *sequencer,
+	replica func(topic []byte, now time.Time) (string, bool)) error {
+	subs := make([]subSocket, n)
+	for i := range subs {
+		subs[i].bo = backoff{min: minBackoff, max: maxBackoff}
+	}
 	defer func() {
-		if sub != nil {
-			sub.Close()
+		for _, s := range subs {
+			if s.sock != nil {
+				s.sock.Close()
+			}
 		}
 	}()
-	bo := backoff{min: minBackoff, max: maxBackoff}
-	wait := func() error {
-		t := time.NewTimer(bo.next())
-		defer t.Stop()
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-			return nil
+	fail := func(s *subSocket, now time.Time) {
+		if s.sock != nil {
+			s.sock.Close()
+			s.sock = nil
 		}
+		s.retryAt = now.Add(s.bo.next())
 	}
 	for ctx.Err() == nil {
-		if sub == nil {
-			var err error
-			if sub, err = open(); err != nil {
-				if isETERM(err) {
-					return fmt.Errorf("kvevents: subscriber: %w", err)
+		now := time.Now()
+		poller := zmq.NewPoller()
+		polling := 0
+		wake := now.Add(pollInterval)
+		for i := range subs {
+			s := &subs[i]
+			if s.sock == nil && !now.Before(s.retryAt) {
+				sock, err := open(i)
+				if err != nil {
+					if isETERM(err) {
+						return fmt.Errorf("kvevents: subscriber: %w", err)
+					}
+					log.Warn("kvevents: cannot open SUB socket", "err", err)
+					fail(s, now)
 				}
-				log.Warn("kvevents: cannot open SUB socket", "err", err)
-				if err := wait(); err != nil {
-					return err
-				}
+				s.sock = sock
+			}
+			if s.sock == nil {
+				wake = minTime(wake, s.retryAt)
 				continue
 			}
+			poller.Add(s.sock, zmq.POLLIN)
+			polling++
 		}
-		poller := zmq.NewPoller()
-		poller.Add(sub, zmq.POLLIN)
-		seq.addSockets(poller)
-		polled, err := poller.Poll(pollInterval)
-		if err != nil {
-			if isETERM(err) {
-				return fmt.Errorf("kvevents: subscriber: poll: %w", err)
-			}
-			log.Warn("kvevents: poll failed, re-creating SUB socket", "err", err)
-			sub.Close()
-			sub = nil
-			if err := wait(); err != nil {
+		polling += seq.addSockets(poller)
+		if polling == 0 {
+			if err := sleepCtx(ctx, wake.Sub(now)); err != nil {
 				return err
 			}
 			continue
 		}
-		now := time.Now()
+		polled, err := poller.Poll(max(0, min(pollInterval, wake.Sub(now))))
+		if err != nil {
+			if isETERM(err) {
+				return fmt.Errorf("kvevents: subscriber: poll: %w", err)
+			}
+			log.Warn("kvevents: poll failed, re-creating SUB sockets", "err", err)
+			for i := range subs {
+				fail(&subs[i], now)
+			}
+			continue
+		}
 		for _, p := range polled {
-			if p.Socket != sub {
-				seq.replayReadable(p.Socket, now)
+			i := slices.IndexFunc(subs, func(s subSocket) bool { return s.sock == p.Socket })
+			if i < 0 {
+				seq.replayReadable(p.Socket, time.Now())
 				continue
 			}
-			for range maxDrain {
-				frames, err := sub.RecvMessageBytes(zmq.DONTWAIT)
-				if err != nil {
-					if isEAGAIN(err) {
-						break
-					}
-					if isETERM(err) {
-						return fmt.Errorf("kvevents: subscriber: receive: %w", err)
-					}
-					log.Warn("kvevents: receive failed, re-creating SUB socket", "err", err)
-					sub.Close()
-					sub = nil
-					break
+			if err := drain(&subs[i], seq, replica); err != nil {
+				if isETERM(err) {
+					return fmt.Errorf("kvevents: subscriber: receive: %w", err)
 				}
-				bo.reset()
-				var topic []byte
-				if len(frames) > 0 {
-					topic = frames[0]
-				}
-				seq.message(replica(topic), frames, time.Now())
-			}
-			if sub == nil {
-				break
+				log.Warn("kvevents: receive failed, re-creating SUB socket", "err", err)
+				fail(&subs[i], time.Now())
 			}
 		}
 		seq.expire(time.Now())
-		if sub == nil {
-			if err := wait(); err != nil {
-				return err
-			}
-		}
 	}
 	return ctx.Err()
+}
+
+// drain reads the messages waiting on s, at most maxDrain, and hands them
+// to seq. It returns a receive error other than EAGAIN.
+func drain(s *subSocket, seq *sequencer, replica func([]byte, time.Time) (string, bool)) error {
+	for range maxDrain {
+		frames, err := s.sock.RecvMessageBytes(zmq.DONTWAIT)
+		if err != nil {
+			if isEAGAIN(err) {
+				return nil
+			}
+			return err
+		}
+		s.bo.reset()
+		var topic []byte
+		if len(frames) > 0 {
+			topic = frames[0]
+		}
+		now := time.Now()
+		if name, ok := replica(topic, now); ok {
+			seq.message(name, frames, now)
+		}
+	}
+	return nil
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// sleepCtx waits for d or until ctx ends, returning ctx.Err() then.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(max(d, time.Millisecond))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"maps"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,6 +17,7 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/warmpath/warmpath/internal/testrun"
 )
 
 // waitFor bounds every wait-for-condition in these tests. It is generous:
@@ -46,31 +50,6 @@ func newZCtx(t *testing.T) *zmq.Context {
 		}
 	})
 	return zctx
-}
-
-// run starts fn in a goroutine with a context cancelled at cleanup, and
-// checks that it then returns context.Canceled.
-func run(t *testing.T, name string, fn func(context.Context) error) (stop func()) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- fn(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if !errors.Is(err, context.Canceled) {
-					t.Errorf("%s Run returned %v; want context.Canceled", name, err)
-				}
-			case <-time.After(waitFor):
-				t.Errorf("%s Run did not return after cancel", name)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
 }
 
 // op is one handler call.
@@ -214,7 +193,7 @@ func newTestPublisher(t *testing.T, zctx *zmq.Context, cfg PublisherConfig, skip
 		t.Fatal(err)
 	}
 	p.skipLive = skip
-	run(t, "publisher", p.Run)
+	testrun.Start(t, "publisher", p.Run)
 	return p
 }
 
@@ -230,7 +209,7 @@ func newTestSubscriber(t *testing.T, zctx *zmq.Context, cfg SubscriberConfig) (s
 	if err != nil {
 		t.Fatal(err)
 	}
-	return run(t, "subscriber", s.Run)
+	return testrun.Start(t, "subscriber", s.Run)
 }
 
 // checkConsecutive fails unless ids are from, from+1, … in order.
@@ -433,9 +412,16 @@ func TestSubscriberGapWithoutReplay(t *testing.T) {
 	}
 }
 
+// TestSubscriberReplayBufferOverrun joins a publisher whose replay buffer
+// no longer holds batch 0, then loses more live batches than the buffer
+// holds. The join replay returns everything the publisher still has and is
+// complete; the gap replay cannot fill the gap and is incomplete, so the
+// replica is forgotten and delivery goes on.
 func TestSubscriberReplayBufferOverrun(t *testing.T) {
 	zctx := newZCtx(t)
-	p := newTestPublisher(t, zctx, PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*", BufferSteps: 5}, nil)
+	var lose atomic.Bool
+	p := newTestPublisher(t, zctx, PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*", BufferSteps: 5},
+		func(uint64) bool { return lose.Load() })
 	reg := prometheus.NewRegistry()
 	rec := &recorder{}
 	f := &feeder{t: t, p: p}
@@ -452,11 +438,23 @@ func TestSubscriberReplayBufferOverrun(t *testing.T) {
 		t.Fatalf("first batch 0, but the buffer held only 5")
 	}
 	checkConsecutive(t, "delivery", ids, ids[0])
-	if got := metricValue(t, reg, "warmpath_kvevents_replays_total", map[string]string{"result": ReplayIncomplete}); got != 1 {
-		t.Errorf("replays_total{result=incomplete} = %v; want 1", got)
+	if got := metricValue(t, reg, "warmpath_kvevents_replays_total", map[string]string{"result": ReplayOK}); got != 1 {
+		t.Errorf("replays_total{result=ok} = %v; want 1 (the join)", got)
 	}
 	if ops := rec.snapshot(); !ops[0].clear {
 		t.Errorf("first op %v; want clear", ops[0])
+	}
+
+	lose.Store(true)
+	f.publishGone(10)
+	lose.Store(false)
+	resumed := f.next
+	f.until("delivery after the gap", func() bool { return rec.has("r1", resumed+2) })
+	if got := metricValue(t, reg, "warmpath_kvevents_replays_total", map[string]string{"result": ReplayIncomplete}); got != 1 {
+		t.Errorf("replays_total{result=incomplete} = %v; want 1 (the gap)", got)
+	}
+	if got := metricValue(t, reg, "warmpath_kvevents_clears_total", map[string]string{"reason": ClearReplayLoss}); got != 1 {
+		t.Errorf("clears_total{reason=replay_loss} = %v; want 1", got)
 	}
 }
 
@@ -472,7 +470,7 @@ func TestSubscriberEmptyReplay(t *testing.T) {
 				t.Fatal(err)
 			}
 			var requests atomic.Int32
-			run(t, "router", func(ctx context.Context) error {
+			testrun.Start(t, "router", func(ctx context.Context) error {
 				defer router.Close()
 				poller := zmq.NewPoller()
 				poller.Add(router, zmq.POLLIN)
@@ -568,7 +566,7 @@ func TestCentral(t *testing.T) {
 	if strings.HasSuffix(c.Endpoint(), ":*") {
 		t.Fatalf("Endpoint() = %q; want a resolved port", c.Endpoint())
 	}
-	run(t, "central", c.Run)
+	testrun.Start(t, "central", c.Run)
 
 	var feeders []*feeder
 	for _, replica := range []string{"10.0.0.1:8000", "10.0.0.2:8000"} {
@@ -609,7 +607,7 @@ func TestCentralGapWithoutReplay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	run(t, "central", c.Run)
+	testrun.Start(t, "central", c.Run)
 	var skip atomic.Int64
 	skip.Store(-1)
 	p := newTestPublisher(t, zctx, PublisherConfig{Endpoint: c.Endpoint(), Topic: Topic("a", "m")},
@@ -649,7 +647,7 @@ func TestCentralDPRanks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	run(t, "central", c.Run)
+	testrun.Start(t, "central", c.Run)
 	var feeders []*feeder
 	for rank := range 2 {
 		p := newTestPublisher(t, zctx, PublisherConfig{Endpoint: c.Endpoint(), Topic: Topic("a", "m")}, nil)
@@ -720,7 +718,7 @@ func TestSubscriberBadMessages(t *testing.T) {
 		t.Fatal(err)
 	}
 	// This goroutine owns pub from here on.
-	run(t, "raw publisher", func(ctx context.Context) error {
+	testrun.Start(t, "raw publisher", func(ctx context.Context) error {
 		defer pub.Close()
 		for ctx.Err() == nil {
 			pub.SendMessage("t", seqFrame(0))                       // 2 frames
@@ -807,7 +805,7 @@ func TestPublisherReplayRequests(t *testing.T) {
 	}
 	f := &feeder{t: t, p: p}
 	f.publish(6) // seqs 0–5; the ring keeps 2–5
-	run(t, "publisher", p.Run)
+	testrun.Start(t, "publisher", p.Run)
 
 	dealer, _, err := openSocket(zctx, zmq.DEALER, p.ReplayEndpoint(), false, nil)
 	if err != nil {
@@ -901,7 +899,7 @@ func TestRunExitsWithoutLeaks(t *testing.T) {
 		defer zctx.Term()
 		ctx, cancel := context.WithCancel(context.Background())
 		var wg sync.WaitGroup
-		errs := make(chan error, 4)
+		errs := make(chan error, 5)
 		start := func(fn func(context.Context) error) { wg.Go(func() { errs <- fn(ctx) }) }
 
 		rec := &recorder{}
@@ -922,10 +920,15 @@ func TestRunExitsWithoutLeaks(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		relay, err := NewRelay(zctx, RelayConfig{Bind: "tcp://127.0.0.1:*", Publish: "tcp://127.0.0.1:*", Metrics: NewRelayMetrics(nil)})
+		if err != nil {
+			t.Fatal(err)
+		}
 		start(c.Run)
 		start(p1.Run)
 		start(p2.Run)
 		start(s.Run)
+		start(relay.Run)
 		f1, f2 := &feeder{t: t, p: p1}, &feeder{t: t, p: p2}
 		f1.until("both streams", func() bool {
 			f2.publish(1)
@@ -943,4 +946,247 @@ func TestRunExitsWithoutLeaks(t *testing.T) {
 		}
 	}()
 	eventually(t, waitFor, "goroutines to exit", func() bool { return runtime.NumGoroutine() <= before })
+}
+
+// logSink is a slog.Handler that keeps every record's message and
+// attributes.
+type logSink struct {
+	mu   sync.Mutex
+	msgs []string
+	recs []map[string]string
+}
+
+func (l *logSink) Enabled(context.Context, slog.Level) bool { return true }
+
+func (l *logSink) Handle(_ context.Context, r slog.Record) error {
+	a := map[string]string{}
+	r.Attrs(func(at slog.Attr) bool { a[at.Key] = at.Value.String(); return true })
+	l.mu.Lock()
+	l.msgs = append(l.msgs, r.Message)
+	l.recs = append(l.recs, a)
+	l.mu.Unlock()
+	return nil
+}
+
+// attrs returns the values of key over every record that has it.
+func (l *logSink) attrs(key string) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, a := range l.recs {
+		if v, ok := a[key]; ok {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+func (l *logSink) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *logSink) WithGroup(string) slog.Handler      { return l }
+
+// count returns how many messages contain sub.
+func (l *logSink) count(sub string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, m := range l.msgs {
+		if strings.Contains(m, sub) {
+			n++
+		}
+	}
+	return n
+}
+
+// TestSubscriberFirstSeqNotZero follows a publisher that numbers batches
+// from 1 (llm-d-inference-sim), fresh, joined mid-stream and restarted:
+// the replays from 0 return everything the publisher has, from its first
+// sequence number, and are complete. Nothing is counted as a failed replay
+// or a duplicate, and the replica is not forgotten.
+func TestSubscriberFirstSeqNotZero(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		before int // batches published before the subscriber starts
+	}{{"fresh engine", 0}, {"joined mid-stream", 5}} {
+		t.Run(tt.name, func(t *testing.T) {
+			zctx := newZCtx(t)
+			p := newTestPublisher(t, zctx, PublisherConfig{ReplayEndpoint: "tcp://127.0.0.1:*", FirstSeq: 1}, nil)
+			reg := prometheus.NewRegistry()
+			rec := &recorder{}
+			logs := &logSink{}
+			f := &feeder{t: t, p: p}
+			f.publishGone(tt.before)
+			newTestSubscriber(t, zctx, SubscriberConfig{
+				Endpoint: p.Endpoint(), ReplayEndpoint: p.ReplayEndpoint(), Handler: rec, Metrics: NewMetrics(reg),
+				Logger: slog.New(logs),
+			})
+			f.until("first batches", func() bool { return rec.has("r1", uint64(tt.before)+3) })
+			p.Reset()
+			const restartBase = 1000
+			f.next = restartBase
+			f.until("batches after the restart", func() bool { return rec.has("r1", restartBase+3) })
+
+			var pre, post []uint64
+			clears := 0
+			for _, o := range rec.snapshot() {
+				switch {
+				case o.clear:
+					clears++
+				case clears == 1:
+					pre = append(pre, o.id)
+				default:
+					post = append(post, o.id)
+				}
+			}
+			checkConsecutive(t, "before the restart", pre, 0)
+			checkConsecutive(t, "after the restart", post, restartBase)
+			if clears != 2 {
+				t.Errorf("%d clears; want 2 (join, restart): %v", clears, rec.snapshot())
+			}
+			for _, result := range []string{ReplayIncomplete, ReplayFailed} {
+				if got := metricValue(t, reg, "warmpath_kvevents_replays_total", map[string]string{"result": result}); got != 0 {
+					t.Errorf("replays_total{result=%s} = %v; want 0", result, got)
+				}
+			}
+			if got := metricValue(t, reg, "warmpath_kvevents_duplicates_total", nil); got != 0 {
+				t.Errorf("duplicates_total = %v; want 0", got)
+			}
+			if got := metricValue(t, reg, "warmpath_kvevents_clears_total", map[string]string{"reason": ClearReplayLoss}); got != 0 {
+				t.Errorf("clears_total{reason=replay_loss} = %v; want 0", got)
+			}
+			if n := logs.count("replay incomplete"); n != 0 {
+				t.Errorf("%d \"replay incomplete\" log lines; want 0", n)
+			}
+		})
+	}
+}
+
+// rankRecorder is a recorder that also clears ranks apart: it logs
+// ClearRank calls as clears of "replica/rank".
+type rankRecorder struct {
+	recorder
+}
+
+func (r *rankRecorder) ClearRank(replica string, rank int) {
+	r.mu.Lock()
+	r.ops = append(r.ops, op{clear: true, replica: fmt.Sprintf("%s/%d", replica, rank)})
+	r.mu.Unlock()
+}
+
+var _ RankClearer = (*rankRecorder)(nil)
+
+// TestCentralDPRanksClearApart runs two data-parallel ranks of one
+// replica under one topic with a handler that clears ranks apart: each
+// rank's join clears that rank, and rank 1's restart clears rank 1 alone,
+// leaving rank 0's stream in sync (no resync, no second clear), and Clear
+// is never called.
+func TestCentralDPRanksClearApart(t *testing.T) {
+	const rank1Base, restartBase, end = 1 << 20, 2 << 20, 3 << 20
+	zctx := newZCtx(t)
+	rec := &rankRecorder{}
+	reg := prometheus.NewRegistry()
+	c, err := NewCentral(zctx, CentralConfig{Bind: "tcp://127.0.0.1:*", Handler: rec, Metrics: NewMetrics(reg)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testrun.Start(t, "central", c.Run)
+	var feeders []*feeder
+	for rank := range 2 {
+		p := newTestPublisher(t, zctx, PublisherConfig{Endpoint: c.Endpoint(), Topic: Topic("a", "m")}, nil)
+		feeders = append(feeders, &feeder{t: t, p: p, next: uint64(rank) * rank1Base, rank: rank})
+	}
+	publishUntil := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(waitFor)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s; ops %v", what, rec.snapshot())
+			}
+			for _, f := range feeders {
+				f.publish(1)
+			}
+			time.Sleep(3 * time.Millisecond)
+		}
+	}
+	publishUntil("both ranks", func() bool {
+		return rec.countRange("a", 0, rank1Base) >= 3 && rec.countRange("a", rank1Base, restartBase) >= 3
+	})
+	feeders[1].p.Reset()
+	feeders[1].next = restartBase
+	publishUntil("rank 1 after its restart", func() bool { return rec.countRange("a", restartBase, end) >= 3 })
+	n0 := rec.countRange("a", 0, rank1Base)
+	publishUntil("rank 0 going on", func() bool { return rec.countRange("a", 0, rank1Base) >= n0+3 })
+
+	clears := map[string]int{}
+	var r0 []uint64
+	for _, o := range rec.snapshot() {
+		switch {
+		case o.clear:
+			clears[o.replica]++
+		case o.id < rank1Base:
+			r0 = append(r0, o.id)
+		}
+	}
+	if want := map[string]int{"a/0": 1, "a/1": 2}; !maps.Equal(clears, want) {
+		t.Errorf("clears %v; want %v (each rank's join, rank 1's restart; never Clear)", clears, want)
+	}
+	checkConsecutive(t, "rank 0", r0, r0[0])
+	if got := metricValue(t, reg, "warmpath_kvevents_clears_total", map[string]string{"reason": ClearRestart}); got != 1 {
+		t.Errorf("clears_total{reason=restart} = %v; want 1", got)
+	}
+}
+
+// TestSubscriberRankMetricsOutliveSiblings runs two subscribers for two
+// data-parallel ranks of one replica on one Metrics: stopping one keeps
+// the replica's series (its sibling still reports); stopping the last
+// deletes them.
+func TestSubscriberRankMetricsOutliveSiblings(t *testing.T) {
+	zctx := newZCtx(t)
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	rec := &rankRecorder{}
+	var stops []func()
+	var feeders []*feeder
+	for rank := range 2 {
+		p := newTestPublisher(t, zctx, PublisherConfig{}, nil)
+		feeders = append(feeders, &feeder{t: t, p: p, next: uint64(rank) << 20, rank: rank})
+		stops = append(stops, newTestSubscriber(t, zctx, SubscriberConfig{Endpoint: p.Endpoint(), Handler: rec, Metrics: m}))
+	}
+	seen := func(rank string) bool {
+		return metricValue(t, reg, "warmpath_kvevents_batches_total", map[string]string{"replica": "r1"}) > 0 &&
+			len(gatherLabels(t, reg, "warmpath_kvevents_last_seq", "dp_rank", rank)) > 0
+	}
+	for rank, f := range feeders {
+		f.until("rank's batches", func() bool { return seen(strconv.Itoa(rank)) })
+	}
+	stops[1]()
+	if !seen("0") {
+		t.Fatal("stopping rank 1's subscriber deleted rank 0's series")
+	}
+	stops[0]()
+	if n := metricValue(t, reg, "warmpath_kvevents_batches_total", map[string]string{"replica": "r1"}); n != 0 {
+		t.Errorf("batches_total{replica=r1} = %v after the last subscriber stopped; want the series gone", n)
+	}
+}
+
+// gatherLabels returns the values of label on the samples of name.
+func gatherLabels(t *testing.T, reg *prometheus.Registry, name, label, value string) []string {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == label && lp.GetValue() == value {
+					out = append(out, lp.GetValue())
+				}
+			}
+		}
+	}
+	return out
 }

@@ -13,12 +13,13 @@
 // cooperation. Completions requests have no messages and so no opening:
 // they are sessions only when the client names one.
 //
-// The client-named session is the conversation's family ([Key.Family]; a
-// Claude Code sub-agent's is its x-claude-code-agent-id), and a named
-// parent (X-Dynamo-Parent-Session-ID, x-claude-code-parent-agent-id, or a
-// sub-agent's session) its [Key.Parent]: the gateway records under the
-// family where its conversations run, so that a sub-agent's first turn can
-// be placed knowing its parent's replica.
+// The client-named session is the conversation's family ([Key.Family]). A
+// Claude Code sub-agent (x-claude-code-agent-id) is a family of its own
+// under the run's session id, whose [Key.Parent] is the run's family or the
+// sub-agent that spawned it (x-claude-code-parent-agent-id); Dynamo's
+// X-Dynamo-Parent-Session-ID names a parent session directly. The gateway
+// records under the family where its conversations run, so that a
+// sub-agent's first turn can be placed knowing its parent's replica.
 //
 // A [Store] keeps each session's binding to a replica in Redis with a TTL,
 // shared by every gateway process, under the key prefix "<prefix>sess:". It

@@ -25,12 +25,15 @@ const (
 // OpenCode).
 var Headers = []string{"X-Session-ID", "X-Dynamo-Session-ID", "X-Claude-Code-Session-Id", "Session_id", "Session-Id", "X-Session-Affinity"}
 
-// Agent headers name a sub-agent within a Claude Code session and its
-// parent; ParentHeaders name a parent session in order of precedence
-// (Dynamo's canonical header first).
-const AgentHeader = "X-Claude-Code-Agent-Id"
-
-var ParentHeaders = []string{"X-Dynamo-Parent-Session-ID", "X-Claude-Code-Parent-Agent-Id"}
+// Sub-agent headers: Claude Code sends its session id with every request of
+// a run, and names the sub-agent (and the sub-agent that spawned it, when
+// there is one) on each of that sub-agent's requests. ParentSessionHeader
+// is Dynamo's name for a parent session.
+const (
+	AgentHeader         = "X-Claude-Code-Agent-Id"
+	ParentAgentHeader   = "X-Claude-Code-Parent-Agent-Id"
+	ParentSessionHeader = "X-Dynamo-Parent-Session-ID"
+)
 
 // maxKeyLen bounds client-supplied identifiers; longer ones are hashed.
 const maxKeyLen = 128
@@ -89,20 +92,6 @@ func Identify(scope string, h http.Header, b Body) Key {
 	if k.Source == SourceNone && len(b.Opening) > 0 {
 		return Key{Value: "o:" + openingHash(scope, b.Opening), Source: SourceOpening}
 	}
-	if k.Source == SourceHeader {
-		if agent := strings.TrimSpace(h.Get(AgentHeader)); agent != "" {
-			// A sub-agent is a session of its own within its parent's; its
-			// parent is named, or else the session it runs in.
-			k.Parent = k.Family
-			k.Family = mk(scope, "h", agent)
-		}
-		for _, name := range ParentHeaders {
-			if v := strings.TrimSpace(h.Get(name)); v != "" {
-				k.Parent = mk(scope, "h", v)
-				break
-			}
-		}
-	}
 	k.Value = k.Family
 	if len(b.Opening) > 0 {
 		k.Value += "/" + openingHash(scope, b.Opening)
@@ -115,7 +104,7 @@ func Identify(scope string, h http.Header, b Body) Key {
 func named(scope string, h http.Header, b Body) Key {
 	for _, name := range Headers {
 		if v := strings.TrimSpace(h.Get(name)); v != "" {
-			return Key{Family: mk(scope, "h", v), Source: SourceHeader}
+			return headerKey(scope, v, h)
 		}
 	}
 	switch {
@@ -139,6 +128,26 @@ func openingHash(scope string, opening []byte) string {
 	d.Write([]byte{0})
 	d.Write(opening)
 	return hex.EncodeToString(d.Sum(sum[:0]))
+}
+
+// headerKey is the family of a session named by a header. A sub-agent's
+// requests carry the run's session id too, but the sub-agent is a
+// conversation of its own (its own system prompt and history, so its own
+// prefix): it is a family of its own, under the run's, whose Parent is the
+// run's family, the sub-agent that spawned it, or the parent session
+// Dynamo's header names, so that neither rebinds the other.
+func headerKey(scope, session string, h http.Header) Key {
+	k := Key{Family: mk(scope, "h", session), Source: SourceHeader}
+	if agent := strings.TrimSpace(h.Get(AgentHeader)); agent != "" {
+		k.Family, k.Parent = mk(scope, "h", session+"/agent/"+agent), k.Family
+		if parent := strings.TrimSpace(h.Get(ParentAgentHeader)); parent != "" && parent != agent {
+			k.Parent = mk(scope, "h", session+"/agent/"+parent)
+		}
+	}
+	if parent := strings.TrimSpace(h.Get(ParentSessionHeader)); parent != "" {
+		k.Parent = mk(scope, "h", parent)
+	}
+	return k
 }
 
 // Chain is the session key of a Responses API chain: every turn chained to

@@ -95,11 +95,11 @@ func TestIdentifyConversations(t *testing.T) {
 	sub := http.Header{"X-Claude-Code-Session-Id": {"cc"}, "X-Claude-Code-Agent-Id": {"a1"}}
 	brief := []byte("system\x00You are an agent.\x00user\x00look for tests\x00[tools]")
 	k := Identify("t", sub, Body{Opening: brief})
-	if k.Family != "h:t:a1" || k.Parent != "h:t:cc" || k.Relatives() != "h:t:cc" || !strings.HasPrefix(k.Value, "h:t:a1/") {
+	if k.Family != "h:t:cc/agent/a1" || k.Parent != "h:t:cc" || k.Relatives() != "h:t:cc" || !strings.HasPrefix(k.Value, "h:t:cc/agent/a1/") {
 		t.Errorf("sub-agent key %+v; want family a1, parent cc", k)
 	}
 	sub.Set("X-Claude-Code-Parent-Agent-Id", "a0")
-	if k := Identify("t", sub, Body{Opening: brief}); k.Parent != "h:t:a0" {
+	if k := Identify("t", sub, Body{Opening: brief}); k.Parent != "h:t:cc/agent/a0" {
 		t.Errorf("named parent: %+v", k)
 	}
 	dyn := http.Header{"X-Dynamo-Session-Id": {"run:researcher"}, "X-Dynamo-Parent-Session-Id": {"run"}}
@@ -108,6 +108,42 @@ func TestIdentifyConversations(t *testing.T) {
 	}
 	if o := Identify("t", http.Header{}, Body{Opening: agent}); o.Family != "" || o.Parent != "" || o.Relatives() != "" {
 		t.Errorf("opening-only key %+v has relatives", o)
+	}
+}
+
+// A Claude Code sub-agent is a session of its own under the run's, and
+// names its parent: the run's main conversation, or the sub-agent that
+// spawned it.
+func TestIdentifySubAgent(t *testing.T) {
+	id := func(hs ...string) Key {
+		h := http.Header{}
+		for i := 0; i < len(hs); i += 2 {
+			h.Set(hs[i], hs[i+1])
+		}
+		return Identify("t", h, Body{})
+	}
+	main := id("X-Claude-Code-Session-Id", "run1")
+	sub := id("X-Claude-Code-Session-Id", "run1", AgentHeader, "a1")
+	nested := id("X-Claude-Code-Session-Id", "run1", AgentHeader, "a2", ParentAgentHeader, "a1")
+	other := id("X-Claude-Code-Session-Id", "run2", AgentHeader, "a1")
+	if main.Parent != "" {
+		t.Errorf("main conversation has parent %q", main.Parent)
+	}
+	if sub.Value == main.Value || sub.Source != SourceHeader || sub.Parent != main.Value {
+		t.Errorf("sub-agent key %+v; want its own key with parent %q", sub, main.Value)
+	}
+	if nested.Parent != sub.Value || nested.Value == sub.Value {
+		t.Errorf("nested sub-agent key %+v; want parent %q", nested, sub.Value)
+	}
+	if other.Value == sub.Value {
+		t.Errorf("one agent id in two runs shares key %q", sub.Value)
+	}
+	if again := id("X-Claude-Code-Session-Id", "run1", AgentHeader, "a1"); again != sub {
+		t.Errorf("same sub-agent, keys %+v and %+v", again, sub)
+	}
+	long := id("X-Claude-Code-Session-Id", strings.Repeat("s", 120), AgentHeader, strings.Repeat("a", 40))
+	if len(long.Value) > 64 || len(long.Parent) > 200 {
+		t.Errorf("long ids not hashed: %+v", long)
 	}
 }
 
@@ -208,6 +244,53 @@ func TestStoreRedis(t *testing.T) {
 	}
 	if _, ok, _ := s.Lookup(ctx, "k1"); ok {
 		t.Error("binding survived Forget")
+	}
+}
+
+// An update kept locally is what this process's lookups see until its
+// flush lands, and what other processes see after; a rebinding by another
+// process wins over it.
+func TestStoreUpdateLocalThenFlush(t *testing.T) {
+	rdb, prefix := redistest.Client(t)
+	ctx := context.Background()
+	clock := time.UnixMilli(1_800_000_000_000)
+	now := func() time.Time { return clock }
+	s := NewStore(rdb, Options{Prefix: prefix, Now: now})
+	other := NewStore(rdb, Options{Prefix: prefix, Now: now})
+	if _, err := s.Remember(ctx, "k", bind("r1", 3), false); err != nil {
+		t.Fatal(err)
+	}
+	clock = clock.Add(time.Millisecond)
+	setCached := func(n int) func(*Binding) bool {
+		return func(b *Binding) bool { b.CachedTokens = n; return true }
+	}
+	if _, changed := s.UpdateLocal("k", bind("r1", 3), setCached(900)); !changed {
+		t.Fatal("UpdateLocal changed nothing")
+	}
+	if b, _, _ := s.Lookup(ctx, "k"); b.CachedTokens != 900 {
+		t.Errorf("own lookup before the flush: cached %d; want 900", b.CachedTokens)
+	}
+	if b, _, _ := other.Lookup(ctx, "k"); b.CachedTokens != 0 {
+		t.Errorf("other gateway before the flush: cached %d; want 0", b.CachedTokens)
+	}
+	if err := s.Flush(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if b, _, _ := other.Lookup(ctx, "k"); b.CachedTokens != 900 {
+		t.Errorf("other gateway after the flush: cached %d; want 900", b.CachedTokens)
+	}
+	// Another gateway rebinds: this process's pending copy of the old
+	// binding must not shadow it.
+	clock = clock.Add(time.Millisecond)
+	s.UpdateLocal("k", Binding{}, setCached(1200))
+	if _, err := other.Remember(ctx, "k", bind("r2", 1), false); err != nil {
+		t.Fatal(err)
+	}
+	if b, _, _ := s.Lookup(ctx, "k"); b.Replica != "r2" {
+		t.Errorf("after another gateway's rebinding: %q; want r2", b.Replica)
+	}
+	if _, changed := s.UpdateLocal("k", Binding{}, func(*Binding) bool { return false }); changed {
+		t.Error("UpdateLocal reported a change fn refused")
 	}
 }
 

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/redis/go-redis/v9"
 
@@ -51,7 +53,15 @@ type Store struct {
 	rdb   redis.UniversalClient
 	opts  Options
 	local *lru.Cache[string, Binding] // recent bindings; safe for concurrent use
+	// updates serialises UpdateLocal's read-modify-writes, striped by key,
+	// so two of this process's updates of one binding never lose each
+	// other; flushes serialises Flush's writes the same way, so the last
+	// write of a key to land is of its latest local copy.
+	updates, flushes [64]sync.Mutex
 }
+
+// stripe is key's index into the updates and flushes locks.
+func stripe(key string) uint64 { return xxhash.Sum64String(key) % 64 }
 
 // NewStore returns a store over rdb. rdb may be nil: the store then keeps
 // bindings in process memory only.
@@ -92,8 +102,7 @@ func (s *Store) Lookup(ctx context.Context, key string) (Binding, bool, error) {
 		case err == nil:
 			b, derr := decode(v)
 			if derr == nil {
-				s.remember(key, b)
-				return b, true, nil
+				return s.newer(key, b), true, nil
 			}
 			rerr = derr
 		case errors.Is(err, redis.Nil):
@@ -187,6 +196,78 @@ func (s *Store) Forget(ctx context.Context, key string) error {
 }
 
 func (s *Store) remember(key string, b Binding) { s.local.Add(key, b) }
+
+// newer returns the binding a lookup should use when Redis holds stored:
+// this process's copy when it is a later write of the same binding (an
+// UpdateLocal whose Flush has not landed yet), else stored, which then
+// replaces the local copy. A rebinding is always written to Redis at once,
+// so a copy naming another replica is never preferred.
+func (s *Store) newer(key string, stored Binding) Binding {
+	if l, ok := s.fresh(key); ok && l.Replica == stored.Replica && l.Updated.UnixMilli() > stored.Updated.UnixMilli() {
+		return l
+	}
+	s.remember(key, stored)
+	return stored
+}
+
+// Update applies fn to this process's latest copy of the session's binding
+// (base when it has none) and writes the result, unless fn returns false:
+// UpdateLocal, then Flush.
+func (s *Store) Update(ctx context.Context, key string, base Binding, fn func(*Binding) bool) (Binding, error) {
+	b, changed := s.UpdateLocal(key, base, fn)
+	if !changed {
+		return b, nil
+	}
+	return b, s.Flush(ctx, key)
+}
+
+// UpdateLocal applies fn to this process's latest copy of the session's
+// binding (base when it has none) and keeps the result in process memory,
+// unless fn returns false; it reports whether it changed the binding.
+// Updates of one key by this process are serialised, so two writers that
+// each set their own fields (the completed turn's cached tokens, the tip
+// found off the request path) keep both. Lookup prefers the result to
+// Redis's older copy of the same binding until Flush writes it.
+func (s *Store) UpdateLocal(key string, base Binding, fn func(*Binding) bool) (Binding, bool) {
+	if key == "" {
+		return base, false
+	}
+	mu := &s.updates[stripe(key)]
+	mu.Lock()
+	defer mu.Unlock()
+	b, ok := s.fresh(key)
+	if !ok {
+		b = base
+	}
+	if !fn(&b) {
+		return b, false
+	}
+	b.Updated = s.opts.Now()
+	s.remember(key, b)
+	return b, true
+}
+
+// Flush writes this process's latest copy of the session's binding to
+// Redis, refreshing its TTL; nothing when it has none. Flushes of one key
+// are serialised and each writes the copy as it is when its turn comes, so
+// concurrent flushes never leave an older copy in Redis than a newer one.
+func (s *Store) Flush(ctx context.Context, key string) error {
+	if s.rdb == nil || key == "" {
+		return nil
+	}
+	mu := &s.flushes[stripe(key)]
+	mu.Lock()
+	defer mu.Unlock()
+	b, ok := s.fresh(key)
+	if !ok {
+		return nil
+	}
+	return s.write(ctx, key, b)
+}
+
+// Local returns this process's latest copy of the session's binding,
+// without asking Redis; false when it has none (or it outlived the TTL).
+func (s *Store) Local(key string) (Binding, bool) { return s.fresh(key) }
 
 // fresh returns the local binding if it has not outlived the TTL.
 func (s *Store) fresh(key string) (Binding, bool) {

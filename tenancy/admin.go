@@ -62,13 +62,23 @@ func NewAdmin(cfg Config, st *Store, u *Usage, log *slog.Logger) *Admin {
 
 // ServeHTTP authenticates the admin key and serves the API.
 func (a *Admin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	tok, _ := credential(r.Header)
-	sum := sha256.Sum256([]byte(tok))
-	if !a.enabled || tok == "" || subtle.ConstantTimeCompare(sum[:], a.adminSum[:]) != 1 {
-		apierror.Write(w, errUnauthorized(errors.New("admin API: not the admin key")))
+	if err := a.Authorize(r.Header); err != nil {
+		apierror.Write(w, err)
 		return
 	}
 	a.mux.ServeHTTP(w, r)
+}
+
+// Authorize checks that h carries the admin key (bearer or x-api-key), in
+// constant time; its error is the 401 every bad credential gets. Other
+// admin surfaces (the gateway's status page) use it too.
+func (a *Admin) Authorize(h http.Header) error {
+	tok, _ := credential(h)
+	sum := sha256.Sum256([]byte(tok))
+	if !a.enabled || tok == "" || subtle.ConstantTimeCompare(sum[:], a.adminSum[:]) != 1 {
+		return errUnauthorized(errors.New("admin API: not the admin key"))
+	}
+	return nil
 }
 
 func (a *Admin) handle(h func(http.ResponseWriter, *http.Request) error) http.Handler {

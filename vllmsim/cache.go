@@ -25,6 +25,18 @@ type kvCache struct {
 	scratch    []byte
 	events     []kvevents.Event // produced since the last takeEvents
 	typedExtra bool             // salted events carry event_version 2 (typed extra keys)
+	promptOnly bool             // cache only blocks made of prompt tokens
+	cpu        cpuTier          // CPU offload tier; zero capacity when disabled
+}
+
+// cacheConfig configures a kvCache.
+type cacheConfig struct {
+	numBlocks, blockSize int
+	root                 uint64 // the chain's root hash
+	typedExtra           bool   // salted events carry event_version 2
+	promptOnly           bool   // cache only blocks made of prompt tokens
+	cpuBlocks            int    // CPU tier size in blocks; 0 for none
+	cpuStoreOnly         bool   // the CPU tier publishes no removals
 }
 
 type kvBlock struct {
@@ -37,24 +49,28 @@ type kvBlock struct {
 
 const nilBlock = -1
 
-func newKVCache(numBlocks, blockSize int, root uint64, typedExtra bool) *kvCache {
+func newKVCache(cfg cacheConfig) *kvCache {
 	c := &kvCache{
-		typedExtra: typedExtra,
-		blockSize:  blockSize,
-		blocks:     make([]kvBlock, numBlocks),
-		byHash:     make(map[uint64]int32, numBlocks),
-		root:       root,
+		typedExtra: cfg.typedExtra,
+		promptOnly: cfg.promptOnly,
+		blockSize:  cfg.blockSize,
+		blocks:     make([]kvBlock, cfg.numBlocks),
+		byHash:     make(map[uint64]int32, cfg.numBlocks),
+		root:       cfg.root,
 		digest:     xxhash.New(),
-		scratch:    make([]byte, 0, 8+4*blockSize),
+		scratch:    make([]byte, 0, 8+4*cfg.blockSize),
+		cpu:        cpuTier{capacity: cfg.cpuBlocks, storeOnly: cfg.cpuStoreOnly},
 	}
-	c.reset(root)
+	c.reset(cfg.root)
 	return c
 }
 
-// reset empties the cache (a process restart): no events.
+// reset empties the cache (a process restart), CPU tier included: no
+// events.
 func (c *kvCache) reset(root uint64) {
 	c.root = root
 	c.evictions = 0
+	c.cpu.reset()
 	clear(c.byHash)
 	c.head, c.tail, c.nfree = nilBlock, nilBlock, 0
 	for i := range c.blocks {
@@ -185,9 +201,14 @@ func (c *kvCache) ensure(s *seq, n int) bool {
 }
 
 // storeFull caches the blocks of s that are full once n tokens are computed
-// and emits one BlockStored for them (vLLM's cache_full_blocks).
+// and emits one BlockStored for them (vLLM's cache_full_blocks), then
+// offloads them to the CPU tier. With promptOnly, blocks holding generated
+// tokens are not cached.
 func (c *kvCache) storeFull(s *seq, n int) {
 	full := n / c.blockSize
+	if c.promptOnly {
+		full = min(full, s.promptLen/c.blockSize)
+	}
 	if full <= s.stored {
 		return
 	}
@@ -222,6 +243,7 @@ func (c *kvCache) storeFull(s *seq, n int) {
 		}
 	}
 	c.events = append(c.events, ev)
+	c.offload(ev.BlockHashes)
 	s.stored = full
 }
 
@@ -245,7 +267,8 @@ func (c *kvCache) release(s *seq) {
 
 // resetPrefixCache forgets every cached hash (vLLM's reset_prefix_cache)
 // and emits AllBlocksCleared. Blocks in use keep their contents but are no
-// longer found by lookups.
+// longer found by lookups. The CPU tier is kept, as vLLM's reset keeps the
+// offloading connector's cache unless asked to reset it.
 func (c *kvCache) resetPrefixCache() {
 	clear(c.byHash)
 	for i := range c.blocks {
@@ -266,4 +289,134 @@ func (c *kvCache) takeEvents() []kvevents.Event {
 	ev := c.events
 	c.events = nil
 	return ev
+}
+
+// offload copies newly cached GPU blocks to the CPU tier, emitting one
+// BlockStored with medium CPU for those it did not hold (the GPU hashes,
+// no tokens, as vLLM's offloading connector reports them) and a
+// BlockRemoved for each block it evicts (unless store-only).
+func (c *kvCache) offload(hashes []uint64) {
+	if c.cpu.capacity == 0 {
+		return
+	}
+	var stored []uint64
+	for _, h := range hashes {
+		added, evicted, ok := c.cpu.store(h)
+		if ok && !c.cpu.storeOnly {
+			c.events = append(c.events, &kvevents.BlockRemoved{BlockHashes: []uint64{evicted}, Medium: kvevents.MediumCPU})
+		}
+		if added {
+			stored = append(stored, h)
+		}
+	}
+	if len(stored) > 0 {
+		c.events = append(c.events, &kvevents.BlockStored{
+			BlockHashes: stored, BlockSize: c.blockSize, Medium: kvevents.MediumCPU, Locality: "LOCAL",
+		})
+	}
+}
+
+// cpuLookup returns how many blocks of s after its first hit blocks the
+// CPU tier holds, consecutively, never counting the block holding the
+// prompt's last token.
+func (c *kvCache) cpuLookup(s *seq, hit int) int {
+	if c.cpu.len() == 0 {
+		return 0
+	}
+	limit := (len(s.tokens) - 1) / c.blockSize
+	n := 0
+	for hit+n < limit && c.cpu.has(s.hashes[hit+n]) {
+		n++
+	}
+	return n
+}
+
+// cpuLoad marks the loaded blocks [hit, hit+n) of s as used in the CPU
+// tier (its LRU).
+func (c *kvCache) cpuLoad(s *seq, hit, n int) {
+	for _, h := range s.hashes[hit : hit+n] {
+		c.cpu.touch(h)
+	}
+}
+
+// cpuTier is an LRU set of block hashes: the blocks offloaded to CPU
+// memory. It belongs to its kvCache.
+type cpuTier struct {
+	capacity  int
+	storeOnly bool
+	entries   map[uint64]*cpuEntry
+	head      *cpuEntry // most recently used
+	tail      *cpuEntry
+	evictions uint64
+}
+
+type cpuEntry struct {
+	hash       uint64
+	prev, next *cpuEntry
+}
+
+func (t *cpuTier) reset() {
+	t.entries = map[uint64]*cpuEntry{}
+	t.head, t.tail = nil, nil
+	t.evictions = 0
+}
+
+func (t *cpuTier) len() int { return len(t.entries) }
+
+func (t *cpuTier) has(h uint64) bool {
+	_, ok := t.entries[h]
+	return ok
+}
+
+// store adds h (or touches it); it reports whether h is new and which
+// block, if any, it evicted.
+func (t *cpuTier) store(h uint64) (added bool, evicted uint64, didEvict bool) {
+	if t.touch(h) {
+		return false, 0, false
+	}
+	if len(t.entries) >= t.capacity {
+		old := t.tail
+		t.unlink(old)
+		delete(t.entries, old.hash)
+		t.evictions++
+		evicted, didEvict = old.hash, true
+	}
+	e := &cpuEntry{hash: h}
+	t.entries[h] = e
+	t.pushFront(e)
+	return true, evicted, didEvict
+}
+
+// touch moves h to the front, reporting whether it is held.
+func (t *cpuTier) touch(h uint64) bool {
+	e, ok := t.entries[h]
+	if ok && t.head != e {
+		t.unlink(e)
+		t.pushFront(e)
+	}
+	return ok
+}
+
+func (t *cpuTier) pushFront(e *cpuEntry) {
+	e.prev, e.next = nil, t.head
+	if t.head != nil {
+		t.head.prev = e
+	} else {
+		t.tail = e
+	}
+	t.head = e
+}
+
+func (t *cpuTier) unlink(e *cpuEntry) {
+	if e.prev != nil {
+		e.prev.next = e.next
+	} else {
+		t.head = e.next
+	}
+	if e.next != nil {
+		e.next.prev = e.prev
+	} else {
+		t.tail = e.prev
+	}
+	e.prev, e.next = nil, nil
 }

@@ -10,11 +10,17 @@
 //
 // NewFleet binds, for each replica i, an HTTP listener on Host:HTTPPort+i, a
 // KV-event PUB socket (tcp://*:KVPort+i, bound like vLLM's default) with
-// the topic kv@<host:port>@<model>, and an optional replay ROUTER. Fleet.Run
-// then runs three goroutines per replica until its context ends: the engine
-// step loop, the publisher's socket loop (kvevents.Publisher.Run) and the
-// HTTP server loop (which survives SetDown cycles). HTTP handlers run on the
-// server's goroutines, one per request; nothing else is started.
+// the topic kv@<host:port>@<model>, and an optional replay ROUTER. With
+// Config.DataParallelSize N a replica is N engines behind one HTTP
+// endpoint, as vLLM's --data-parallel-size: rank r has its own scheduler,
+// KV cache, publisher and replay ROUTER at the replica's ports + r (a
+// connecting publisher dials port + r), and sets data_parallel_rank r on
+// its batches; requests go to the rank their X-data-parallel-rank header
+// names, else to the least loaded one. Fleet.Run then runs, until its
+// context ends, per rank the engine step loop and the publisher's socket
+// loop (kvevents.Publisher.Run), and per replica the HTTP server loop
+// (which survives SetDown cycles). HTTP handlers run on the server's
+// goroutines, one per request; nothing else is started.
 //
 // Endpoints: POST /v1/chat/completions and /v1/completions (streaming SSE
 // with stream_options.include_usage, or not), GET /v1/models, POST
@@ -38,7 +44,8 @@
 // Simulated timings come back in response headers: X-Sim-Queue-Ms (arrival
 // to first scheduling), X-Sim-TTFT-Ms (arrival to first token),
 // X-Sim-E2E-Ms (arrival to last token; non-streaming only), all in
-// simulated milliseconds, plus X-Sim-Cached-Tokens and X-Sim-Replica.
+// simulated milliseconds, plus X-Sim-Cached-Tokens, X-Sim-CPU-Cached-Tokens,
+// X-Sim-Replica and X-Sim-DP-Rank.
 // Replica.Stats returns the engine counters.
 //
 // # Tokenizer and chat template
@@ -80,7 +87,8 @@
 // last message, else the first tool; "auto" (or no tool_choice) calls a
 // tool only when the last message is a user message that mentions a tool's
 // name as a whole word (e.g. "use the read_file tool"), the earliest
-// mention winning; "none" never calls. The arguments are built from the
+// mention winning; "none" never calls. Trailing system and developer
+// messages are skipped when looking for the last message. The arguments are built from the
 // tool's parameter schema: each required property, in the order of
 // "required", gets its first enum value or a value of its type (a word, 1,
 // 1.5, true, a one-element array, or a nested object). The output is then
@@ -142,7 +150,7 @@
 // # KV events
 //
 // Events are produced when vLLM produces them and published once per step
-// that produced any, as Batch{TS, Events, DPRank: 0}:
+// that produced any, as Batch{TS, Events, DPRank: the rank}:
 //   - BlockStored when blocks become full at scheduling time: prompt blocks
 //     as chunked prefill covers them, decode blocks as generated tokens fill
 //     them; one event per request per step with the new blocks' hashes,
@@ -157,7 +165,32 @@
 //   - AllBlocksCleared on POST /reset_prefix_cache.
 //
 // A restart (Replica.Restart) empties the cache silently and resets the
-// publisher, so the next batch has sequence number 0, as a restarted vLLM.
+// publisher, so the next batch has sequence number 0 (Config.FirstSeq), as
+// a restarted vLLM.
+//
+// # Other engines' quirks
+//
+// Options reproduce engines and deployments that differ from vLLM's
+// defaults: Config.FirstSeq numbers batches from 1 (llm-d-inference-sim);
+// Config.BlockSize 64 (llm-d's guides); Config.PromptBlocksOnly caches
+// prompt blocks only (llm-d-inference-sim); Config.NoTokenize answers 404
+// on /tokenize and /detokenize (a proxy that hides them);
+// Replica.DropKVEvents loses live batches (a subscriber past the PUB's
+// high-water mark).
+//
+// # CPU offload tier
+//
+// Config.CPUBlocks gives each rank a CPU tier modelled on vLLM's native
+// offloading connector: every block the GPU caches is offloaded (a
+// BlockStored with medium "CPU", the GPU's hashes, no tokens, locality
+// "LOCAL"); the tier is an LRU of CPUBlocks blocks that evicts with a CPU
+// BlockRemoved, or silently with Config.CPUStoreOnly (LMCache). Admission
+// continues a request's GPU prefix hit with the blocks the tier holds: they
+// are loaded instead of computed, at Profile.CPULoadPerToken a token, and
+// become GPU blocks again (a GPU BlockStored). usage cached_tokens counts
+// them, as vLLM's num_cached_tokens counts connector hits, and
+// X-Sim-CPU-Cached-Tokens reports them alone. A restart empties the tier; a
+// prefix-cache reset keeps it.
 //
 // # Faults
 //

@@ -86,10 +86,11 @@ type seq struct {
 
 	// Written by the engine before generated is first stored (so a handler
 	// that saw generated ≥ 1 or done may read them).
-	cachedTokens int
-	queueTime    time.Duration // arrival → first scheduled, simulated
-	ttft         time.Duration // arrival → first token, simulated
-	e2e          time.Duration // arrival → last token, simulated (set before done)
+	cachedTokens    int           // GPU hits and CPU loads, as vLLM's num_cached_tokens
+	cpuCachedTokens int           // of which loaded from the CPU tier
+	queueTime       time.Duration // arrival → first scheduled, simulated
+	ttft            time.Duration // arrival → first token, simulated
+	e2e             time.Duration // arrival → last token, simulated (set before done)
 
 	generated atomic.Int64 // output tokens sampled so far
 	done      atomic.Bool  // finished, aborted or failed; err is set before
@@ -127,7 +128,15 @@ type engineConfig struct {
 	// typedExtra selects main's typed extra keys (event_version 2) for
 	// salted blocks, as map-format publishers send them.
 	typedExtra bool
-	logger     *slog.Logger
+	// rank is the data-parallel rank, the data_parallel_rank of batches.
+	rank int
+	// promptOnly caches only blocks made of prompt tokens.
+	promptOnly bool
+	// cpuBlocks sizes the CPU offload tier (0: none); cpuStoreOnly keeps
+	// its evictions silent.
+	cpuBlocks    int
+	cpuStoreOnly bool
+	logger       *slog.Logger
 }
 
 // engine is a continuous-batching scheduler over a kvCache. Run owns the
@@ -156,9 +165,10 @@ type engine struct {
 func newEngine(cfg engineConfig) *engine {
 	p := cfg.profile
 	return &engine{
-		cfg:         cfg,
-		wake:        make(chan struct{}, 1),
-		cache:       newKVCache(p.KVBlocks, p.BlockSize, cfg.newRoot(), cfg.typedExtra),
+		cfg:  cfg,
+		wake: make(chan struct{}, 1),
+		cache: newKVCache(cacheConfig{numBlocks: p.KVBlocks, blockSize: p.BlockSize, root: cfg.newRoot(),
+			typedExtra: cfg.typedExtra, promptOnly: cfg.promptOnly, cpuBlocks: cfg.cpuBlocks, cpuStoreOnly: cfg.cpuStoreOnly}),
 		ttftHist:    newHistogram(ttftBuckets),
 		queueHist:   newHistogram(requestBuckets),
 		prefillHist: newHistogram(requestBuckets),
@@ -251,7 +261,7 @@ func (e *engine) publishLocked() {
 		return
 	}
 	now := e.cfg.clock.Now()
-	b := kvevents.Batch{TS: float64(now.UnixNano()) / 1e9, Events: ev, DPRank: new(0)}
+	b := kvevents.Batch{TS: float64(now.UnixNano()) / 1e9, Events: ev, DPRank: new(e.cfg.rank)}
 	if err := e.cfg.sink.Publish(b); err != nil {
 		e.cfg.logger.Warn("vllmsim: publish KV events", "err", err)
 	}
@@ -387,6 +397,7 @@ func (e *engine) schedule() (time.Duration, uint64) {
 	e.sched = e.sched[:0]
 	budget := p.MaxNumBatchedTokens
 	preempted := false
+	loadTokens := 0 // tokens loaded from the CPU tier this step
 	for i := 0; i < len(e.running) && budget > 0; i++ {
 		s := e.running[i]
 		n := min(len(s.tokens)-s.numComputed, budget)
@@ -431,7 +442,8 @@ func (e *engine) schedule() (time.Duration, uint64) {
 			continue
 		}
 		hit, freeHit := c.lookup(s)
-		computed := hit * c.blockSize
+		loaded := c.cpuLookup(s, hit) // continues the GPU hit from the CPU tier
+		computed := (hit + loaded) * c.blockSize
 		n := min(len(s.tokens)-computed, budget)
 		if c.blocksFor(computed+n)-hit > c.nfree-freeHit {
 			break // head-of-line: wait for blocks
@@ -439,15 +451,19 @@ func (e *engine) schedule() (time.Duration, uint64) {
 		e.waiting = append(e.waiting[:0], e.waiting[1:]...)
 		c.acquireHits(s, hit)
 		c.ensure(s, computed+n)
+		c.cpuLoad(s, hit, loaded)
+		loadTokens += loaded * c.blockSize
 		s.numComputed = computed
 		s.state = seqRunning
 		if !s.scheduled {
 			s.scheduled = true
 			s.cachedTokens = computed
+			s.cpuCachedTokens = loaded * c.blockSize
 			s.queueTime = e.vnow - s.arrival
 			e.queueHist.observe(s.queueTime.Seconds())
 			e.stats.PromptTokens += uint64(s.promptLen)
 			e.stats.CachedTokens += uint64(computed)
+			e.stats.CPUCachedTokens += uint64(s.cpuCachedTokens)
 		}
 		e.running = append(e.running, s)
 		e.sched = append(e.sched, scheduled{s, n})
@@ -463,7 +479,7 @@ func (e *engine) schedule() (time.Duration, uint64) {
 		}
 	}
 	e.stats.PrefillTokens += uint64(prefill)
-	return p.stepTime(prefill, len(e.sched), ctxTokens), e.gen
+	return p.stepTime(prefill, len(e.sched), ctxTokens, loadTokens), e.gen
 }
 
 // apply ends a step: computed tokens advance, sequences that computed all
@@ -523,8 +539,10 @@ type Stats struct {
 	// (client gone, restart).
 	Finished, Aborted uint64
 	// PromptTokens and CachedTokens sum, over scheduled requests, the prompt
-	// length and the prefix-cache hit (tokens) at first scheduling.
-	PromptTokens, CachedTokens uint64
+	// length and the prefix-cache hit (tokens) at first scheduling; the hit
+	// includes the tokens loaded from the CPU tier, which CPUCachedTokens
+	// counts alone.
+	PromptTokens, CachedTokens, CPUCachedTokens uint64
 	// PrefillTokens counts prefill tokens actually computed (uncached,
 	// including recomputation after preemption).
 	PrefillTokens uint64
@@ -538,6 +556,10 @@ type Stats struct {
 	KVBlocksUsed, KVBlocks int
 	// Evictions counts cached blocks evicted (one BlockRemoved each).
 	Evictions uint64
+	// CPUBlocksUsed and CPUEvictions are the CPU tier's blocks held and
+	// blocks evicted.
+	CPUBlocksUsed int
+	CPUEvictions  uint64
 	// Preemptions counts recompute preemptions.
 	Preemptions uint64
 	// Steps counts engine steps.
@@ -565,6 +587,38 @@ func (e *engine) snapshot() (Stats, histogram) {
 	st.KVBlocksUsed = e.cache.used()
 	st.KVUsage = float64(st.KVBlocksUsed) / float64(st.KVBlocks)
 	st.Evictions = e.cache.evictions
+	st.CPUBlocksUsed, st.CPUEvictions = e.cache.cpu.len(), e.cache.cpu.evictions
 	st.SimTime = e.vnow
 	return st, e.ttftHist.clone()
+}
+
+// load returns the waiting and running request counts, for the
+// data-parallel balancer.
+func (e *engine) load() (waiting, running int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.waiting) + len(e.inbox), len(e.running)
+}
+
+// add sums o's counters into st (for a replica's ranks); KVUsage is left
+// to the caller and SimTime is the later of the two.
+func (st *Stats) add(o Stats) {
+	st.Requests += o.Requests
+	st.Finished += o.Finished
+	st.Aborted += o.Aborted
+	st.PromptTokens += o.PromptTokens
+	st.CachedTokens += o.CachedTokens
+	st.CPUCachedTokens += o.CPUCachedTokens
+	st.PrefillTokens += o.PrefillTokens
+	st.GeneratedTokens += o.GeneratedTokens
+	st.Running += o.Running
+	st.Waiting += o.Waiting
+	st.KVBlocksUsed += o.KVBlocksUsed
+	st.KVBlocks += o.KVBlocks
+	st.Evictions += o.Evictions
+	st.Preemptions += o.Preemptions
+	st.Steps += o.Steps
+	st.CPUBlocksUsed += o.CPUBlocksUsed
+	st.CPUEvictions += o.CPUEvictions
+	st.SimTime = max(st.SimTime, o.SimTime)
 }

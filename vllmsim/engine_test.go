@@ -251,10 +251,10 @@ func TestEngineTTFTColdVsWarm(t *testing.T) {
 	prompt := words("c", 2000)
 	cold := submitWait(t, e, newTestSeq(prompt, 3, ""))
 	warm := submitWait(t, e, newTestSeq(prompt, 3, ""))
-	if want := p.stepTime(2000, 1, 0); cold.ttft != want {
+	if want := p.stepTime(2000, 1, 0, 0); cold.ttft != want {
 		t.Errorf("cold TTFT %v, want %v", cold.ttft, want)
 	}
-	if want := p.stepTime(2000-1984, 1, 0); warm.ttft != want {
+	if want := p.stepTime(2000-1984, 1, 0, 0); warm.ttft != want {
 		t.Errorf("warm TTFT %v, want %v", warm.ttft, want)
 	}
 	if warm.ttft*3 > cold.ttft {

@@ -32,17 +32,54 @@ type Config struct {
 	HTTPPort int
 	// KVPort: replica i binds its KV-event PUB socket at tcp://*:(KVPort+i)
 	// (all interfaces, as vLLM's default tcp://*:5557); 0 binds ephemeral
-	// ports on Host.
+	// ports on Host. With DataParallelSize N, rank r of replica i binds
+	// KVPort+i×N+r: each replica's ranks sit at its base port + rank, as
+	// vLLM offsets them.
 	KVPort int
 	// KVConnect, when set, makes every replica's PUB socket connect to this
 	// endpoint instead of binding one (llm-d's central topology: the router
 	// binds one SUB and the engines name themselves in the topic); KVPort
-	// is then unused and ReplicaInfo.KVEndpoint is empty.
+	// is then unused and ReplicaInfo.KVEndpoint is empty. Rank r dials
+	// KVConnect's port + r, as vLLM does for connecting endpoints, so the
+	// subscriber must bind one port per rank.
 	KVConnect string
-	// ReplayPort: replica i binds its replay ROUTER at tcp://Host:(ReplayPort+i);
-	// 0 means KVPort+100 (ephemeral when KVPort is 0); -1 means no replay
-	// endpoint.
+	// ReplayPort: replica i binds its replay ROUTER at tcp://Host:(ReplayPort+i)
+	// (rank r of N: ReplayPort+i×N+r); 0 means KVPort+100 (ephemeral when
+	// KVPort is 0); -1 means no replay endpoint.
 	ReplayPort int
+	// DataParallelSize is the number of data-parallel ranks of each
+	// replica, as vLLM's --data-parallel-size; default 1. Each rank is an
+	// engine of its own (scheduler, KV cache of KVBlocks blocks, CPU tier)
+	// with its own KV-event publisher and replay ROUTER at the replica's
+	// ports + rank, publishing batches with data_parallel_rank set. The
+	// replica's HTTP endpoint sends a request to the rank named by its
+	// X-data-parallel-rank header, else to the least loaded rank (vLLM's
+	// balancer: lowest 4 × waiting + running, lowest rank on ties).
+	DataParallelSize int
+	// FirstSeq is the sequence number of a replica's first KV-event batch,
+	// at start and after a restart; default 0, as vLLM. 1 mimics
+	// llm-d-inference-sim.
+	FirstSeq uint64
+	// NoTokenize makes POST /tokenize and /detokenize answer 404, as an
+	// engine behind a proxy that does not expose them.
+	NoTokenize bool
+	// PromptBlocksOnly caches (and reports) only blocks made entirely of
+	// prompt tokens, as llm-d-inference-sim does: blocks holding generated
+	// tokens are never cached, so a follow-up turn hits only up to the end
+	// of the previous prompt's last full block.
+	PromptBlocksOnly bool
+	// CPUBlocks is the size, in blocks, of each rank's CPU offload tier
+	// (vLLM's native offloading connector); 0, the default, means none.
+	// Every block the GPU caches is also offloaded (one BlockStored with
+	// medium "CPU", the GPU hashes and no tokens, after the GPU's); the
+	// tier evicts its least recently used block when full (a BlockRemoved
+	// with medium "CPU" unless CPUStoreOnly). A request whose prefix
+	// continues on CPU past its GPU hit loads those blocks instead of
+	// computing them, at Profile.CPULoadPerToken, and they count as cached
+	// tokens.
+	CPUBlocks int
+	// CPUStoreOnly makes the CPU tier publish no removals, as LMCache.
+	CPUStoreOnly bool
 	// Model is the served model name; default "qwen3-32b".
 	Model string
 	// Speed runs simulated time Speed times faster than real time (each
@@ -114,18 +151,14 @@ func (cfg Config) resolve() (Config, error) {
 	if cfg.Speed < 0 {
 		return cfg, fmt.Errorf("vllmsim: negative speed %g", cfg.Speed)
 	}
-	last := cfg.Replicas - 1
-	replayBase := cfg.ReplayPort
-	if replayBase == 0 && cfg.KVPort > 0 {
-		replayBase = cfg.KVPort + 100
+	if cfg.DataParallelSize == 0 {
+		cfg.DataParallelSize = 1
 	}
-	for _, p := range []struct {
-		name     string
-		v, floor int
-	}{{"http port", cfg.HTTPPort, 0}, {"kv port", cfg.KVPort, 0}, {"replay port", replayBase, -1}} {
-		if p.v < p.floor || p.v+last > 65535 {
-			return cfg, fmt.Errorf("vllmsim: %s %d out of range for %d replicas", p.name, p.v, cfg.Replicas)
-		}
+	if cfg.DataParallelSize < 0 || cfg.CPUBlocks < 0 {
+		return cfg, fmt.Errorf("vllmsim: data-parallel size %d, CPU blocks %d: must not be negative", cfg.DataParallelSize, cfg.CPUBlocks)
+	}
+	if err := cfg.checkPorts(); err != nil {
+		return cfg, err
 	}
 	switch cfg.SchedulingPolicy {
 	case "":
@@ -152,6 +185,29 @@ func (cfg Config) resolve() (Config, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	return cfg, nil
+}
+
+// checkPorts checks that the port ranges of every replica and rank fit
+// and do not overlap.
+func (cfg Config) checkPorts() error {
+	last := cfg.Replicas - 1
+	lastRank := cfg.Replicas*cfg.DataParallelSize - 1
+	replayBase := cfg.ReplayPort
+	if replayBase == 0 && cfg.KVPort > 0 {
+		replayBase = cfg.KVPort + 100
+	}
+	for _, p := range []struct {
+		name           string
+		v, floor, last int
+	}{{"http port", cfg.HTTPPort, 0, last}, {"kv port", cfg.KVPort, 0, lastRank}, {"replay port", replayBase, -1, lastRank}} {
+		if p.v < p.floor || p.v+p.last > 65535 {
+			return fmt.Errorf("vllmsim: %s %d out of range for %d replicas of %d ranks", p.name, p.v, cfg.Replicas, cfg.DataParallelSize)
+		}
+	}
+	if cfg.KVPort > 0 && replayBase > 0 && cfg.KVConnect == "" && cfg.KVPort <= replayBase+lastRank && replayBase <= cfg.KVPort+lastRank {
+		return fmt.Errorf("vllmsim: KV-event ports %d-%d and replay ports %d-%d overlap", cfg.KVPort, cfg.KVPort+lastRank, replayBase, replayBase+lastRank)
+	}
+	return nil
 }
 
 // Fleet is a set of simulated vLLM replicas served from one process.
@@ -221,12 +277,14 @@ func (f *Fleet) Run(ctx context.Context) error {
 		}
 	}
 	for _, r := range f.replicas {
-		wg.Go(func() { fail(r.eng.Run(ctx)) })
-		wg.Go(func() {
-			if err := r.pub.Run(ctx); !errors.Is(err, context.Canceled) {
-				fail(err)
-			}
-		})
+		for _, rk := range r.ranks {
+			wg.Go(func() { fail(rk.eng.Run(ctx)) })
+			wg.Go(func() {
+				if err := rk.pub.Run(ctx); !errors.Is(err, context.Canceled) {
+					fail(err)
+				}
+			})
+		}
 		wg.Go(func() { fail(r.serve(ctx)) })
 	}
 	wg.Wait()
@@ -240,8 +298,9 @@ func (f *Fleet) Run(ctx context.Context) error {
 }
 
 // Run is what `warmpath sim` runs: it creates the fleet, prints one line per
-// replica with its endpoints to out, and serves until ctx ends (returning
-// nil then).
+// replica with its endpoints to out (one per data-parallel rank, comma
+// separated, in rank order), and serves until ctx ends (returning nil
+// then).
 func Run(ctx context.Context, cfg Config, out io.Writer) error {
 	f, err := NewFleet(cfg)
 	if err != nil {
@@ -249,40 +308,54 @@ func Run(ctx context.Context, cfg Config, out io.Writer) error {
 	}
 	for _, r := range f.Replicas() {
 		in := r.Info()
-		replay := in.ReplayEndpoint
-		if replay == "" {
-			replay = "none"
+		var kv, replay []string
+		for _, rk := range in.Ranks {
+			ep := rk.KVEndpoint
+			if cfg.KVConnect != "" {
+				ep = "connect:" + kvevents.OffsetEndpoint(cfg.KVConnect, rk.Rank)
+			}
+			kv = append(kv, ep)
+			if rk.ReplayEndpoint != "" {
+				replay = append(replay, rk.ReplayEndpoint)
+			}
 		}
-		kv := in.KVEndpoint
-		if cfg.KVConnect != "" {
-			kv = "connect:" + cfg.KVConnect
+		if len(replay) == 0 {
+			replay = []string{"none"}
 		}
-		fmt.Fprintf(out, "replica %d  http=%s  kv=%s  replay=%s  topic=%s\n", in.Index, in.URL, kv, replay, in.Topic)
+		fmt.Fprintf(out, "replica %d  http=%s  kv=%s  replay=%s  topic=%s\n", in.Index, in.URL,
+			strings.Join(kv, ","), strings.Join(replay, ","), in.Topic)
 	}
 	return f.Run(ctx)
 }
 
-// endpoints computes replica i's listen addresses.
-func endpoints(cfg Config, i int) (httpAddr, pubEP, replayEP string) {
-	httpAddr = net.JoinHostPort(cfg.Host, strconv.Itoa(portOr0(cfg.HTTPPort, i)))
+// httpAddr computes replica i's HTTP listen address.
+func httpAddr(cfg Config, i int) string {
+	return net.JoinHostPort(cfg.Host, strconv.Itoa(portOr0(cfg.HTTPPort, i)))
+}
+
+// kvEndpoints computes the KV-event addresses of rank rank of replica i:
+// the replica's base ports (by index) offset by the rank, as vLLM offsets
+// a data-parallel engine's endpoints.
+func kvEndpoints(cfg Config, i, rank int) (pubEP, replayEP string) {
+	slot := i*cfg.DataParallelSize + rank
 	switch {
 	case cfg.KVConnect != "":
-		pubEP = cfg.KVConnect
+		pubEP = kvevents.OffsetEndpoint(cfg.KVConnect, rank)
 	case cfg.KVPort == 0:
 		pubEP = "tcp://" + net.JoinHostPort(cfg.Host, "*")
 	default:
-		pubEP = "tcp://*:" + strconv.Itoa(cfg.KVPort+i)
+		pubEP = "tcp://*:" + strconv.Itoa(cfg.KVPort+slot)
 	}
 	switch {
 	case cfg.ReplayPort < 0:
 	case cfg.ReplayPort > 0:
-		replayEP = "tcp://" + net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.ReplayPort+i))
+		replayEP = "tcp://" + net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.ReplayPort+slot))
 	case cfg.KVPort == 0:
 		replayEP = "tcp://" + net.JoinHostPort(cfg.Host, "*")
 	default:
-		replayEP = "tcp://" + net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.KVPort+100+i))
+		replayEP = "tcp://" + net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.KVPort+100+slot))
 	}
-	return httpAddr, pubEP, replayEP
+	return pubEP, replayEP
 }
 
 func portOr0(base, i int) int {

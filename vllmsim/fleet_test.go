@@ -21,6 +21,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	zmq "github.com/pebbe/zmq4"
 
+	"github.com/warmpath/warmpath/internal/testrun"
 	"github.com/warmpath/warmpath/kvevents"
 )
 
@@ -34,20 +35,7 @@ func startFleet(t testing.TB, cfg Config) *Fleet {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- f.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("fleet Run: %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Error("fleet Run did not return")
-		}
-	})
+	testrun.Start(t, "vllmsim fleet", f.Run)
 	return f
 }
 
@@ -815,16 +803,46 @@ func TestConfigPorts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, pub, replay := endpoints(cfg, 2)
-	if h != "127.0.0.1:8102" || pub != "tcp://*:5559" || replay != "tcp://127.0.0.1:5659" {
+	pub, replay := kvEndpoints(cfg, 2, 0)
+	if h := httpAddr(cfg, 2); h != "127.0.0.1:8102" || pub != "tcp://*:5559" || replay != "tcp://127.0.0.1:5659" {
 		t.Errorf("endpoints %s %s %s", h, pub, replay)
 	}
 	cfg.ReplayPort = 7000
-	if _, _, replay = endpoints(cfg, 1); replay != "tcp://127.0.0.1:7001" {
+	if _, replay = kvEndpoints(cfg, 1, 0); replay != "tcp://127.0.0.1:7001" {
 		t.Errorf("replay %s", replay)
 	}
 	if _, err := (Config{Replicas: 2, HTTPPort: 65535}).resolve(); err == nil {
 		t.Error("port overflow accepted")
+	}
+
+	// Data parallelism: each replica's ranks at its base port + rank.
+	cfg, err = Config{Replicas: 2, KVPort: 5557, DataParallelSize: 2}.resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		i, rank     int
+		pub, replay string
+	}{{0, 0, "tcp://*:5557", "tcp://127.0.0.1:5657"}, {0, 1, "tcp://*:5558", "tcp://127.0.0.1:5658"},
+		{1, 0, "tcp://*:5559", "tcp://127.0.0.1:5659"}, {1, 1, "tcp://*:5560", "tcp://127.0.0.1:5660"}} {
+		if pub, replay := kvEndpoints(cfg, tt.i, tt.rank); pub != tt.pub || replay != tt.replay {
+			t.Errorf("replica %d rank %d: %s %s; want %s %s", tt.i, tt.rank, pub, replay, tt.pub, tt.replay)
+		}
+	}
+	cfg.KVConnect = "tcp://10.0.0.9:5557"
+	if pub, _ := kvEndpoints(cfg, 1, 1); pub != "tcp://10.0.0.9:5558" {
+		t.Errorf("connecting rank 1 dials %s; want port + 1", pub)
+	}
+	for _, bad := range []Config{
+		{Replicas: 2, KVPort: 5557, ReplayPort: 5558},                      // replica 1's events on replica 0's replay port
+		{Replicas: 1, KVPort: 5557, ReplayPort: 5558, DataParallelSize: 2}, // rank 1's events on rank 0's replay port
+		{Replicas: 60, KVPort: 5557, DataParallelSize: 2},                  // 120 ranks reach KVPort+100
+		{DataParallelSize: -1},
+		{CPUBlocks: -1},
+	} {
+		if _, err := bad.resolve(); err == nil {
+			t.Errorf("%+v accepted", bad)
+		}
 	}
 }
 

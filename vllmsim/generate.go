@@ -177,6 +177,11 @@ func chooseTool(tools []Tool, choice json.RawMessage, msgs []Message) (*Tool, er
 			return nil, errors.New("tool_choice must be a string or an object")
 		}
 	}
+	// Trailing system messages (harness reminders, as Claude Code sends
+	// after the user's request) do not change whose turn it is.
+	for len(msgs) > 1 && (msgs[len(msgs)-1].Role == "system" || msgs[len(msgs)-1].Role == "developer") {
+		msgs = msgs[:len(msgs)-1]
+	}
 	switch mode {
 	case "none":
 		return nil, nil

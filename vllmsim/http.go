@@ -107,15 +107,27 @@ func (r *Replica) routes(metrics http.Handler) http.Handler {
 	mux.Handle("POST /v1/chat/completions", serveErr(r.handleChat))
 	mux.Handle("POST /v1/completions", serveErr(r.handleCompletions))
 	mux.Handle("GET /v1/models", serveErr(r.handleModels))
-	mux.Handle("POST /tokenize", serveErr(r.handleTokenize))
-	mux.Handle("POST /detokenize", serveErr(r.handleDetokenize))
+	if r.cfg.NoTokenize {
+		notFound := func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			_, _ = w.Write([]byte(`{"detail":"Not Found"}`)) // FastAPI's, as a route vLLM does not serve
+		}
+		mux.HandleFunc("POST /tokenize", notFound)
+		mux.HandleFunc("POST /detokenize", notFound)
+	} else {
+		mux.Handle("POST /tokenize", serveErr(r.handleTokenize))
+		mux.Handle("POST /detokenize", serveErr(r.handleDetokenize))
+	}
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, map[string]string{"version": "0.26.0+vllmsim"})
 	})
 	mux.Handle("GET /metrics", metrics)
 	mux.HandleFunc("POST /reset_prefix_cache", func(w http.ResponseWriter, _ *http.Request) {
-		r.eng.resetPrefixCache()
+		for _, rk := range r.ranks {
+			rk.eng.resetPrefixCache()
+		}
 		w.WriteHeader(http.StatusOK)
 	})
 	admin := http.NewServeMux()

@@ -47,11 +47,12 @@ func (h *histogram) clone() histogram {
 }
 
 // collector exposes one replica's engine state with vLLM's metric names. It
-// reads an engine snapshot at scrape time, so the engine keeps plain
-// counters and the registry stays per replica (never the global one). Every
-// series carries model_name and engine="0" labels, as vLLM's V1 engine's do.
+// reads engine snapshots at scrape time, so the engines keep plain counters
+// and the registry stays per replica (never the global one). Every series
+// carries model_name and engine labels, engine being the data-parallel
+// rank ("0" without data parallelism), as vLLM's V1 engines' do.
 type collector struct {
-	eng       *engine
+	engines   []*engine
 	blockSize int
 	numBlocks int
 
@@ -60,14 +61,15 @@ type collector struct {
 	ttft, queueTime, prefillTime, cacheInfo             *prometheus.Desc
 }
 
-func newCollector(eng *engine, model string, blockSize, numBlocks int) *collector {
-	cl := prometheus.Labels{"model_name": model, "engine": "0"}
-	d := func(name, help string) *prometheus.Desc { return prometheus.NewDesc(name, help, nil, cl) }
-	info := prometheus.Labels{"model_name": model, "engine": "0", "block_size": strconv.Itoa(blockSize),
-		"num_gpu_blocks": strconv.Itoa(numBlocks), "num_cpu_blocks": "0", "cache_dtype": "auto",
+func newCollector(engines []*engine, model string, blockSize, numBlocks, cpuBlocks int) *collector {
+	cl := prometheus.Labels{"model_name": model}
+	engineLabel := []string{"engine"}
+	d := func(name, help string) *prometheus.Desc { return prometheus.NewDesc(name, help, engineLabel, cl) }
+	info := prometheus.Labels{"model_name": model, "block_size": strconv.Itoa(blockSize),
+		"num_gpu_blocks": strconv.Itoa(numBlocks), "num_cpu_blocks": strconv.Itoa(cpuBlocks), "cache_dtype": "auto",
 		"enable_prefix_caching": "True"}
 	return &collector{
-		eng: eng, blockSize: blockSize, numBlocks: numBlocks,
+		engines: engines, blockSize: blockSize, numBlocks: numBlocks,
 		running:     d("vllm:num_requests_running", "Number of requests in model execution batches."),
 		waiting:     d("vllm:num_requests_waiting", "Number of requests waiting to be processed."),
 		usage:       d("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
@@ -81,7 +83,7 @@ func newCollector(eng *engine, model string, blockSize, numBlocks int) *collecto
 		ttft:        d("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds."),
 		queueTime:   d("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request."),
 		prefillTime: d("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request."),
-		cacheInfo:   prometheus.NewDesc("vllm:cache_config_info", "Information of the LLMEngine CacheConfig.", nil, info),
+		cacheInfo:   prometheus.NewDesc("vllm:cache_config_info", "Information of the LLMEngine CacheConfig.", engineLabel, info),
 	}
 }
 
@@ -95,35 +97,43 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
-	st, h := c.eng.snapshot()
-	g := func(d *prometheus.Desc, v float64) { ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v) }
+	for i, eng := range c.engines {
+		c.collect(ch, eng, strconv.Itoa(i))
+	}
+}
+
+func (c *collector) collect(ch chan<- prometheus.Metric, eng *engine, engineLabel string) {
+	st, h := eng.snapshot()
+	g := func(d *prometheus.Desc, v float64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, engineLabel)
+	}
 	k := func(d *prometheus.Desc, v uint64) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v))
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), engineLabel)
 	}
 	g(c.running, float64(st.Running))
 	g(c.waiting, float64(st.Waiting))
 	g(c.usage, st.KVUsage)
 	g(c.usageOld, st.KVUsage)
 	k(c.queries, st.PromptTokens)
-	k(c.hits, st.CachedTokens)
+	k(c.hits, st.CachedTokens-st.CPUCachedTokens) // local hits; CPU loads are the connector's
 	k(c.prompt, st.PromptTokens)
 	k(c.generation, st.GeneratedTokens)
 	k(c.preempt, st.Preemptions)
 	k(c.success, st.Finished)
-	q, p := c.eng.histograms()
-	ch <- h.metric(c.ttft)
-	ch <- q.metric(c.queueTime)
-	ch <- p.metric(c.prefillTime)
+	q, p := eng.histograms()
+	ch <- h.metric(c.ttft, engineLabel)
+	ch <- q.metric(c.queueTime, engineLabel)
+	ch <- p.metric(c.prefillTime, engineLabel)
 	g(c.cacheInfo, 1)
 }
 
 // metric exposes h as a constant Prometheus histogram described by d.
-func (h *histogram) metric(d *prometheus.Desc) prometheus.Metric {
+func (h *histogram) metric(d *prometheus.Desc, labels ...string) prometheus.Metric {
 	buckets := make(map[float64]uint64, len(h.bounds))
 	var cum uint64
 	for i, b := range h.bounds {
 		cum += h.counts[i]
 		buckets[b] = cum
 	}
-	return prometheus.MustNewConstHistogram(d, h.count, h.sum, buckets)
+	return prometheus.MustNewConstHistogram(d, h.count, h.sum, buckets, labels...)
 }

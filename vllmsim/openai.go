@@ -51,6 +51,8 @@ type job struct {
 	id           string
 	created      int64
 	s            *seq
+	eng          *engine // the data-parallel rank serving it
+	rank         int
 	prompt       []uint32
 	stream       bool
 	includeUsage bool
@@ -130,10 +132,16 @@ func (r *Replica) prepare(ctx context.Context, h http.Header, sr *samplingReques
 	if session == "" {
 		session = h.Get("X-Session-ID")
 	}
+	eng, rank, err := r.engineFor(h)
+	if err != nil {
+		return nil, err
+	}
 	j := &job{
 		id:        r.newID(idPrefix),
 		created:   r.cfg.Clock.Now().Unix(),
 		s:         newSeq(prompt, plan, salt, session, sr.Priority),
+		eng:       eng,
+		rank:      rank,
 		prompt:    prompt,
 		stream:    sr.Stream,
 		returnIDs: sr.ReturnTokenIDs,
@@ -150,27 +158,29 @@ func (r *Replica) prepare(ctx context.Context, h http.Header, sr *samplingReques
 	return j, nil
 }
 
-// follow waits for s to make progress and calls fn with each range of newly
-// sampled output tokens, until s is done. It returns s's error (a restart)
-// or the context's; in the latter case, or when fn fails, s is aborted.
-func (r *Replica) follow(ctx context.Context, s *seq, fn func(from, to int) error) error {
+// follow waits for j's sequence to make progress and calls fn with each
+// range of newly sampled output tokens, until it is done. It returns the
+// sequence's error (a restart) or the context's; in the latter case, or
+// when fn fails, the sequence is aborted.
+func (r *Replica) follow(ctx context.Context, j *job, fn func(from, to int) error) error {
+	s := j.s
 	sent := 0
 	for {
 		done := s.done.Load() // before generated: done implies the final count is visible
 		g := int(s.generated.Load())
 		if g > sent {
 			if err := r.waitHang(ctx); err != nil {
-				r.eng.abort(s)
+				j.eng.abort(s)
 				return err
 			}
 			if err := fn(sent, g); err != nil {
-				r.eng.abort(s)
+				j.eng.abort(s)
 				return err
 			}
 			sent = g
 			if iv := r.cfg.StreamInterval; iv > 0 && !done {
 				if err := r.cfg.Clock.Sleep(ctx, iv); err != nil {
-					r.eng.abort(s)
+					j.eng.abort(s)
 					return err
 				}
 			}
@@ -181,7 +191,7 @@ func (r *Replica) follow(ctx context.Context, s *seq, fn func(from, to int) erro
 		select {
 		case <-s.notify:
 		case <-ctx.Done():
-			r.eng.abort(s)
+			j.eng.abort(s)
 			return ctx.Err()
 		}
 	}
@@ -193,7 +203,9 @@ func (r *Replica) setSimHeaders(h http.Header, j *job) {
 	h.Set("X-Sim-Queue-Ms", ms(j.s.queueTime+j.extra))
 	h.Set("X-Sim-TTFT-Ms", ms(j.s.ttft+j.extra))
 	h.Set("X-Sim-Cached-Tokens", strconv.Itoa(j.s.cachedTokens))
+	h.Set("X-Sim-CPU-Cached-Tokens", strconv.Itoa(j.s.cpuCachedTokens))
 	h.Set("X-Sim-Replica", r.info.Name)
+	h.Set("X-Sim-DP-Rank", strconv.Itoa(j.rank))
 }
 
 type usageJSON struct {
@@ -229,9 +241,9 @@ func engineError(err error) *apiError {
 // the bodies.
 func (r *Replica) run(w http.ResponseWriter, req *http.Request, j *job, sw streamer) error {
 	ctx := req.Context()
-	r.eng.submit(j.s)
+	j.eng.submit(j.s)
 	if !j.stream {
-		if err := r.follow(ctx, j.s, func(int, int) error { return nil }); err != nil {
+		if err := r.follow(ctx, j, func(int, int) error { return nil }); err != nil {
 			if j.failed(err) {
 				return engineError(err)
 			}
@@ -261,7 +273,7 @@ func (r *Replica) run(w http.ResponseWriter, req *http.Request, j *job, sw strea
 		}
 		return err
 	}
-	err := r.follow(ctx, j.s, func(from, to int) error {
+	err := r.follow(ctx, j, func(from, to int) error {
 		if !started {
 			started = true
 			h := w.Header()

@@ -37,6 +37,18 @@ type ReplicaInfo struct {
 	Topic string
 	// Model is the served model name.
 	Model string
+	// Ranks describes each data-parallel rank's KV-event endpoints, in
+	// rank order; KVEndpoint and ReplayEndpoint are rank 0's.
+	Ranks []RankInfo
+}
+
+// RankInfo describes the KV-event endpoints of one data-parallel rank.
+type RankInfo struct {
+	// Rank is the data-parallel rank, the data_parallel_rank of its
+	// batches.
+	Rank int
+	// KVEndpoint and ReplayEndpoint are as in ReplicaInfo.
+	KVEndpoint, ReplayEndpoint string
 }
 
 // Faults are failures injected into a replica. The zero value injects
@@ -60,13 +72,13 @@ type faultState struct {
 	unhang chan struct{} // closed when a Hang ends; nil when not hanging
 }
 
-// Replica is one simulated vLLM server. Its methods are safe for
-// concurrent use.
+// Replica is one simulated vLLM server: one HTTP endpoint in front of
+// Config.DataParallelSize engines. Its methods are safe for concurrent
+// use.
 type Replica struct {
 	info    ReplicaInfo
-	cfg     Config // resolved fleet config
-	eng     *engine
-	pub     *kvevents.Publisher
+	cfg     Config   // resolved fleet config
+	ranks   []dpRank // one per data-parallel rank
 	handler http.Handler
 	logger  *slog.Logger
 	created int64 // Unix seconds, for "created" fields
@@ -86,43 +98,29 @@ type Replica struct {
 	up     chan struct{} // cap 1; signals serve that srv changed
 }
 
+// dpRank is one data-parallel rank of a replica: an engine and its
+// KV-event publisher.
+type dpRank struct {
+	eng *engine
+	pub *kvevents.Publisher
+}
+
 func newReplica(cfg Config, zctx *zmq.Context, i int) (*Replica, error) {
-	httpAddr, pubEP, replayEP := endpoints(cfg, i)
-	ln, err := net.Listen("tcp", httpAddr)
+	ln, err := net.Listen("tcp", httpAddr(cfg, i))
 	if err != nil {
 		return nil, fmt.Errorf("vllmsim: replica %d: listen: %w", i, err)
 	}
 	name := net.JoinHostPort(cfg.Host, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
-	topic := kvevents.Topic(name, cfg.Model)
 	logger := cfg.Logger.With("replica", name)
-	pub, err := kvevents.NewPublisher(zctx, kvevents.PublisherConfig{
-		Endpoint:       pubEP,
-		ReplayEndpoint: replayEP,
-		Topic:          topic,
-		Format:         cfg.EventFormat,
-		ReplayFraming:  cfg.ReplayFraming,
-		Logger:         logger,
-	})
-	if err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("vllmsim: replica %d: %w", i, err)
-	}
-	kvEndpoint := hostEndpoint(cfg.Host, pub.Endpoint())
-	if cfg.KVConnect != "" {
-		kvEndpoint = "" // the PUB connects; nothing to subscribe to here
-	}
 	r := &Replica{
 		info: ReplicaInfo{
-			Index:          i,
-			Name:           name,
-			URL:            "http://" + name,
-			KVEndpoint:     kvEndpoint,
-			ReplayEndpoint: hostEndpoint(cfg.Host, pub.ReplayEndpoint()),
-			Topic:          topic,
-			Model:          cfg.Model,
+			Index: i,
+			Name:  name,
+			URL:   "http://" + name,
+			Topic: kvevents.Topic(name, cfg.Model),
+			Model: cfg.Model,
 		},
 		cfg:     cfg,
-		pub:     pub,
 		logger:  logger,
 		created: cfg.Clock.Now().Unix(),
 		rng:     newRand(cfg.Seed, 2*i),
@@ -130,35 +128,129 @@ func newReplica(cfg Config, zctx *zmq.Context, i int) (*Replica, error) {
 		up:      make(chan struct{}, 1),
 	}
 	r.faults.Store(&faultState{})
-	r.eng = newEngine(engineConfig{
-		profile:    cfg.Profile,
-		speed:      cfg.Speed,
-		priority:   cfg.SchedulingPolicy == "priority",
-		clock:      cfg.Clock,
-		sink:       pub,
-		newRoot:    rootSource(cfg.Seed, newRand(cfg.Seed, 2*i+1)),
-		typedExtra: cfg.EventFormat == kvevents.FormatMap,
-		logger:     logger,
-	})
+	for rank := range cfg.DataParallelSize {
+		if err := r.addRank(zctx, i, rank); err != nil {
+			r.closeUnstarted()
+			return nil, fmt.Errorf("vllmsim: replica %d: %w", i, err)
+		}
+	}
+	r.info.KVEndpoint, r.info.ReplayEndpoint = r.info.Ranks[0].KVEndpoint, r.info.Ranks[0].ReplayEndpoint
+	engines := make([]*engine, len(r.ranks))
+	for k, rk := range r.ranks {
+		engines[k] = rk.eng
+	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(newCollector(r.eng, cfg.Model, cfg.Profile.BlockSize, cfg.Profile.KVBlocks))
+	reg.MustRegister(newCollector(engines, cfg.Model, cfg.Profile.BlockSize, cfg.Profile.KVBlocks, cfg.CPUBlocks))
 	r.handler = r.routes(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	r.srv = r.newServer()
 	return r, nil
 }
 
+// addRank creates data-parallel rank rank of replica i: its publisher
+// (bound or connected at the replica's ports + rank) and its engine.
+func (r *Replica) addRank(zctx *zmq.Context, i, rank int) error {
+	cfg := r.cfg
+	pubEP, replayEP := kvEndpoints(cfg, i, rank)
+	logger := r.logger
+	if cfg.DataParallelSize > 1 {
+		logger = logger.With("dp_rank", rank)
+	}
+	pub, err := kvevents.NewPublisher(zctx, kvevents.PublisherConfig{
+		Endpoint:       pubEP,
+		ReplayEndpoint: replayEP,
+		Topic:          r.info.Topic,
+		Format:         cfg.EventFormat,
+		ReplayFraming:  cfg.ReplayFraming,
+		FirstSeq:       cfg.FirstSeq,
+		Logger:         logger,
+	})
+	if err != nil {
+		return fmt.Errorf("rank %d: %w", rank, err)
+	}
+	ri := RankInfo{Rank: rank, KVEndpoint: hostEndpoint(cfg.Host, pub.Endpoint()), ReplayEndpoint: hostEndpoint(cfg.Host, pub.ReplayEndpoint())}
+	if cfg.KVConnect != "" {
+		ri.KVEndpoint = "" // the PUB connects; nothing to subscribe to here
+	}
+	r.info.Ranks = append(r.info.Ranks, ri)
+	// Each rank is a process of its own: with Config.Seed its hash root is
+	// the fleet's (PYTHONHASHSEED), without, a random one of its own.
+	eng := newEngine(engineConfig{
+		profile:      cfg.Profile,
+		speed:        cfg.Speed,
+		priority:     cfg.SchedulingPolicy == "priority",
+		clock:        cfg.Clock,
+		sink:         pub,
+		newRoot:      rootSource(cfg.Seed, newRand(cfg.Seed, 2*i+1)),
+		typedExtra:   cfg.EventFormat == kvevents.FormatMap,
+		rank:         rank,
+		promptOnly:   cfg.PromptBlocksOnly,
+		cpuBlocks:    cfg.CPUBlocks,
+		cpuStoreOnly: cfg.CPUStoreOnly,
+		logger:       logger,
+	})
+	r.ranks = append(r.ranks, dpRank{eng: eng, pub: pub})
+	return nil
+}
+
 func (r *Replica) closeUnstarted() {
 	_ = r.ln.Close()
-	_ = r.pub.Close()
+	for _, rk := range r.ranks {
+		_ = rk.pub.Close()
+	}
 }
 
 // Info returns the replica's endpoints.
 func (r *Replica) Info() ReplicaInfo { return r.info }
 
-// Stats returns a snapshot of the replica's engine counters.
+// Stats returns a snapshot of the replica's engine counters, summed over
+// its data-parallel ranks (KVUsage over all their blocks, SimTime the
+// latest rank's clock).
 func (r *Replica) Stats() Stats {
-	st, _ := r.eng.snapshot()
+	var sum Stats
+	for _, rk := range r.ranks {
+		st, _ := rk.eng.snapshot()
+		sum.add(st)
+	}
+	if sum.KVBlocks > 0 {
+		sum.KVUsage = float64(sum.KVBlocksUsed) / float64(sum.KVBlocks)
+	}
+	return sum
+}
+
+// RankStats returns the engine counters of one data-parallel rank; it
+// panics if rank is out of range.
+func (r *Replica) RankStats(rank int) Stats {
+	st, _ := r.ranks[rank].eng.snapshot()
 	return st
+}
+
+// DropKVEvents makes data-parallel rank rank lose its next n KV-event
+// batches on the live stream (they stay in the replay buffer), as libzmq
+// drops messages for a slow subscriber past the high-water mark; it
+// panics if rank is out of range.
+func (r *Replica) DropKVEvents(rank, n int) { r.ranks[rank].pub.DropNext(n) }
+
+// engineFor picks the rank that serves a request: the one named by its
+// X-data-parallel-rank header, else the least loaded (vLLM's balancer).
+func (r *Replica) engineFor(h http.Header) (*engine, int, error) {
+	if v := h.Get("X-data-parallel-rank"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n >= len(r.ranks) {
+			return nil, 0, badRequest("data_parallel_rank %q is out of range [0, %d)", v, len(r.ranks))
+		}
+		return r.ranks[n].eng, n, nil
+	}
+	best, bestScore := 0, -1
+	for k, rk := range r.ranks {
+		if len(r.ranks) == 1 {
+			break
+		}
+		waiting, running := rk.eng.load()
+		if score := 4*waiting + running; bestScore < 0 || score < bestScore {
+			best, bestScore = k, score
+		}
+	}
+	return r.ranks[best].eng, best, nil
 }
 
 // SetFaults replaces the injected faults. Clearing Hang releases the
@@ -203,12 +295,17 @@ func (r *Replica) waitHang(ctx context.Context) error {
 	}
 }
 
-// Restart emulates a crash and restart of the vLLM process: requests in
-// flight fail (500, or an error event mid-stream), the KV cache is emptied
+// Restart emulates a crash and restart of the vLLM process (every
+// data-parallel rank, CPU tiers included): requests in flight fail (500, or an error event mid-stream), the KV cache is emptied
 // without an AllBlocksCleared event, the block-hash root is re-drawn
 // (unless Config.Seed is set), counters restart, and the next KV-event
-// batch has sequence number 0. The HTTP listener stays up.
-func (r *Replica) Restart() { r.eng.restart() }
+// batch has sequence number Config.FirstSeq (0 by default). The HTTP
+// listener stays up.
+func (r *Replica) Restart() {
+	for _, rk := range r.ranks {
+		rk.eng.restart()
+	}
+}
 
 // SetDown closes (down true) or reopens (down false) the replica's HTTP
 // listener on the same port. While down, connections are refused and open

@@ -63,6 +63,15 @@ func startDev(cfg *gateway.Config, log *slog.Logger) (*devStack, error) {
 			Name: info.Name, URL: info.URL, Model: info.Model, KVEndpoint: info.KVEndpoint, ReplayEndpoint: info.ReplayEndpoint,
 		})
 	}
+	if cfg.Auth.AdminKey == "" && cfg.Auth.AdminKeyFile == "" {
+		// The admin API and the status page, for the developer.
+		var b [16]byte
+		_, _ = rand.Read(b[:])
+		cfg.Auth.AdminKey = "wp-admin-dev-" + hex.EncodeToString(b[:])
+	}
+	if cfg.Server.PreStop == 0 {
+		cfg.Server.PreStop = -1 // no load balancer in front of a developer's gateway
+	}
 	if cfg.DevKey == "" {
 		var b [16]byte
 		_, _ = rand.Read(b[:])

@@ -28,6 +28,8 @@ func commands() []command {
 		{"admin", "manage tenants, keys and usage through a gateway's admin API", runAdmin},
 		{"migrate", "apply pending Redis keyspace migrations", runMigrate},
 		{"config", "check FILE: validate a configuration offline, naming every bad field", runConfig},
+		{"overhead", "measure the gateway's own cost per request against a plain proxy and direct", runOverhead},
+		{"kv-relay", "relay connecting engines' KV events to several gateways", runKVRelay},
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/warmpath/warmpath/gateway"
 )
 
@@ -22,14 +23,16 @@ func runServe(ctx context.Context, args []string) error {
 	listen := fs.String("listen", "", "listen address (default 127.0.0.1:8080; env WARMPATH_LISTEN)")
 	policy := fs.String("policy", "", "routing policy: round-robin, least-load, session-hash, approx-prefix, precise-prefix, warmpath (env WARMPATH_POLICY)")
 	debug := fs.Bool("debug", false, "add X-Warmpath-* response headers naming the chosen replica and its scores")
-	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	logLevel := fs.String("log-level", "info", "debug (adds a line per request), info, warn or error")
+	logFormat := fs.String("log-format", "json", "json or text")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	log, err := newLogger(os.Stderr, *logLevel)
+	log, err := newLogger(os.Stderr, *logLevel, *logFormat)
 	if err != nil {
 		return err
 	}
+	redis.SetLogger(gateway.RedisLogger(log)) // go-redis logs through one process-wide hook
 	cfg, err := gateway.LoadConfig(*configPath, os.Getenv)
 	if err != nil {
 		return err
@@ -82,14 +85,24 @@ func printBanner(w io.Writer, addr, policy string, cfg *gateway.Config, dev *dev
 	}
 	if dev != nil {
 		fmt.Fprintf(w, "warmpath: embedded development setup: %s and %d simulated vLLM replicas of %s\n", dev.store(), len(cfg.Replicas), model)
+		if cfg.Auth.AdminKey != "" {
+			fmt.Fprintf(w, "warmpath: admin key: %s (admin API under /admin/, status page %s/ui#key=%s)\n", cfg.Auth.AdminKey, base, cfg.Auth.AdminKey)
+		}
 	}
 	fmt.Fprintf(w, "try:\n  curl -s %s/v1/chat/completions%s -H \"Content-Type: application/json\" -d '{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello from warmpath\"}]}'\n", base, auth, model)
 }
 
-func newLogger(w io.Writer, level string) (*slog.Logger, error) {
+func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("--log-level: %w", err)
 	}
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})), nil
+	opts := &slog.HandlerOptions{Level: l}
+	switch format {
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format: %q is not json or text", format)
 }

@@ -70,6 +70,10 @@ type State struct {
 	// tokens per second, from the counters' increments between scrapes
 	// (scoring.MeterWindow); zero until two scrapes are in.
 	Rates scoring.Meter
+	// Restarts counts engine restarts seen by this process: scrapes in
+	// which the engine's prefix-cache query counter went backwards (a new
+	// process starts it from zero). A restarted engine has lost its cache.
+	Restarts int
 	// ScrapedAt is when the metrics above were last scraped successfully;
 	// zero before the first success.
 	ScrapedAt time.Time
@@ -307,6 +311,10 @@ func (r *Replica) setMetrics(now time.Time, m engineMetrics) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.update(func(s *State) {
+		if m.PrefixQueries < s.PrefixQueries && !s.ScrapedAt.IsZero() {
+			s.Restarts++
+			r.logger().Warn("fleet: replica restarted (its counters went back to zero); its cache is gone", "queries_before", s.PrefixQueries, "queries_now", m.PrefixQueries)
+		}
 		s.Rates, s.scheduled = nextRates(s, &m, now), m.scheduled()
 		s.Running, s.Waiting, s.KVUsage = count(m.Running), count(m.Waiting), m.KVUsage
 		s.PrefixQueries, s.PrefixHits = m.PrefixQueries, m.PrefixHits

@@ -346,6 +346,29 @@ func BenchmarkMatch16kOneHolder(b *testing.B) {
 	}
 }
 
+// BenchmarkMatch16kCPU is BenchmarkMatch16k with a CPU tier: the
+// replica holding the whole prompt on GPU holds it on CPU too, and eight
+// replicas continue their GPU prefix on CPU to the end of the prompt. It
+// measures the CPU pass Match adds once any replica offloads.
+func BenchmarkMatch16kCPU(b *testing.B) {
+	ix, tokens, keys, cands := matchSetup(b)
+	for r := range hotHolders {
+		hs := engineHashes(nil, uint64(r)^0xc9, tokens)
+		ix.Apply(cands[r], kvevents.Batch{Events: []kvevents.Event{
+			&kvevents.BlockStored{BlockHashes: hs, TokenIDs: tokens, BlockSize: benchBlock, Medium: kvevents.MediumCPU},
+		}})
+	}
+	dst := make([]Hit, 0, len(cands))
+	b.ReportAllocs()
+	for b.Loop() {
+		dst = ix.Match(keys, cands, dst)
+	}
+	if h := dst[1]; h.Blocks+h.CPU != 1000 {
+		b.Fatalf("replica 1 matches %+v; want 1000 blocks over both tiers", h)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(keys)), "ns/block")
+}
+
 // BenchmarkKeys16k reports the time to compute the keys of a 16k-token
 // prompt (1,000 blocks of 16 tokens).
 func BenchmarkKeys16k(b *testing.B) {

@@ -53,14 +53,45 @@
 // releases the keys an engine block completed; AllBlocksCleared and
 // [Index.Clear] drop a whole replica.
 //
-// Only GPU residency is indexed: events for other media (CPU and storage
-// offload, which may carry no tokens) are skipped and counted, as are
-// non-full-attention groups, token counts that do not match the block count,
-// blocks with multimodal or prompt-embeds extra keys, stores without tokens,
-// and stores under an unknown parent ([SkipReason], [Index.Stats]). Storing an
-// engine block again is idempotent; two engine blocks that map to the same own
-// key (for example vLLM's partial-block entries) are reference-counted per
-// replica. A "replica" is one KV cache: a pod, or a pod's data-parallel rank.
+// Events for media other than GPU and CPU (storage offload) are skipped and
+// counted, as are non-full-attention groups, token counts that do not match
+// the block count, blocks with multimodal or prompt-embeds extra keys, GPU
+// stores without tokens, and stores under an unknown parent ([SkipReason],
+// [Index.Stats]). Storing an engine block again is idempotent; two engine
+// blocks that map to the same own key (for example vLLM's partial-block
+// entries, or two data-parallel ranks holding the same prefix) are
+// reference-counted per replica.
+//
+// # Replicas and data-parallel ranks
+//
+// A replica is one routing target: a pod. A vLLM engine with
+// --data-parallel-size N is one replica with N ranks, each its own KV cache
+// with its own event stream, sequence numbers and engine-hash space. The
+// index keeps engine tables per (replica, rank) ([kvevents.Batch.Rank] of
+// the batch), so [Index.ClearRank], a rank's AllBlocksCleared and its
+// removals drop only what that rank holds; the key table holds each key
+// once per replica, so Match scores the ranks together (a block held by
+// any rank counts for the replica). [Index.Clear] drops every rank.
+//
+// # CPU tier
+//
+// Blocks offloaded to CPU memory (BlockStored with medium "CPU": vLLM's
+// native offloading connector, which sends the GPU block's hash without
+// tokens, and LMCache, which sends its own chunks with tokens and a parent)
+// are indexed per replica in a CPU tier of their own: an LRU of engine
+// blocks and the own keys they complete, bounded by Config.CPUMaxEntries
+// keys (or [Index.SetCPUCapacity]), because LMCache never reports their
+// removal. A CPU store without tokens takes its keys from the rank's GPU
+// table (an offload of an unknown block is skipped, [SkipUnknownBlock]);
+// one with tokens chains from a CPU block or a GPU block. A GPU store of a
+// key the tier holds touches it, as the engine's own LRU is touched by the
+// load that produced the store. CPU BlockRemoved drops a block; a
+// prefix-cache reset (AllBlocksCleared) keeps the tier, as vLLM's reset
+// keeps the connector's cache by default; ClearRank and Clear drop it.
+// [Index.Match] reports in [Hit.CPU] how far the CPU tier continues each
+// candidate's GPU prefix: a hit there costs the engine a transfer instead
+// of a prefill. The tier takes no part in the key table's capacity or
+// CLOCK, and costs Match nothing while no tier holds keys.
 //
 // # Lookup and speculation
 //
@@ -113,9 +144,11 @@
 // blocked by an event batch, only (briefly) by the few stores of one key's
 // update; a table that grows is rebuilt aside and published with one
 // pointer store. Apply holds the replica's mutex for a batch, so batches of
-// different replicas apply in parallel, contending only per shard. Replica
-// names are interned to dense ids through a copy-on-write map. Lock order:
-// replica, then the speculative-expiry lock, then shard locks.
+// different replicas apply in parallel, contending only per shard (the
+// ranks of one replica share its mutex). The CPU pass of a lookup takes
+// the replica's CPU-tier read lock. Replica names are interned to dense ids
+// through a copy-on-write map. Lock order: replica, then the CPU tier or
+// the speculative-expiry lock, then shard locks.
 //
 // # Approximate mode
 //

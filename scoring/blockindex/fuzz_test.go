@@ -14,19 +14,40 @@ type fuzzDoc struct {
 	salt   string
 }
 
-// fuzzModel is a reference model of an Index: per replica, the engine blocks
-// stored (engine hash → doc and block) and the speculative keys with their
-// deadlines. A key is held by a replica when a stored engine block completes
-// it or a speculative entry for it is still alive.
+// fuzzRanks is the number of data-parallel ranks of each fuzzed replica.
+// Its ranks hash alike, so they store the same engine hashes.
+const fuzzRanks = 2
+
+// fuzzModel is a reference model of an Index: per replica and rank, the
+// engine blocks stored on GPU and on CPU (engine hash → doc and block), and
+// per replica the speculative keys with their deadlines. A key is held by
+// a replica when a GPU engine block of any rank completes it or a
+// speculative entry for it is still alive; its CPU tier holds the keys its
+// CPU engine blocks complete.
 type fuzzModel struct {
 	ours    int
 	engines []engine
 	docs    []fuzzDoc
 	keys    [][]uint64 // per doc, our keys
 	hashes  [][][]uint64
-	stored  []map[uint64][2]int // replica → engine hash → {doc, block}
+	stored  [][fuzzRanks]map[uint64][2]int // replica, rank → engine hash → {doc, block}
+	cpu     [][fuzzRanks]map[uint64][2]int // the same, CPU tier
 	spec    []map[uint64]time.Time
 	capped  bool // the index has a capacity the model ignores
+}
+
+func (m *fuzzModel) heldIn(tier [][fuzzRanks]map[uint64][2]int, r int, k uint64) bool {
+	for _, blocks := range tier[r] {
+		for _, db := range blocks {
+			from, to := m.completes(r, db[1])
+			for j := from; j < to; j++ {
+				if m.keys[db[0]][j] == k {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // completes returns the indexes of our blocks completed by engine block i.
@@ -35,17 +56,7 @@ func (m *fuzzModel) completes(r, i int) (from, to int) {
 	return i * e / m.ours, (i + 1) * e / m.ours
 }
 
-func (m *fuzzModel) real(r int, k uint64) bool {
-	for _, db := range m.stored[r] {
-		from, to := m.completes(r, db[1])
-		for j := from; j < to; j++ {
-			if m.keys[db[0]][j] == k {
-				return true
-			}
-		}
-	}
-	return false
-}
+func (m *fuzzModel) real(r int, k uint64) bool { return m.heldIn(m.stored, r, k) }
 
 func (m *fuzzModel) held(r int, k uint64, now time.Time) (held, spec bool) {
 	if m.real(r, k) {
@@ -81,7 +92,8 @@ func FuzzApply(f *testing.F) {
 		m := &fuzzModel{ours: []int{4, 8, 16, 12, 6}[next()%5]}
 		for r := range 3 {
 			m.engines = append(m.engines, engine{seed: uint64(r + 1), blockSize: sizes[next()%len(sizes)]})
-			m.stored = append(m.stored, map[uint64][2]int{})
+			m.stored = append(m.stored, [fuzzRanks]map[uint64][2]int{{}, {}})
+			m.cpu = append(m.cpu, [fuzzRanks]map[uint64][2]int{{}, {}})
 			m.spec = append(m.spec, map[uint64]time.Time{})
 		}
 		d0 := randTokens(1, total)
@@ -103,6 +115,13 @@ func FuzzApply(f *testing.F) {
 		clk := newFakeClock()
 		names := []string{"r0", "r1", "r2"}
 		ix := newIndex(t, Config{BlockSize: m.ours, Now: clk.Now, MaxEntries: maxEntries}, names...)
+		if m.capped {
+			for _, n := range names {
+				if err := ix.SetCPUCapacity(n, 1+maxEntries%8); err != nil { // CPU evictions too
+					t.Fatal(err)
+				}
+			}
+		}
 		for _, d := range m.docs {
 			m.keys = append(m.keys, ix.Keys(d.tokens, Root{Model: "m", CacheSalt: d.salt}))
 		}
@@ -133,25 +152,29 @@ func FuzzApply(f *testing.F) {
 		}
 
 		for step := 0; step < 200 && pos < len(data); step++ {
-			op := next() % 8
+			op := next() % 10
 			r := next() % len(names)
 			d := next() % len(m.docs)
 			n := total / m.engines[r].blockSize
+			rank := (op + d) % fuzzRanks // no input byte: old corpus entries keep their meaning
+			rb := func(evs ...kvevents.Event) kvevents.Batch {
+				return kvevents.Batch{Events: evs, DPRank: ptr(rank)}
+			}
 			var what string
 			switch op {
 			case 0: // store engine blocks [from, to) in events of per blocks
 				from, count, per := next()%n, 1+next()%n, 1+next()%4
 				to := min(n, from+count)
-				what = fmt.Sprintf("store r%d doc%d [%d,%d) by %d", r, d, from, to, per)
-				var b kvevents.Batch
+				what = fmt.Sprintf("store r%d/%d doc%d [%d,%d) by %d", r, rank, d, from, to, per)
+				b := rb()
 				for i := from; i < to; i += per {
 					j := min(to, i+per)
 					b.Events = append(b.Events, eventFor(r, d, i, j))
 					// The model applies the event if its parent is the root or
-					// a block the replica holds.
-					if i == 0 || hasHash(m.stored[r], m.hashes[r][d][i-1]) {
+					// a block the rank holds.
+					if i == 0 || hasHash(m.stored[r][rank], m.hashes[r][d][i-1]) {
 						for k := i; k < j; k++ {
-							m.stored[r][m.hashes[r][d][k]] = [2]int{d, k}
+							m.stored[r][rank][m.hashes[r][d][k]] = [2]int{d, k}
 							from, to := m.completes(r, k)
 							for _, key := range m.keys[d][from:to] {
 								delete(m.spec[r], key) // confirmed
@@ -162,21 +185,26 @@ func FuzzApply(f *testing.F) {
 				ix.Apply(names[r], b)
 			case 1: // remove one engine block
 				i := next() % n
-				what = fmt.Sprintf("remove r%d doc%d block %d", r, d, i)
+				what = fmt.Sprintf("remove r%d/%d doc%d block %d", r, rank, d, i)
 				h := m.hashes[r][d][i]
-				delete(m.stored[r], h)
-				ix.Apply(names[r], kvevents.Batch{Events: []kvevents.Event{&kvevents.BlockRemoved{BlockHashes: []uint64{h}, Medium: "GPU"}}})
-			case 2, 3: // reset or subscriber clear
-				what = fmt.Sprintf("clear r%d (op %d)", r, op)
-				m.stored[r] = map[uint64][2]int{}
+				delete(m.stored[r][rank], h)
+				ix.Apply(names[r], rb(&kvevents.BlockRemoved{BlockHashes: []uint64{h}, Medium: "GPU"}))
+			case 2, 3: // reset, subscriber clear of the rank or of the replica
+				m.stored[r][rank] = map[uint64][2]int{}
 				m.spec[r] = map[uint64]time.Time{}
-				if op == 2 {
-					ix.Apply(names[r], kvevents.Batch{Events: []kvevents.Event{&kvevents.AllBlocksCleared{}}})
-				} else {
+				switch {
+				case op == 2:
+					what = fmt.Sprintf("reset r%d/%d", r, rank)
+					ix.Apply(names[r], rb(&kvevents.AllBlocksCleared{}))
+				case d%2 == 0:
+					what = fmt.Sprintf("clear r%d/%d", r, rank)
+					m.cpu[r][rank] = map[uint64][2]int{}
+					ix.ClearRank(names[r], rank)
+				default:
+					what = fmt.Sprintf("clear r%d", r)
+					m.stored[r] = [fuzzRanks]map[uint64][2]int{{}, {}}
+					m.cpu[r] = [fuzzRanks]map[uint64][2]int{{}, {}}
 					ix.Clear(names[r])
-				}
-				if got := ix.Match(m.keys[d], names[r:r+1], nil)[0]; got.Blocks != 0 {
-					t.Fatalf("after clearing r%d: Match = %+v", r, got)
 				}
 			case 4: // speculative prefix
 				cnt, ttl := next()%(len(m.keys[d])+1), time.Duration(1+next()%4)*time.Second
@@ -208,7 +236,7 @@ func FuzzApply(f *testing.F) {
 				case 0:
 					ev.TokenIDs = ev.TokenIDs[1:]
 				case 1:
-					ev.Medium = "CPU"
+					ev.Medium = "STORAGE"
 				case 2:
 					ev.ParentBlockHash = ptr(uint64(0xdead))
 				case 3:
@@ -218,6 +246,26 @@ func FuzzApply(f *testing.F) {
 				ix.Apply(names[r], kvevents.Batch{Events: []kvevents.Event{ev}})
 			case 7:
 				what = "check"
+			case 8: // offload engine blocks [from, to) to CPU (no tokens)
+				from := next() % n
+				to := min(n, from+1+next()%n)
+				what = fmt.Sprintf("offload r%d/%d doc%d [%d,%d)", r, rank, d, from, to)
+				for k := from; k < to; k++ {
+					h := m.hashes[r][d][k]
+					if db, ok := m.stored[r][rank][h]; ok {
+						m.cpu[r][rank][h] = db // else unknown, and skipped
+					}
+				}
+				ix.Apply(names[r], rb(&kvevents.BlockStored{
+					BlockHashes: append([]uint64(nil), m.hashes[r][d][from:to]...),
+					BlockSize:   m.engines[r].blockSize, Medium: kvevents.MediumCPU,
+				}))
+			case 9: // CPU removal of one engine block
+				i := next() % n
+				what = fmt.Sprintf("cpu remove r%d/%d doc%d block %d", r, rank, d, i)
+				h := m.hashes[r][d][i]
+				delete(m.cpu[r][rank], h)
+				ix.Apply(names[r], rb(&kvevents.BlockRemoved{BlockHashes: []uint64{h}, Medium: "CPU"}))
 			}
 			if debugFuzz {
 				t.Logf("step %d: %s", step, what)
@@ -254,8 +302,15 @@ func check(t *testing.T, ix *Index, m *fuzzModel, names []string, now time.Time,
 				}
 			}
 			got := ix.Match(m.keys[d], names[r:r+1], nil)[0]
+			// The CPU tier continues the GPU run the index found.
+			for _, k := range m.keys[d][min(got.Blocks, len(m.keys[d])):] {
+				if !m.heldIn(m.cpu, r, k) {
+					break
+				}
+				want.CPU++
+			}
 			if m.capped {
-				if got.Blocks > want.Blocks || got.Speculative > got.Blocks {
+				if got.Blocks > want.Blocks || got.Speculative > got.Blocks || got.CPU > want.CPU {
 					t.Fatalf("step %d (%s): r%d doc%d: Match = %+v; model holds only %+v", step, what, r, d, got, want)
 				}
 			} else if got != want {

@@ -117,8 +117,13 @@ func TestSkips(t *testing.T) {
 		ev     kvevents.Event
 		reason SkipReason
 	}{
-		{"cpu medium", func() kvevents.Event { e := good(); e.Medium = kvevents.MediumCPU; return e }(), SkipMedium},
-		{"cpu removal", &kvevents.BlockRemoved{BlockHashes: []uint64{1}, Medium: "cpu"}, SkipMedium},
+		{"storage medium", func() kvevents.Event { e := good(); e.Medium = kvevents.MediumStorage; return e }(), SkipMedium},
+		{"storage removal", &kvevents.BlockRemoved{BlockHashes: []uint64{1}, Medium: "storage"}, SkipMedium},
+		{"cpu offload of an unknown block", func() kvevents.Event {
+			e := good()
+			e.Medium, e.TokenIDs = kvevents.MediumCPU, nil
+			return e
+		}(), SkipUnknownBlock},
 		{"sliding window", func() kvevents.Event { e := good(); e.KVCacheSpecKind = "sliding_window"; return e }(), SkipAttentionKind},
 		{"mamba", func() kvevents.Event { e := good(); e.KVCacheSpecKind = "mamba"; return e }(), SkipAttentionKind},
 		{"short tokens", func() kvevents.Event { e := good(); e.TokenIDs = e.TokenIDs[:20]; return e }(), SkipTokenCount},
@@ -306,13 +311,13 @@ func TestMatchLongestConsecutive(t *testing.T) {
 		cands []string
 		want  []Hit
 	}{
-		{"all", keys, []string{"a", "b", "c"}, []Hit{{2, 2}, {0, 0}, {6, 0}}},
-		{"order follows candidates", keys, []string{"c", "a"}, []Hit{{6, 0}, {2, 2}}},
-		{"unknown and duplicate names", keys, []string{"zz", "a", "a", "c", "zz"}, []Hit{{}, {2, 2}, {2, 2}, {6, 0}, {}}},
+		{"all", keys, []string{"a", "b", "c"}, []Hit{{Blocks: 2, Speculative: 2}, {Blocks: 0, Speculative: 0}, {Blocks: 6, Speculative: 0}}},
+		{"order follows candidates", keys, []string{"c", "a"}, []Hit{{Blocks: 6, Speculative: 0}, {Blocks: 2, Speculative: 2}}},
+		{"unknown and duplicate names", keys, []string{"zz", "a", "a", "c", "zz"}, []Hit{{}, {Blocks: 2, Speculative: 2}, {Blocks: 2, Speculative: 2}, {Blocks: 6, Speculative: 0}, {}}},
 		{"no candidates", keys, nil, []Hit{}},
 		{"no keys", nil, []string{"a", "c"}, []Hit{{}, {}}},
-		{"only the gap matters to a", keys[:2], []string{"a"}, []Hit{{2, 2}}},
-		{"keys from block 1 are not a prefix", keys[1:], []string{"a", "b", "c"}, []Hit{{1, 1}, {5, 5}, {5, 0}}},
+		{"only the gap matters to a", keys[:2], []string{"a"}, []Hit{{Blocks: 2, Speculative: 2}}},
+		{"keys from block 1 are not a prefix", keys[1:], []string{"a", "b", "c"}, []Hit{{Blocks: 1, Speculative: 1}, {Blocks: 5, Speculative: 5}, {Blocks: 5, Speculative: 0}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -358,46 +363,46 @@ func TestSpeculative(t *testing.T) {
 		steps []step
 	}{
 		{"expires", []step{
-			{func(ix *Index, _ *fakeClock, k []uint64) { ix.AddSpeculative("a", k, 2*time.Second) }, Hit{4, 4}},
-			{func(_ *Index, c *fakeClock, _ []uint64) { c.Advance(1999 * time.Millisecond) }, Hit{4, 4}},
-			{func(_ *Index, c *fakeClock, _ []uint64) { c.Advance(time.Millisecond) }, Hit{0, 0}},
+			{func(ix *Index, _ *fakeClock, k []uint64) { ix.AddSpeculative("a", k, 2*time.Second) }, Hit{Blocks: 4, Speculative: 4}},
+			{func(_ *Index, c *fakeClock, _ []uint64) { c.Advance(1999 * time.Millisecond) }, Hit{Blocks: 4, Speculative: 4}},
+			{func(_ *Index, c *fakeClock, _ []uint64) { c.Advance(time.Millisecond) }, Hit{Blocks: 0, Speculative: 0}},
 		}},
 		{"confirmed by events", []step{
-			{func(ix *Index, _ *fakeClock, k []uint64) { ix.AddSpeculative("a", k, 2*time.Second) }, Hit{4, 4}},
-			{func(ix *Index, _ *fakeClock, _ []uint64) { ix.Apply("a", batch(eng.store(doc, 0, 2, 2))) }, Hit{4, 2}},
-			{func(_ *Index, c *fakeClock, _ []uint64) { c.Advance(3 * time.Second) }, Hit{2, 0}},
-			{func(ix *Index, _ *fakeClock, _ []uint64) { ix.Apply("a", batch(eng.remove(doc, 1, 2))) }, Hit{1, 0}},
+			{func(ix *Index, _ *fakeClock, k []uint64) { ix.AddSpeculative("a", k, 2*time.Second) }, Hit{Blocks: 4, Speculative: 4}},
+			{func(ix *Index, _ *fakeClock, _ []uint64) { ix.Apply("a", batch(eng.store(doc, 0, 2, 2))) }, Hit{Blocks: 4, Speculative: 2}},
+			{func(_ *Index, c *fakeClock, _ []uint64) { c.Advance(3 * time.Second) }, Hit{Blocks: 2, Speculative: 0}},
+			{func(ix *Index, _ *fakeClock, _ []uint64) { ix.Apply("a", batch(eng.remove(doc, 1, 2))) }, Hit{Blocks: 1, Speculative: 0}},
 		}},
 		{"refresh extends", []step{
-			{func(ix *Index, _ *fakeClock, k []uint64) { ix.AddSpeculative("a", k, 2*time.Second) }, Hit{4, 4}},
-			{func(_ *Index, c *fakeClock, _ []uint64) { c.Advance(time.Second) }, Hit{4, 4}},
-			{func(ix *Index, _ *fakeClock, k []uint64) { ix.AddSpeculative("a", k[:2], 2*time.Second) }, Hit{4, 4}},
-			{func(_ *Index, c *fakeClock, _ []uint64) { c.Advance(1500 * time.Millisecond) }, Hit{2, 2}},
-			{func(_ *Index, c *fakeClock, _ []uint64) { c.Advance(time.Second) }, Hit{0, 0}},
+			{func(ix *Index, _ *fakeClock, k []uint64) { ix.AddSpeculative("a", k, 2*time.Second) }, Hit{Blocks: 4, Speculative: 4}},
+			{func(_ *Index, c *fakeClock, _ []uint64) { c.Advance(time.Second) }, Hit{Blocks: 4, Speculative: 4}},
+			{func(ix *Index, _ *fakeClock, k []uint64) { ix.AddSpeculative("a", k[:2], 2*time.Second) }, Hit{Blocks: 4, Speculative: 4}},
+			{func(_ *Index, c *fakeClock, _ []uint64) { c.Advance(1500 * time.Millisecond) }, Hit{Blocks: 2, Speculative: 2}},
+			{func(_ *Index, c *fakeClock, _ []uint64) { c.Advance(time.Second) }, Hit{Blocks: 0, Speculative: 0}},
 		}},
 		{"shorter refresh does not shorten", []step{
-			{func(ix *Index, _ *fakeClock, k []uint64) { ix.AddSpeculative("a", k, 5*time.Second) }, Hit{4, 4}},
-			{func(ix *Index, _ *fakeClock, k []uint64) { ix.AddSpeculative("a", k, time.Second) }, Hit{4, 4}},
-			{func(_ *Index, c *fakeClock, _ []uint64) { c.Advance(2 * time.Second) }, Hit{4, 4}},
+			{func(ix *Index, _ *fakeClock, k []uint64) { ix.AddSpeculative("a", k, 5*time.Second) }, Hit{Blocks: 4, Speculative: 4}},
+			{func(ix *Index, _ *fakeClock, k []uint64) { ix.AddSpeculative("a", k, time.Second) }, Hit{Blocks: 4, Speculative: 4}},
+			{func(_ *Index, c *fakeClock, _ []uint64) { c.Advance(2 * time.Second) }, Hit{Blocks: 4, Speculative: 4}},
 		}},
 		{"real entries stay real", []step{
-			{func(ix *Index, _ *fakeClock, _ []uint64) { ix.Apply("a", batch(eng.store(doc, 0, 4, 4))) }, Hit{4, 0}},
-			{func(ix *Index, _ *fakeClock, k []uint64) { ix.AddSpeculative("a", k, time.Second) }, Hit{4, 0}},
-			{func(_ *Index, c *fakeClock, _ []uint64) { c.Advance(2 * time.Second) }, Hit{4, 0}},
+			{func(ix *Index, _ *fakeClock, _ []uint64) { ix.Apply("a", batch(eng.store(doc, 0, 4, 4))) }, Hit{Blocks: 4, Speculative: 0}},
+			{func(ix *Index, _ *fakeClock, k []uint64) { ix.AddSpeculative("a", k, time.Second) }, Hit{Blocks: 4, Speculative: 0}},
+			{func(_ *Index, c *fakeClock, _ []uint64) { c.Advance(2 * time.Second) }, Hit{Blocks: 4, Speculative: 0}},
 		}},
 		{"cleared", []step{
-			{func(ix *Index, _ *fakeClock, k []uint64) { ix.AddSpeculative("a", k, time.Minute) }, Hit{4, 4}},
-			{func(ix *Index, _ *fakeClock, _ []uint64) { ix.Clear("a") }, Hit{0, 0}},
+			{func(ix *Index, _ *fakeClock, k []uint64) { ix.AddSpeculative("a", k, time.Minute) }, Hit{Blocks: 4, Speculative: 4}},
+			{func(ix *Index, _ *fakeClock, _ []uint64) { ix.Clear("a") }, Hit{Blocks: 0, Speculative: 0}},
 			{func(ix *Index, c *fakeClock, k []uint64) {
 				c.Advance(time.Hour)
 				ix.AddSpeculative("a", k, time.Minute)
-			}, Hit{4, 4}},
+			}, Hit{Blocks: 4, Speculative: 4}},
 			{func(ix *Index, _ *fakeClock, _ []uint64) {
 				ix.Apply("a", kvevents.Batch{Events: []kvevents.Event{&kvevents.AllBlocksCleared{}}})
-			}, Hit{0, 0}},
+			}, Hit{Blocks: 0, Speculative: 0}},
 		}},
 		{"zero ttl adds nothing", []step{
-			{func(ix *Index, _ *fakeClock, k []uint64) { ix.AddSpeculative("a", k, 0) }, Hit{0, 0}},
+			{func(ix *Index, _ *fakeClock, k []uint64) { ix.AddSpeculative("a", k, 0) }, Hit{Blocks: 0, Speculative: 0}},
 		}},
 	}
 	for _, tt := range tests {
@@ -612,12 +617,22 @@ func TestConcurrentApplyMatch(t *testing.T) {
 			nEng := blocks * 16 / eng.blockSize
 			for i := range rounds {
 				d := docs[(r+i)%len(docs)]
-				ix.Apply(names[r], batch(eng.store(d, 0, nEng, 3)))
+				b := rankBatch(i%2, eng.store(d, 0, nEng, 3)) // two data-parallel ranks
+				if i%3 == 0 {
+					b.Events = append(b.Events, eng.offload(d, 0, nEng/2)...) // and a CPU tier
+				}
+				ix.Apply(names[r], b)
 				if i%7 == 0 {
-					ix.Apply(names[r], batch(eng.remove(d, nEng/2, nEng)))
+					ix.Apply(names[r], rankBatch(i%2, eng.remove(d, nEng/2, nEng), eng.cpuRemove(d, 0, 1)))
 				}
 				if i%31 == 0 {
 					ix.Clear(names[r])
+				}
+				if i%17 == 0 {
+					ix.ClearRank(names[r], 1)
+				}
+				if i%40 == 0 {
+					_ = ix.SetCPUCapacity(names[r], 5+i%20)
 				}
 			}
 		})
@@ -634,7 +649,7 @@ func TestConcurrentApplyMatch(t *testing.T) {
 				k := keys[(m+i)%len(keys)]
 				dst = ix.Match(k, names, dst)
 				for j, h := range dst {
-					if h.Blocks > len(k) || h.Speculative > h.Blocks {
+					if h.Blocks+h.CPU > len(k) || h.Speculative > h.Blocks {
 						t.Errorf("%s: hit %+v for %d keys", names[j], h, len(k))
 						return
 					}
@@ -656,7 +671,7 @@ func TestConcurrentApplyMatch(t *testing.T) {
 	for _, n := range names {
 		ix.Clear(n)
 	}
-	if st := checkCounts(t, ix); st.Entries != 0 || st.Keys != 0 {
-		t.Errorf("after clearing all replicas: %d entries, %d keys", st.Entries, st.Keys)
+	if st := checkCounts(t, ix); st.Entries != 0 || st.Keys != 0 || st.CPUEntries != 0 {
+		t.Errorf("after clearing all replicas: %d entries, %d keys, %d CPU entries", st.Entries, st.Keys, st.CPUEntries)
 	}
 }

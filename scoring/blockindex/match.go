@@ -15,6 +15,10 @@ type Hit struct {
 	// speculatively (see Index.AddSpeculative): predicted, not yet confirmed
 	// by a KV event.
 	Speculative int
+	// CPU is how many blocks after those Blocks the replica's CPU tier
+	// holds, consecutively: offloaded blocks that a request continuing the
+	// GPU prefix would load rather than prefill. Always 0 for an Approx.
+	CPU int
 }
 
 // matchScratch is per-call scratch space for match, pooled per index.

@@ -1,0 +1,517 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/warmpath/warmpath/gateway"
+	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/vllmsim"
+)
+
+// The overhead benchmark measures what the gateway itself costs a request:
+// the same requests at the same fixed rates, sent straight to the replicas
+// (round-robin by the client), through a plain Go reverse proxy doing
+// round-robin (httputil.ReverseProxy: the floor any Go proxy pays), and
+// through warmpath with each policy asked, interleaved in rounds so that
+// every target sees the same machine. Replicas answer in well under a
+// millisecond (the simulator at a very high speed), so what remains is the
+// hop. It reports each target's latency added over direct (p50, p90,
+// p99), its CPU per 1,000 requests (the process's CPU over the window net
+// of the direct window's: the load generator and the replicas are in the
+// same process), and, for short prompts, the highest rate each target
+// holds with p99 under the bound.
+//
+// Every target has a simulated fleet of its own, so a gateway ingests the
+// KV events of its own requests only (and pays for all of them), and
+// nobody's events land in another target's window. The gateways' Redis is
+// a real server when RedisAddr names one (its CPU is then outside the
+// measurement, as in production); otherwise an in-process miniredis,
+// whose CPU counts as the gateway's.
+
+// Overhead shapes.
+const (
+	ShapeShort  = "short"  // ~60-token fresh prompts, 8 tokens out, not streamed
+	ShapeSticky = "sticky" // short prompts of 32 sessions, each resent: the sticky path
+	ShapeStream = "stream" // short prompts, 16 tokens streamed
+	ShapeLong   = "long"   // 16k-token fresh prompts, 8 tokens out
+)
+
+// OverheadConfig configures Overhead. Zero fields take the defaults named.
+type OverheadConfig struct {
+	// Policies are the warmpath routing policies to measure; default
+	// warmpath and round-robin.
+	Policies []string
+	// Shapes and their rates (requests per second); default short and
+	// sticky at 200 and 1000, stream at 1000, long at 25 and 50.
+	Shapes map[string][]float64
+	// Window is how long each target sends at one rate in one round;
+	// default 3s. Rounds is how many times the targets take turns; default 3.
+	Window time.Duration
+	Rounds int
+	// MaxRates is the ladder of short-prompt rates searched for the highest
+	// rate held with p99 under MaxP99; default 500…4000 and 50ms. Empty
+	// (set to []float64{}) skips the search.
+	MaxRates []float64
+	MaxP99   time.Duration
+	// Replicas is each simulated fleet's size; default 4.
+	Replicas int
+	// RedisAddr is a Redis server (host:port) the gateways share, each
+	// under its own key prefix; empty runs an in-process miniredis each.
+	RedisAddr string
+	// Seed seeds the prompts; default 1.
+	Seed int64
+	// Logger receives the gateway's and simulator's logs; nil discards.
+	Logger *slog.Logger
+	// Progress, when set, gets one line per window.
+	Progress io.Writer
+}
+
+func (c *OverheadConfig) withDefaults() {
+	if len(c.Policies) == 0 {
+		c.Policies = []string{"warmpath", "round-robin"}
+	}
+	if c.Shapes == nil {
+		c.Shapes = map[string][]float64{ShapeShort: {200, 1000}, ShapeSticky: {200, 1000}, ShapeStream: {1000}, ShapeLong: {25, 50}}
+	}
+	if c.Window == 0 {
+		c.Window = 3 * time.Second
+	}
+	if c.Rounds == 0 {
+		c.Rounds = 3
+	}
+	if c.MaxRates == nil {
+		c.MaxRates = []float64{500, 1000, 1500, 2000, 3000, 4000}
+	}
+	if c.MaxP99 == 0 {
+		c.MaxP99 = 50 * time.Millisecond
+	}
+	if c.Replicas == 0 {
+		c.Replicas = 4
+	}
+	if c.Seed == 0 {
+		c.Seed = 1
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// OverheadResult is one target at one shape and rate, over every round.
+type OverheadResult struct {
+	Shape    string  `json:"shape"`
+	Rate     float64 `json:"rate"`
+	Target   string  `json:"target"` // direct, proxy, or warmpath:<policy>
+	Requests int     `json:"requests"`
+	Errors   int     `json:"errors"`
+	// P50Ms, P90Ms and P99Ms are the latency (send to end of body), in ms.
+	P50Ms float64 `json:"p50_ms"`
+	P90Ms float64 `json:"p90_ms"`
+	P99Ms float64 `json:"p99_ms"`
+	// AddedP*Ms are the same minus direct's.
+	AddedP50Ms float64 `json:"added_p50_ms"`
+	AddedP90Ms float64 `json:"added_p90_ms"`
+	AddedP99Ms float64 `json:"added_p99_ms"`
+	// CPUMsPer1000 is the process CPU the target's windows used beyond
+	// direct's, per 1,000 requests.
+	CPUMsPer1000 float64 `json:"cpu_ms_per_1000"`
+}
+
+// OverheadReport is Overhead's result.
+type OverheadReport struct {
+	Results []OverheadResult `json:"results"`
+	// MaxRate is, per target, the highest short-prompt rate held with p99
+	// under MaxP99ms and no errors (0: none held).
+	MaxRate  map[string]float64 `json:"max_rate"`
+	MaxP99Ms float64            `json:"max_p99_ms"`
+}
+
+// target is one way to reach a fleet.
+type target struct {
+	name string
+	urls []string // base URLs; the client round-robins over them
+	next atomic.Uint64
+}
+
+func (t *target) url() string { return t.urls[int(t.next.Add(1)-1)%len(t.urls)] }
+
+// Overhead runs the overhead benchmark.
+func Overhead(ctx context.Context, cfg OverheadConfig) (*OverheadReport, error) {
+	cfg.withDefaults()
+	ctx, cancel := context.WithCancel(ctx)
+	eg, ctx := errgroup.WithContext(ctx)
+	var stores []*miniredis.Miniredis // closed once the gateways have stopped
+	defer func() {
+		cancel()
+		_ = eg.Wait()
+		for _, mr := range stores {
+			mr.Close()
+		}
+	}()
+	targets, err := overheadTargets(ctx, eg, cfg, &stores)
+	if err != nil {
+		return nil, err
+	}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4096, MaxIdleConns: 4096, IdleConnTimeout: time.Minute}, Timeout: time.Minute}
+	ob := &overheadBench{cfg: cfg, client: client, targets: targets, rng: rand.New(rand.NewPCG(uint64(cfg.Seed), 7))}
+	rep := &OverheadReport{MaxRate: map[string]float64{}, MaxP99Ms: ms(cfg.MaxP99)}
+	shapes := []string{ShapeShort, ShapeSticky, ShapeStream, ShapeLong}
+	for _, shape := range shapes {
+		for _, rate := range cfg.Shapes[shape] {
+			res, err := ob.measure(ctx, shape, rate, cfg.Rounds, cfg.Window)
+			if err != nil {
+				return nil, err
+			}
+			rep.Results = append(rep.Results, res...)
+		}
+	}
+	for _, t := range targets {
+		if rate, err := ob.maxRate(ctx, t); err != nil {
+			return nil, err
+		} else if len(cfg.MaxRates) > 0 {
+			rep.MaxRate[t.name] = rate
+		}
+	}
+	return rep, nil
+}
+
+// overheadFleet starts a simulated fleet of its own for one target.
+func overheadFleet(ctx context.Context, eg *errgroup.Group, cfg OverheadConfig) (*vllmsim.Fleet, error) {
+	sim, err := vllmsim.NewFleet(vllmsim.Config{Replicas: cfg.Replicas, Speed: 20000, Logger: cfg.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("bench: overhead: %w", err)
+	}
+	eg.Go(func() error { return sim.Run(ctx) })
+	return sim, nil
+}
+
+// overheadTargets starts, each in front of a fleet of its own, nothing
+// (direct), the plain proxy and one gateway per policy.
+func overheadTargets(ctx context.Context, eg *errgroup.Group, cfg OverheadConfig, stores *[]*miniredis.Miniredis) ([]*target, error) {
+	var targets []*target
+	for i := range 2 + len(cfg.Policies) {
+		sim, err := overheadFleet(ctx, eg, cfg)
+		if err != nil {
+			return nil, err
+		}
+		var urls []string
+		var specs []fleet.ReplicaSpec
+		for _, r := range sim.Replicas() {
+			in := r.Info()
+			urls = append(urls, in.URL)
+			specs = append(specs, fleet.ReplicaSpec{URL: in.URL, Model: in.Model, KVEndpoint: in.KVEndpoint, ReplayEndpoint: in.ReplayEndpoint})
+		}
+		switch i {
+		case 0:
+			targets = append(targets, &target{name: "direct", urls: urls})
+		case 1:
+			proxyURL, err := startPlainProxy(ctx, eg, urls)
+			if err != nil {
+				return nil, err
+			}
+			targets = append(targets, &target{name: "proxy", urls: []string{proxyURL}})
+		default:
+			t, err := startOverheadGateway(ctx, eg, cfg, cfg.Policies[i-2], specs, stores)
+			if err != nil {
+				return nil, err
+			}
+			targets = append(targets, t)
+		}
+	}
+	return targets, nil
+}
+
+// startOverheadGateway runs a gateway with policy pol in front of specs.
+func startOverheadGateway(ctx context.Context, eg *errgroup.Group, cfg OverheadConfig, pol string, specs []fleet.ReplicaSpec, stores *[]*miniredis.Miniredis) (*target, error) {
+	addr := cfg.RedisAddr
+	if addr == "" {
+		mr := miniredis.NewMiniRedis()
+		if err := mr.Start(); err != nil {
+			return nil, fmt.Errorf("bench: overhead: redis: %w", err)
+		}
+		*stores = append(*stores, mr)
+		addr = mr.Addr()
+	}
+	gc := gateway.Config{Listen: "127.0.0.1:0", Replicas: specs, DevKey: overheadKey}
+	gc.Routing.Policy = pol
+	gc.Redis.KeyPrefix = fmt.Sprintf("wp-overhead-%d-%s:", time.Now().UnixNano(), pol)
+	gc.Health.Interval, gc.Health.ScrapeInterval = 250*time.Millisecond, 250*time.Millisecond
+	gc.Server.MaxConnsPerClient = -1 // the load generator is one client
+	gc.Server.PreStop = -1
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	gw, err := gateway.New(gc, gateway.Options{Redis: rdb, Logger: cfg.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("bench: overhead: %s: %w", pol, err)
+	}
+	eg.Go(func() error { return gw.Run(ctx) })
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	err = gw.WaitReady(wctx)
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("bench: overhead: %s not ready: %w", pol, err)
+	}
+	return &target{name: "warmpath:" + pol, urls: []string{"http://" + gw.Addr()}}, nil
+}
+
+const overheadKey = "sk-overhead-bench"
+
+// startPlainProxy serves a minimal round-robin reverse proxy: the floor.
+func startPlainProxy(ctx context.Context, eg *errgroup.Group, urls []string) (string, error) {
+	var backends []*url.URL
+	for _, u := range urls {
+		pu, err := url.Parse(u)
+		if err != nil {
+			return "", err
+		}
+		backends = append(backends, pu)
+	}
+	var next atomic.Uint64
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(backends[int(next.Add(1)-1)%len(backends)])
+		},
+		Transport: &http.Transport{MaxIdleConnsPerHost: 4096, MaxIdleConns: 4096},
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	srv := &http.Server{Handler: rp, ReadHeaderTimeout: 10 * time.Second}
+	eg.Go(func() error {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	})
+	eg.Go(func() error { <-ctx.Done(); return srv.Close() })
+	return "http://" + ln.Addr().String(), nil
+}
+
+// overheadBench holds the load generator's state.
+type overheadBench struct {
+	cfg     OverheadConfig
+	client  *http.Client
+	targets []*target
+	rng     *rand.Rand
+	mu      sync.Mutex // guards rng
+}
+
+// ohSample is one target's windows at one shape and rate.
+type ohSample struct {
+	lat      []time.Duration
+	errors   int
+	cpu      time.Duration
+	requests int
+}
+
+// measure runs every target at shape and rate, rounds times in turn.
+func (ob *overheadBench) measure(ctx context.Context, shape string, rate float64, rounds int, window time.Duration) ([]OverheadResult, error) {
+	samples := make([]ohSample, len(ob.targets))
+	for round := range rounds {
+		for i, t := range ob.targets {
+			// Alternate the order so no target always runs after another.
+			if round%2 == 1 {
+				i = len(ob.targets) - 1 - i
+				t = ob.targets[i]
+			}
+			s, err := ob.window(ctx, t, shape, rate, window)
+			if err != nil {
+				return nil, err
+			}
+			samples[i].lat = append(samples[i].lat, s.lat...)
+			samples[i].errors += s.errors
+			samples[i].cpu += s.cpu
+			samples[i].requests += s.requests
+			if ob.cfg.Progress != nil {
+				fmt.Fprintf(ob.cfg.Progress, "overhead: %s %.0f/s %s round %d: %d requests, %d errors\n", shape, rate, t.name, round+1, s.requests, s.errors)
+			}
+		}
+	}
+	out := make([]OverheadResult, len(ob.targets))
+	for i, t := range ob.targets {
+		s := &samples[i]
+		slices.Sort(s.lat)
+		out[i] = OverheadResult{Shape: shape, Rate: rate, Target: t.name, Requests: s.requests, Errors: s.errors,
+			P50Ms: ms(quantile(s.lat, 0.5)), P90Ms: ms(quantile(s.lat, 0.9)), P99Ms: ms(quantile(s.lat, 0.99))}
+		if s.requests > 0 && i > 0 {
+			out[i].CPUMsPer1000 = ms(s.cpu-samples[0].cpu) * 1000 / float64(s.requests)
+		}
+	}
+	for i := range out {
+		out[i].AddedP50Ms = out[i].P50Ms - out[0].P50Ms
+		out[i].AddedP90Ms = out[i].P90Ms - out[0].P90Ms
+		out[i].AddedP99Ms = out[i].P99Ms - out[0].P99Ms
+	}
+	return out, nil
+}
+
+// maxRate climbs the short-prompt ladder for t until p99 passes the bound
+// or a request fails, and returns the last rate held.
+func (ob *overheadBench) maxRate(ctx context.Context, t *target) (float64, error) {
+	held := 0.0
+	for _, rate := range ob.cfg.MaxRates {
+		s, err := ob.window(ctx, t, ShapeShort, rate, ob.cfg.Window)
+		if err != nil {
+			return 0, err
+		}
+		slices.Sort(s.lat)
+		if s.errors > 0 || quantile(s.lat, 0.99) > ob.cfg.MaxP99 {
+			break
+		}
+		held = rate
+	}
+	return held, nil
+}
+
+// window sends shape requests to t at rate for d, open loop (each request
+// at its scheduled time, latency measured from it), and waits for them.
+func (ob *overheadBench) window(ctx context.Context, t *target, shape string, rate float64, d time.Duration) (ohSample, error) {
+	n := int(rate * d.Seconds())
+	bodies := make([][]byte, n)
+	for i := range bodies {
+		bodies[i] = ob.body(shape, i)
+	}
+	var mu sync.Mutex
+	var s ohSample
+	var wg sync.WaitGroup
+	cpu0 := processCPU()
+	start := time.Now()
+	interval := time.Duration(float64(time.Second) / rate)
+	for i := range n {
+		at := start.Add(time.Duration(i) * interval)
+		if wait := time.Until(at); wait > 0 {
+			select {
+			case <-ctx.Done():
+				return s, ctx.Err()
+			case <-time.After(wait):
+			}
+		}
+		wg.Go(func() {
+			err := ob.send(ctx, t, shape, bodies[i])
+			lat := time.Since(at)
+			mu.Lock()
+			defer mu.Unlock()
+			s.requests++
+			if err != nil {
+				s.errors++
+				return
+			}
+			s.lat = append(s.lat, lat)
+		})
+	}
+	wg.Wait()
+	s.cpu = processCPU() - cpu0
+	return s, ctx.Err()
+}
+
+func (ob *overheadBench) send(ctx context.Context, t *target, shape string, body []byte) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.url()+"/v1/chat/completions", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+overheadKey)
+	resp, err := ob.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return nil
+}
+
+// stickySessions is how many conversations the sticky shape cycles over.
+const stickySessions = 32
+
+// body builds request i of shape: fresh prompts are unique (no cache hit
+// to route on), sticky ones repeat one of stickySessions conversations.
+func (ob *overheadBench) body(shape string, i int) []byte {
+	ob.mu.Lock()
+	defer ob.mu.Unlock()
+	m := map[string]any{"model": vllmsim.DefaultModel, "max_tokens": 8}
+	switch shape {
+	case ShapeSticky:
+		m["messages"] = []map[string]string{{"role": "system", "content": fmt.Sprintf("session %d: %s", i%stickySessions, randomWords(rand.New(rand.NewPCG(uint64(i%stickySessions), 1)), 40))}, {"role": "user", "content": "again"}}
+	case ShapeLong:
+		m["messages"] = []map[string]string{{"role": "user", "content": randomWords(ob.rng, 16000)}}
+	case ShapeStream:
+		m["messages"] = []map[string]string{{"role": "user", "content": randomWords(ob.rng, 60)}}
+		m["stream"], m["max_tokens"], m["ignore_eos"] = true, 16, true
+	default:
+		m["messages"] = []map[string]string{{"role": "user", "content": randomWords(ob.rng, 60)}}
+	}
+	b, _ := json.Marshal(m)
+	return b
+}
+
+// processCPU is the process's user and system CPU so far.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func quantile(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(float64(len(sorted))*q+0.5) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// WriteTable prints the report: per shape and rate, each target's added
+// latency and CPU, then the highest rates held.
+func (r *OverheadReport) WriteTable(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "shape\trate\ttarget\treqs\terr\tp50 ms\tp99 ms\tadded p50\tadded p90\tadded p99\tCPU ms/1000\t")
+	for _, x := range r.Results {
+		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%d\t%d\t%.2f\t%.2f\t%+.2f\t%+.2f\t%+.2f\t%.0f\t\n", x.Shape, x.Rate, x.Target, x.Requests, x.Errors,
+			x.P50Ms, x.P99Ms, x.AddedP50Ms, x.AddedP90Ms, x.AddedP99Ms, x.CPUMsPer1000)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(r.MaxRate) > 0 {
+		var names []string
+		for n := range r.MaxRate {
+			names = append(names, n)
+		}
+		slices.Sort(names)
+		var parts []string
+		for _, n := range names {
+			parts = append(parts, fmt.Sprintf("%s %.0f", n, r.MaxRate[n]))
+		}
+		fmt.Fprintf(w, "highest short-prompt rate held with p99 < %.0f ms (req/s): %s\n", r.MaxP99Ms, strings.Join(parts, ", "))
+	}
+	return nil
+}

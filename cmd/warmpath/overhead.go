@@ -1,0 +1,92 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+
+	"github.com/warmpath/warmpath/bench"
+)
+
+// runOverhead measures the gateway's own cost against a plain reverse
+// proxy and direct requests: `warmpath overhead [--policies warmpath,round-robin]
+// [--shapes short=200:1000,sticky=200:1000,stream=1000,long=25:50] [--window 3s]
+// [--rounds 3] [--max-rates 500,1000,…|none] [--json FILE] [--quiet]`.
+func runOverhead(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("overhead", flag.ContinueOnError)
+	var cfg bench.OverheadConfig
+	policies := fs.String("policies", "", "warmpath routing policies to measure (default warmpath,round-robin)")
+	shapes := fs.String("shapes", "", "shape=rate:rate,… among short, sticky, stream, long (default short=200:1000,sticky=200:1000,stream=1000,long=25:50)")
+	fs.DurationVar(&cfg.Window, "window", 0, "how long each target sends at one rate per round (default 3s)")
+	fs.IntVar(&cfg.Rounds, "rounds", 0, "rounds the targets take turns (default 3)")
+	maxRates := fs.String("max-rates", "", "short-prompt rates to climb for the highest held (default 500,1000,1500,2000,3000,4000; none to skip)")
+	fs.StringVar(&cfg.RedisAddr, "redis", "", "a Redis server (host:port) for the gateways, its CPU outside the measurement (default: an in-process miniredis per gateway, counted)")
+	jsonPath := fs.String("json", "", "write the report as JSON to FILE")
+	quiet := fs.Bool("quiet", false, "no progress lines")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (gateway, proxy, simulator and load) to FILE")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg.Policies = splitFlag(*policies)
+	if *shapes != "" {
+		cfg.Shapes = map[string][]float64{}
+		for _, f := range splitFlag(*shapes) {
+			name, rates, _ := strings.Cut(f, "=")
+			for _, r := range strings.Split(rates, ":") {
+				v, err := strconv.ParseFloat(r, 64)
+				if err != nil || v <= 0 {
+					return flagError("shapes", f)
+				}
+				cfg.Shapes[name] = append(cfg.Shapes[name], v)
+			}
+		}
+	}
+	switch *maxRates {
+	case "":
+	case "none":
+		cfg.MaxRates = []float64{}
+	default:
+		for _, f := range splitFlag(*maxRates) {
+			v, err := strconv.ParseFloat(f, 64)
+			if err != nil || v <= 0 {
+				return flagError("max-rates", f)
+			}
+			cfg.MaxRates = append(cfg.MaxRates, v)
+		}
+	}
+	if !*quiet {
+		cfg.Progress = os.Stderr
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	rep, err := bench.Overhead(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if err := rep.WriteTable(os.Stdout); err != nil {
+		return err
+	}
+	if *jsonPath != "" {
+		b, _ := json.MarshalIndent(rep, "", "  ")
+		return os.WriteFile(*jsonPath, append(b, '\n'), 0o644)
+	}
+	return nil
+}
+
+func flagError(flag, value string) error {
+	return fmt.Errorf("--%s: %q is not a positive rate list", flag, value)
+}

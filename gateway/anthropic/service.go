@@ -1,0 +1,375 @@
+package anthropic
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/tidwall/sjson"
+
+	"github.com/warmpath/warmpath/internal/apierror"
+)
+
+// Chat sends chat-completions requests through warmpath's routed client:
+// admission, routing to the replica holding the prefix, retry, accounting.
+// The gateway implements it.
+//
+// Contract: the response is the upstream's (status, headers, a body that
+// streams as text/event-stream of chat.completion.chunk, with usage in the
+// last chunk). Routing, admission, auth-limit and upstream failures come
+// back as a *http.Response with status >= 400 and an OpenAI error envelope
+// body (its Retry-After and x-ratelimit-* headers are passed on), never as
+// a Go error; a Go error means the context ended or the request could not
+// be sent at all.
+type Chat interface {
+	Complete(ctx context.Context, t Turn) (*http.Response, error)
+}
+
+// ChatFunc adapts a function to Chat.
+type ChatFunc func(ctx context.Context, t Turn) (*http.Response, error)
+
+// Complete calls f.
+func (f ChatFunc) Complete(ctx context.Context, t Turn) (*http.Response, error) { return f(ctx, t) }
+
+// Turn is the chat-completions request one Messages request became.
+type Turn struct {
+	// Body is a /v1/chat/completions JSON body, exactly as a client would
+	// POST it. It always streams, with stream_options.include_usage.
+	Body []byte
+	// Header holds the client's request headers less its credentials and
+	// the anthropic-* headers (which only the Messages API reads); the
+	// session headers (X-Claude-Code-Session-Id, x-claude-code-agent-id…)
+	// stay for the gateway's session key. A request without a session
+	// header whose metadata.user_id names a session gets that id as
+	// X-Claude-Code-Session-Id.
+	Header http.Header
+}
+
+// Options configures a Service. Every field has the default its doc
+// states.
+type Options struct {
+	// Authenticate checks a request's credential (x-api-key or
+	// Authorization: Bearer) and returns the context the request runs
+	// under (carrying its principal); its error is answered in Anthropic's
+	// envelope with the error's status. nil lets every request in.
+	Authenticate func(ctx context.Context, h http.Header) (context.Context, error)
+	// CountTokens counts the prompt tokens of a chat-completions body for
+	// POST /v1/messages/count_tokens, with the tokenizer routing uses. nil
+	// counts them by a one-token completion through Chat (exact, but it
+	// runs the model).
+	CountTokens func(ctx context.Context, chatBody []byte) (int, error)
+	// Models lists the served models; when set, count_tokens for another
+	// answers 404 (/v1/messages learns it from Chat). nil accepts any.
+	Models func() []string
+	// MaxBodyBytes bounds a request body; default 32 MiB (Anthropic's
+	// limit).
+	MaxBodyBytes int64
+	// TurnTimeout bounds one request, from its arrival to the last event;
+	// default 10 minutes (Claude Code's own request timeout).
+	TurnTimeout time.Duration
+	// PingInterval is how long a stream may stay silent before a ping
+	// event is sent; default 10s, negative for none (one ping still
+	// follows message_start, as Anthropic sends).
+	PingInterval time.Duration
+	// Logger receives the service's logs; nil discards them.
+	Logger *slog.Logger
+}
+
+// Defaults of Options.
+const (
+	DefaultMaxBodyBytes = 32 << 20
+	DefaultTurnTimeout  = 10 * time.Minute
+	DefaultPingInterval = 10 * time.Second
+)
+
+func (o *Options) fill() {
+	if o.MaxBodyBytes <= 0 {
+		o.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if o.TurnTimeout <= 0 {
+		o.TurnTimeout = DefaultTurnTimeout
+	}
+	switch {
+	case o.PingInterval == 0:
+		o.PingInterval = DefaultPingInterval
+	case o.PingInterval < 0:
+		o.PingInterval = 0
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Service serves the Messages API over a Chat. It is safe for concurrent
+// use and starts no goroutines.
+type Service struct {
+	opts Options
+	chat Chat
+	log  *slog.Logger
+}
+
+// New returns a Service over chat.
+func New(opts Options, chat Chat) (*Service, error) {
+	if chat == nil {
+		return nil, errors.New("anthropic: a Chat is required")
+	}
+	opts.fill()
+	return &Service{opts: opts, chat: chat, log: opts.Logger}, nil
+}
+
+// Handler serves POST /v1/messages (with or without ?beta=true) and POST
+// /v1/messages/count_tokens; any other path under /v1/messages is a 404,
+// any other method a 405, all in Anthropic's error envelope.
+func (s *Service) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/v1/messages", s.adapt(s.messages))
+	mux.Handle("/v1/messages/count_tokens", s.adapt(s.countTokens))
+	mux.Handle("/", s.adapt(func(w http.ResponseWriter, r *http.Request) error {
+		return apierror.NotFound("unknown_url", "Unknown request URL: %s %s.", r.Method, r.URL.Path)
+	}))
+	return mux
+}
+
+// adapt runs an error-returning handler: it names the request (request-id,
+// the gateway's X-Request-Id when set), authenticates it, checks the
+// method, bounds the body, and writes every error in Anthropic's
+// envelope.
+func (s *Service) adapt(fn func(http.ResponseWriter, *http.Request) error) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := w.Header().Get("X-Request-Id")
+		if id == "" {
+			var b [12]byte
+			_, _ = rand.Read(b[:])
+			id = "req_" + hex.EncodeToString(b[:])
+		}
+		w.Header().Set("Request-Id", id)
+		r, err := s.authenticate(r)
+		if err == nil && r.Method != http.MethodPost {
+			err = &apierror.Error{Status: http.StatusMethodNotAllowed, Msg: "Method " + r.Method + " is not allowed for " + r.URL.Path + "."}
+		}
+		if err == nil {
+			r.Body = http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes)
+			err = fn(w, r)
+		}
+		switch {
+		case err == nil:
+		case errors.Is(err, errStreamStarted) && r.Context().Err() != nil:
+			s.log.Debug("anthropic: client went away mid-stream", "path", r.URL.Path, "request_id", id)
+		case errors.Is(err, errStreamStarted):
+			s.log.Warn("anthropic: stream ended early", "path", r.URL.Path, "err", err, "request_id", id)
+		default:
+			he := writeError(w, err, id)
+			if he.Status >= 500 {
+				s.log.Warn("anthropic: request failed", "path", r.URL.Path, "status", he.Status, "msg", he.Msg, "err", he.Err, "request_id", id)
+			}
+		}
+	})
+}
+
+// errStreamStarted wraps failures after the stream's headers went out.
+var errStreamStarted = errors.New("anthropic: stream already started")
+
+// authenticate returns r under the context Options.Authenticate gave it,
+// without its credential headers, so they never reach an upstream.
+func (s *Service) authenticate(r *http.Request) (*http.Request, error) {
+	if s.opts.Authenticate != nil {
+		ctx, err := s.opts.Authenticate(r.Context(), r.Header)
+		if err != nil {
+			return r, err
+		}
+		r = r.WithContext(ctx)
+	}
+	r.Header.Del("Authorization")
+	r.Header.Del("X-Api-Key")
+	return r, nil
+}
+
+func readBody(r *http.Request) ([]byte, error) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			return nil, err
+		}
+		return nil, invalid("reading request body: %v", err)
+	}
+	return body, nil
+}
+
+// messages serves POST /v1/messages: parse, translate, send the chat turn
+// through Chat, and answer as a stream or a Message.
+func (s *Service) messages(w http.ResponseWriter, r *http.Request) error {
+	body, err := readBody(r)
+	if err != nil {
+		return err
+	}
+	req, err := parseRequest(body, false)
+	if err != nil {
+		return err
+	}
+	chatBody, err := toChat(req)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), s.opts.TurnTimeout)
+	defer cancel()
+	resp, err := s.chat.Complete(ctx, Turn{Body: chatBody, Header: turnHeader(r.Header, req)})
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode >= 400 {
+		return responseError(resp)
+	}
+	defer resp.Body.Close()
+	if req.Stream != nil && *req.Stream {
+		return s.stream(w, req, resp)
+	}
+	return s.complete(w, req, resp)
+}
+
+// turnHeader is the header a turn is sent with (see Turn.Header).
+func turnHeader(in http.Header, req *request) http.Header {
+	h := make(http.Header, len(in))
+	for k, v := range in {
+		if strings.HasPrefix(k, "Anthropic-") || k == "Content-Length" {
+			continue
+		}
+		h[k] = v
+	}
+	if h.Get("X-Claude-Code-Session-Id") == "" && req.Metadata != nil {
+		if id := sessionFromUserID(req.Metadata.UserID); id != "" {
+			h.Set("X-Claude-Code-Session-Id", id)
+		}
+	}
+	return h
+}
+
+// copyHeader passes the upstream's headers on (the gateway's debug and
+// rate-limit headers among them), less its framing.
+func copyHeader(dst, src http.Header) {
+	for k, v := range src {
+		switch k {
+		case "Content-Type", "Content-Length", "Transfer-Encoding", "Connection", "Keep-Alive":
+			continue
+		}
+		dst[k] = v
+	}
+}
+
+// stream answers as text/event-stream: message_start and a ping at once,
+// then the translated events as the upstream's chunks arrive.
+func (s *Service) stream(w http.ResponseWriter, req *request, resp *http.Response) error {
+	h := w.Header()
+	copyHeader(h, resp.Header)
+	h.Set("Content-Type", "text/event-stream; charset=utf-8")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	out := newSSESink(w, s.opts.PingInterval)
+	defer out.close()
+	t := newTranslator(out, req.Model, req.StopSequences)
+	err := t.start()
+	if err == nil {
+		err = out.ping()
+	}
+	if err == nil {
+		err = t.run(resp)
+	}
+	if err == nil && t.failure != nil {
+		err = errors.New(t.failure.detail.Message)
+	}
+	if err != nil {
+		return errors.Join(errStreamStarted, err)
+	}
+	return nil
+}
+
+// complete answers with one Message, built from the same event sequence.
+func (s *Service) complete(w http.ResponseWriter, req *request, resp *http.Response) error {
+	acc := &accumulator{}
+	t := newTranslator(acc, req.Model, req.StopSequences)
+	if err := t.start(); err != nil {
+		return err
+	}
+	if err := t.run(resp); err != nil {
+		return err
+	}
+	if f := t.failure; f != nil {
+		return &apierror.Error{Status: f.status, Msg: f.detail.Message}
+	}
+	b, err := marshal(acc.msg)
+	if err != nil {
+		return err
+	}
+	copyHeader(w.Header(), resp.Header)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_, err = w.Write(append(b, '\n'))
+	return err
+}
+
+// countTokens serves POST /v1/messages/count_tokens: the prompt tokens
+// of the chat body the request translates to, with the tools.
+func (s *Service) countTokens(w http.ResponseWriter, r *http.Request) error {
+	body, err := readBody(r)
+	if err != nil {
+		return err
+	}
+	req, err := parseRequest(body, true)
+	if err != nil {
+		return err
+	}
+	if s.opts.Models != nil && !slices.Contains(s.opts.Models(), req.Model) {
+		return apierror.NotFound("model_not_found", "The model '%s' does not exist.", req.Model)
+	}
+	chatBody, err := toChat(req)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), s.opts.TurnTimeout)
+	defer cancel()
+	var n int
+	if s.opts.CountTokens != nil {
+		n, err = s.opts.CountTokens(ctx, chatBody)
+	} else {
+		n, err = s.countByCompletion(ctx, r.Header, req, chatBody)
+	}
+	if err != nil {
+		return err
+	}
+	b, _ := marshal(map[string]int{"input_tokens": n})
+	w.Header().Set("Content-Type", "application/json")
+	_, err = w.Write(append(b, '\n'))
+	return err
+}
+
+// countByCompletion counts prompt tokens by a one-token completion.
+func (s *Service) countByCompletion(ctx context.Context, h http.Header, req *request, chatBody []byte) (int, error) {
+	chatBody, _ = sjson.SetBytes(chatBody, "max_tokens", 1)
+	resp, err := s.chat.Complete(ctx, Turn{Body: chatBody, Header: turnHeader(h, req)})
+	if err != nil {
+		return 0, err
+	}
+	if resp.StatusCode >= 400 {
+		return 0, responseError(resp)
+	}
+	defer resp.Body.Close()
+	acc := &accumulator{}
+	t := newTranslator(acc, req.Model, nil)
+	if err := t.start(); err != nil {
+		return 0, err
+	}
+	if err := t.run(resp); err != nil {
+		return 0, err
+	}
+	if f := t.failure; f != nil {
+		return 0, &apierror.Error{Status: f.status, Msg: f.detail.Message}
+	}
+	return acc.msg.Usage.InputTokens + acc.msg.Usage.CacheReadInputTokens, nil
+}

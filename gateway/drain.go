@@ -1,0 +1,118 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+)
+
+// errDraining ends the streams still open when the drain timeout passes.
+var errDraining = errors.New("the gateway is shutting down (server.drain_timeout passed)")
+
+// Run serves until ctx ends, with every goroutine the gateway needs: the
+// HTTP server(s), tenancy's loops, the Redis breaker's probe, the
+// Responses API's workers, the fleet's health checks and scrapes, and the
+// KV-event subscribers. When ctx ends (SIGTERM), it drains (see drain)
+// before stopping the rest, so routing stays informed while requests
+// finish. It returns nil after a clean shutdown, or the first component's
+// error.
+func (g *Gateway) Run(ctx context.Context) error {
+	defer g.close()
+	// The components outlive ctx until the servers have drained.
+	cctx, stopComponents := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopComponents()
+	eg, ectx := errgroup.WithContext(cctx)
+	if err := g.tenants.start(ectx, eg, g.rdb, g.cfg.Redis.KeyPrefix, g.log); err != nil {
+		return err
+	}
+	if g.breaker != nil {
+		eg.Go(func() error { return g.breaker.Run(ectx) })
+	}
+	if g.responses != nil {
+		eg.Go(func() error { return ignoreCanceled(g.responses.Run(ectx)) })
+	}
+	eg.Go(func() error { return g.tips.Run(ectx) })
+	eg.Go(func() error { return g.writes.Run(ectx) })
+	eg.Go(func() error { return g.fleet.Run(ectx) })
+	eg.Go(func() error { return g.runKVEvents(ectx) })
+	servers := []*http.Server{g.srv}
+	serve(eg, g.srv, g.ln)
+	if g.metricsSrv != nil {
+		servers = append(servers, g.metricsSrv)
+		serve(eg, g.metricsSrv, g.metricsLn)
+	}
+	eg.Go(func() error {
+		select {
+		case <-ctx.Done():
+			g.drain(ectx, servers)
+		case <-ectx.Done(): // a component failed: stop at once
+			for _, s := range servers {
+				s.Close()
+			}
+		}
+		stopComponents()
+		return nil
+	})
+	return eg.Wait()
+}
+
+// serve runs srv on ln under eg until it is shut down.
+func serve(eg *errgroup.Group, srv *http.Server, ln net.Listener) {
+	eg.Go(func() error {
+		err := srv.Serve(ln)
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil
+		}
+		return fmt.Errorf("gateway: serve %s: %w", ln.Addr(), err)
+	})
+}
+
+// drain shuts the servers down gracefully: /readyz answers 503 at once
+// while the listener keeps serving for server.pre_stop (load balancers
+// take the gateway out), then the listener closes and in-flight requests
+// have server.drain_timeout to finish; streams still open then are ended
+// with an error event (sseFilter.end) and the rest closed. ctx ending (a
+// failed component) cuts every wait short.
+func (g *Gateway) drain(ctx context.Context, servers []*http.Server) {
+	sc := g.cfg.Server
+	g.draining.Store(true)
+	g.log.Info("draining: readiness off", "pre_stop", sc.PreStop, "drain_timeout", sc.DrainTimeout)
+	if sc.PreStop > 0 {
+		t := time.NewTimer(sc.PreStop)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
+	}
+	dctx, cancel := context.WithTimeout(ctx, sc.DrainTimeout)
+	defer cancel()
+	err := shutdownAll(dctx, servers)
+	if err == nil {
+		g.log.Info("drained")
+		return
+	}
+	g.cutStreams()
+	// Give the cut streams a moment to send their error event and [DONE].
+	fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer fcancel()
+	if err := shutdownAll(fctx, servers); err != nil {
+		for _, s := range servers {
+			s.Close()
+		}
+	}
+	g.log.Warn("drain timeout passed; open streams were ended with an error event", "err", err)
+}
+
+func shutdownAll(ctx context.Context, servers []*http.Server) error {
+	var errs []error
+	for _, s := range servers {
+		errs = append(errs, s.Shutdown(ctx))
+	}
+	return errors.Join(errs...)
+}

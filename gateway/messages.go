@@ -1,0 +1,67 @@
+package gateway
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/warmpath/warmpath/gateway/anthropic"
+	"github.com/warmpath/warmpath/tenancy"
+)
+
+// newMessages builds the Anthropic Messages API (package anthropic) over
+// the gateway's routed client: each request is a chat turn through
+// Gateway.Do, its session keyed by the Claude Code session headers, its
+// prompt tokens counted by the routing tokenizer. It needs no Redis.
+func (g *Gateway) newMessages() (*anthropic.Service, error) {
+	return anthropic.New(anthropic.Options{
+		Authenticate: g.authenticateMessages,
+		CountTokens:  g.countTokens,
+		Models:       g.fleet.Models,
+		MaxBodyBytes: g.cfg.MaxBodyBytes,
+		Logger:       g.log.With("component", "anthropic"),
+	}, messagesChat{g})
+}
+
+// authenticateMessages is the tenancy check of /v1/messages: the same
+// keys and tokens as the OpenAI routes (x-api-key or bearer), answered in
+// Anthropic's envelope by the caller.
+func (g *Gateway) authenticateMessages(ctx context.Context, h http.Header) (context.Context, error) {
+	p, err := g.tenants.auth.Authenticate(ctx, h)
+	if err != nil {
+		return ctx, err
+	}
+	return tenancy.NewContext(ctx, p), nil
+}
+
+// messagesChat is the routed client as the Messages API sees it
+// (anthropic.Chat).
+type messagesChat struct{ g *Gateway }
+
+var _ anthropic.Chat = messagesChat{}
+
+// Complete implements anthropic.Chat: the turn runs as the request's
+// principal; every failure before the upstream answers comes back as an
+// error response in OpenAI's envelope (which the Messages API rewrites
+// into its own).
+func (c messagesChat) Complete(ctx context.Context, t anthropic.Turn) (*http.Response, error) {
+	p, _ := tenancy.FromContext(ctx)
+	req, err := ParseRequest(APIChat, t.Header, t.Body, p)
+	if err != nil {
+		return errorResponse(ctx, err)
+	}
+	resp, err := c.g.Do(ctx, req)
+	if err != nil {
+		return errorResponse(ctx, err)
+	}
+	return resp, nil
+}
+
+// messagesHandler mounts the Messages API under the gateway's request
+// metrics.
+func (g *Gateway) messagesHandler() http.HandlerFunc {
+	h := g.messages.Handler()
+	return g.serve("messages", func(w http.ResponseWriter, r *http.Request) error {
+		h.ServeHTTP(w, r)
+		return nil
+	})
+}
