@@ -170,9 +170,9 @@ func (p *Policy) NeedsPrefix() bool { return p.UsesPrecise || p.UsesApprox }
 // Availability is judged here and only here: an endpoint takes traffic
 // when it is healthy. A sticky session stays on its replica while the
 // replica also still holds its prefix and, for estimated policies,
-// staying costs no more than moving to the cheapest other replica even if
-// that one held as much of the prompt (otherwise the turn is scored with
-// its prefix known); for other sticky policies, while the
+// staying costs no more than moving to the cheapest other replica (taken
+// to hold nothing of the prompt; otherwise the turn is scored with its
+// prefix known); for other sticky policies, while the
 // replica is unsaturated or every available endpoint is saturated (moving
 // work then only trades a warm queue for a cold one).
 func (p *Policy) Decide(in *Input) (Plan, error) {
@@ -215,23 +215,10 @@ func (p *Policy) stay(in *Input, avail []int) (Plan, string) {
 		return Plan{}, why
 	}
 	sp := p.sticky(in, i, avail)
-	if p.Estimated && len(sp.Order) > 1 && sp.Estimates[0].Cost() > p.cheapestElsewhere(in, sp) {
+	if p.Estimated && len(sp.Order) > 1 && sp.Estimates[0].Cost() > sp.Estimates[1].Cost() {
 		return Plan{}, RebindSaturated
 	}
 	return sp, ""
-}
-
-// cheapestElsewhere is the least cost a sticky turn could have on another
-// replica, were it to hold as much of the prompt as the bound one: staying
-// is certain to be cheapest only below it. Above it, the turn is scored
-// with its prefix known, which tells whether moving wins.
-func (p *Policy) cheapestElsewhere(in *Input, sp Plan) float64 {
-	est := p.estimates(in, sp.Order[1:], sp.PromptTokens, func(int) int { return sp.Predicted[0] })
-	best := est[0].Cost()
-	for _, e := range est[1:] {
-		best = min(best, e.Cost())
-	}
-	return best
 }
 
 // available returns the indexes of the endpoints that may take traffic.

@@ -81,11 +81,14 @@
 // A sticky turn (one whose session is bound to a replica, continues the
 // bound conversation and whose replica still holds its prefix) is routed
 // without tokenizing while staying costs no more than moving to the
-// cheapest other replica would even if that replica held as much of the
-// prompt: llm-d's "sticky until saturated", with the penalty derived from
-// the costs. Otherwise the turn is scored with its prefix known (what the
-// others hold decides), and leaves (Plan.Rebind "saturated") only if
-// another replica wins.
+// cheapest other replica, taken to hold nothing of the prompt: llm-d's
+// "sticky until saturated", with the penalty derived from the costs. When
+// staying costs more, the turn is scored with its prefix known, and
+// leaves (Plan.Rebind "saturated") only if another replica wins. (Scoring
+// every turn whose answer depends on what the other replicas hold, i.e.
+// comparing with another replica holding as much of the prompt, routed
+// almost no turn without the tokenizer: on a fleet with an idle replica
+// the bound one is never the cheapest at an equal hit.)
 // warmpath reads no saturation flag and has no weights.
 //
 // The other policies keep their scores (below) and report estimates for
