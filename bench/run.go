@@ -443,8 +443,9 @@ func runGateway(ctx context.Context, cfg Config, policy string, urls, kv, replay
 		gc.Replicas = append(gc.Replicas, fleet.ReplicaSpec{URL: u, Model: cfg.Model, KVEndpoint: kv[i], ReplayEndpoint: replay[i]})
 	}
 	gc.Routing.Policy = policy
-	gc.Auth.Mode = tenancy.ModeNone // the load generator is one anonymous tenant
-	gc.Server.PreStop = -1          // nothing in front of the gateway to drain
+	gc.Auth.Mode = tenancy.ModeNone  // the load generator is one anonymous tenant
+	gc.Server.PreStop = -1           // nothing in front of the gateway to drain
+	gc.Server.MaxConnsPerClient = -1 // the load generator is one client address
 	// The gateway's one token-denominated threshold scales with the
 	// workload's tokens, so that saturation trips at the same load.
 	gc.Routing.MaxInflightPrefillTokens = int64(math.Round(scoring.DefaultMaxInflightPrefillTokens * cfg.Scale))
