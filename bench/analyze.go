@@ -78,6 +78,9 @@ type AnalyzeConfig struct {
 	// Seed seeds the random tie-breaks; every policy and cache size gets
 	// the same seed.
 	Seed int64
+	// CPUBlocks is the size, in trace blocks, of a CPU offload tier behind
+	// each replica's cache (see cpuTier); 0 means none.
+	CPUBlocks int
 }
 
 // AnalyzeReport is the outcome of Analyze.
@@ -93,11 +96,12 @@ type AnalyzeReport struct {
 	// Requests and PromptTokens size the trace.
 	Requests     int
 	PromptTokens int64
-	// Replicas, PrefillTokensPerSec and TimeScale are the simulated fleet's
-	// settings, defaults filled in.
+	// Replicas, PrefillTokensPerSec, TimeScale and CPUBlocks are the
+	// simulated fleet's settings, defaults filled in.
 	Replicas            int
 	PrefillTokensPerSec float64
 	TimeScale           float64
+	CPUBlocks           int
 	// PooledLRU has one entry per cache size: the yardstick for a finite
 	// cache (see PooledLRUResult).
 	PooledLRU []PooledLRUResult
@@ -173,6 +177,10 @@ type AnalyzeResult struct {
 	// Predictions samples decisions with their estimate: predicted against
 	// simulated TTFT.
 	Predictions []Prediction `json:"predictions,omitempty"`
+	// CPUCachedTokens is the part of CachedTokens loaded from the CPU
+	// tier, and CPUFraction its share of prompt tokens (0 without a tier).
+	CPUCachedTokens int64   `json:"cpu_cached_tokens,omitempty"`
+	CPUFraction     float64 `json:"cpu_fraction,omitempty"`
 }
 
 // Prediction is one routing decision's estimated and simulated time to
@@ -272,6 +280,7 @@ func Analyze(ctx context.Context, cfg AnalyzeConfig) (*AnalyzeReport, error) {
 		Replicas:            cfg.Replicas,
 		PrefillTokensPerSec: cfg.PrefillTokensPerSec,
 		TimeScale:           cfg.TimeScale,
+		CPUBlocks:           cfg.CPUBlocks,
 	}
 	// Scaling arrivals by s scales their gaps by s: a window w over scaled
 	// times is a window w/s over recorded ones.
@@ -288,9 +297,10 @@ func Analyze(ctx context.Context, cfg AnalyzeConfig) (*AnalyzeReport, error) {
 		return nil, err
 	}
 	fl := newSimFleet(cfg.Replicas, in.universe, cfg.PrefillTokensPerSec)
+	fl.withCPU(in.universe, cfg.CPUBlocks)
 	pooled := map[int]float64{}
 	for _, cb := range cfg.CacheBlocks {
-		pooled[cb] = pooledLRU(in, cfg.Replicas*cb, rep.PromptTokens)
+		pooled[cb] = pooledLRU(in, cfg.Replicas*(cb+cfg.CPUBlocks), rep.PromptTokens)
 		rep.PooledLRU = append(rep.PooledLRU, PooledLRUResult{CacheBlocks: cb, CachedFraction: pooled[cb]})
 	}
 	for _, name := range cfg.Policies {
@@ -366,6 +376,9 @@ func (c AnalyzeConfig) withDefaults() (AnalyzeConfig, error) {
 	}
 	if c.TimeScale == 0 {
 		c.TimeScale = 1
+	}
+	if c.CPUBlocks < 0 {
+		return c, fmt.Errorf("bench: analyze: negative CPU tier %d", c.CPUBlocks)
 	}
 	if !(c.TimeScale > 0) || math.IsInf(c.TimeScale, 0) {
 		return c, fmt.Errorf("bench: analyze: time scale %v is not a positive number", c.TimeScale)
@@ -522,7 +535,7 @@ func simulate(ctx context.Context, pol *scoring.Policy, cacheBlocks int, in *sim
 	var pending observationHeap
 	bindings := map[string]binding{}
 	eps := make([]scoring.Endpoint, n)
-	matched := make([]int, n)
+	matched, matchedCPU := make([]int, n), make([]int, n)
 	var hits []blockindex.Hit
 	delays := make([]float64, len(in.reqs))
 	ttfts := make([]float64, len(in.reqs))
@@ -556,7 +569,7 @@ func simulate(ctx context.Context, pol *scoring.Policy, cacheBlocks int, in *sim
 		if bound {
 			din.Binding = &b.Binding
 			j := slices.Index(names, b.Replica)
-			din.BoundHolds = b.TipDepth == 0 || fl.reps[j].cache.contains(b.tip)
+			din.BoundHolds = b.TipDepth == 0 || fl.reps[j].holds(b.tip)
 		}
 		if pol.Estimated && key != "" {
 			turn := 1
@@ -570,6 +583,7 @@ func simulate(ctx context.Context, pol *scoring.Policy, cacheBlocks int, in *sim
 		plan, err := pol.Decide(&din)
 		if err == nil && plan.NeedsPrefix {
 			din.Matched = matchPrefix(pol, fl, approx, in, i, names, matched, &hits)
+			din.MatchedCPU = matchCPU(pol, fl, in, i, matched, matchedCPU)
 			plan, err = pol.Decide(&din)
 		}
 		if err != nil {
@@ -591,14 +605,15 @@ func simulate(ctx context.Context, pol *scoring.Policy, cacheBlocks int, in *sim
 			saturated++
 		}
 		rp := fl.reps[chosen]
-		cached := min(rp.cache.prefix(ids)*bt, r.InputTokens)
-		rp.cache.touch(ids)
-		work := r.InputTokens - cached
+		cached, cpu := rp.hit(ids, r.InputTokens, bt)
+		rp.touch(ids)
+		work := r.InputTokens - cached + loadCost(cpu)
 		delays[i] = rp.admit(now, ids, work, max(0, r.InputTokens-predicted), (r.OutputTokens+bt-1)/bt, float64(r.OutputTokens)*decodeTokenTime.Seconds())
 		ttfts[i] = delays[i] + float64(work)/rp.rate
 
 		rp.advance(now)
 		res.CachedTokens += int64(cached)
+		res.CPUCachedTokens += int64(cpu)
 		res.PredictedTokens += int64(predicted)
 		if plan.Estimates != nil {
 			est := plan.Estimates[0]
@@ -620,6 +635,7 @@ func simulate(ctx context.Context, pol *scoring.Policy, cacheBlocks int, in *sim
 		prompt += int64(in.reqs[i].InputTokens)
 	}
 	res.CachedFraction = ratio(res.CachedTokens, prompt)
+	res.CPUFraction = ratio(res.CPUCachedTokens, prompt)
 	res.ReplicaPrefillTokens = make([]int64, n)
 	var sum, hi int64
 	for j, rp := range fl.reps {
@@ -761,6 +777,7 @@ func (fl *simFleet) reset(capacity int) {
 // drained at rate tokens per second, and the requests decoding.
 type simReplica struct {
 	cache *blockLRU
+	cpu   *blockLRU // the CPU offload tier, nil without one (see cpuTier)
 	rate  float64
 	// busyUntil is when the queued prefill work will be done.
 	busyUntil float64
@@ -843,6 +860,9 @@ func (h *decodeHeap) Pop() any {
 
 func (rp *simReplica) reset(capacity int) {
 	rp.cache.reset(capacity)
+	if rp.cpu != nil {
+		rp.cpu.reset(rp.cpu.capacity)
+	}
 	clear(rp.refs)
 	rp.busyUntil, rp.head, rp.headStarted, rp.estPrefill, rp.computed = 0, 0, false, 0, 0
 	rp.meter, rp.meterAt = scoring.Meter{}, 0
@@ -1093,6 +1113,7 @@ func (r *AnalyzeReport) MarshalJSON() ([]byte, error) {
 		Replicas            int               `json:"replicas"`
 		PrefillTokensPerSec float64           `json:"prefill_tokens_per_s"`
 		TimeScale           float64           `json:"time_scale"`
+		CPUBlocks           int               `json:"cpu_blocks,omitempty"`
 	}
 	results := r.Results
 	if results == nil {
@@ -1112,6 +1133,7 @@ func (r *AnalyzeReport) MarshalJSON() ([]byte, error) {
 		Replicas:            r.Replicas,
 		PrefillTokensPerSec: r.PrefillTokensPerSec,
 		TimeScale:           r.TimeScale,
+		CPUBlocks:           r.CPUBlocks,
 	})
 }
 
@@ -1212,9 +1234,17 @@ func (r *AnalyzeReport) WriteTable(w io.Writer) error {
 		}
 		ew.printf("\n")
 	}
-	table("cached fraction (share of ceiling) ×imbalance; pooled LRU = one LRU of replicas × cache blocks", true, func(res AnalyzeResult) string {
-		return fmt.Sprintf("%.1f%% (%3.0f%%) ×%.2f", 100*res.CachedFraction, 100*res.CeilingShare, res.Imbalance)
-	})
+	if r.CPUBlocks > 0 {
+		ew.printf("CPU offload tier: %d blocks per replica behind its cache (cached fractions include its hits, loaded at %.0f%% of a prefill's cost)\n\n",
+			r.CPUBlocks, 100*scoring.CPUHitCost)
+		table("cached fraction (share of ceiling) ×imbalance, of which from CPU; pooled LRU = one LRU of replicas × (cache + CPU) blocks", true, func(res AnalyzeResult) string {
+			return fmt.Sprintf("%.1f%% (%3.0f%%) ×%.2f cpu %.1f%%", 100*res.CachedFraction, 100*res.CeilingShare, res.Imbalance, 100*res.CPUFraction)
+		})
+	} else {
+		table("cached fraction (share of ceiling) ×imbalance; pooled LRU = one LRU of replicas × cache blocks", true, func(res AnalyzeResult) string {
+			return fmt.Sprintf("%.1f%% (%3.0f%%) ×%.2f", 100*res.CachedFraction, 100*res.CeilingShare, res.Imbalance)
+		})
+	}
 	table("prefill queue wait, mean / p99 (s)", false, func(res AnalyzeResult) string {
 		return fmt.Sprintf("%.2f / %.2f", res.MeanQueueSeconds, res.P99QueueSeconds)
 	})

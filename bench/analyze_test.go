@@ -502,3 +502,55 @@ func BenchmarkAnalyzeMooncake(b *testing.B) {
 	simulated := float64(len(tr.Requests) * len(rep.Results))
 	b.ReportMetric(simulated*float64(b.N)/b.Elapsed().Seconds(), "req/s")
 }
+
+// TestAnalyzeCPUTier checks the CPU offload tier: behind a one-block GPU
+// cache, a tier with room for everything caches exactly what the
+// unlimited ceiling counts (almost all of it loaded from CPU); on 8
+// replicas a tier raises every policy's cached fraction, precise policies
+// see it (their predictions include CPU hits), and no tier leaves the
+// results as they were.
+func TestAnalyzeCPUTier(t *testing.T) {
+	tr := loadHead(t)
+	window := time.Duration(0)
+	one, err := Analyze(t.Context(), AnalyzeConfig{Trace: tr, Replicas: 1, CacheBlocks: []int{1}, CPUBlocks: 1 << 20, Window: &window})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range one.Results {
+		if r.CachedTokens != one.Ceiling.CachedTokens || r.CPUCachedTokens == 0 || r.CPUCachedTokens > r.CachedTokens {
+			t.Errorf("%s: cached %d tokens, %d from CPU; want the ceiling's %d, nearly all from CPU", r.Policy, r.CachedTokens, r.CPUCachedTokens, one.Ceiling.CachedTokens)
+		}
+	}
+
+	pols := []string{scoring.PolicyRoundRobin, scoring.PolicyPrecisePrefix, scoring.PolicyWarmpath}
+	cfg := AnalyzeConfig{Trace: tr, CacheBlocks: []int{150}, Policies: pols, Seed: 1}
+	without, err := Analyze(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.CPUBlocks = 1200
+	with, err := Analyze(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table bytes.Buffer
+	if err := with.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(table.String(), "CPU offload tier: 1200 blocks") || !strings.Contains(table.String(), "cpu ") {
+		t.Errorf("table does not show the CPU tier:\n%s", table.String())
+	}
+	for i, p := range pols {
+		a, b := without.Results[i], with.Results[i]
+		t.Logf("%s: cached %.1f%% without a CPU tier, %.1f%% with (%.1f%% from CPU)", p, 100*a.CachedFraction, 100*b.CachedFraction, 100*b.CPUFraction)
+		if a.CPUCachedTokens != 0 || b.CachedFraction <= a.CachedFraction || b.CPUFraction == 0 {
+			t.Errorf("%s: without a tier %+v; with one %+v", p, a, b)
+		}
+		if p != scoring.PolicyRoundRobin && b.PredictedTokens <= a.PredictedTokens {
+			t.Errorf("%s: predicted %d tokens with a CPU tier, %d without; want CPU hits predicted", p, b.PredictedTokens, a.PredictedTokens)
+		}
+	}
+	if _, err := Analyze(t.Context(), AnalyzeConfig{Trace: tr, CPUBlocks: -1}); err == nil {
+		t.Error("a negative CPU tier was accepted")
+	}
+}

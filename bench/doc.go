@@ -6,8 +6,8 @@
 //
 // # Live benchmark
 //
-// Run plans a Workload (shared-prefix, agentic, agentic-harness or trace;
-// see Workloads) and, for each policy in turn, builds a fresh simulated
+// Run plans a Workload (shared-prefix, agentic, agentic-harness, trace or
+// mixed-tenants; see Workloads) and, for each policy in turn, builds a fresh simulated
 // fleet (vllmsim, same configuration and seed), a fresh in-process Redis
 // (miniredis) and a fresh gateway with that policy, drives the workload
 // through the gateway with streamed chat completions, collects the
@@ -22,7 +22,23 @@
 // A workload is a list of sessions, each a Script of turns: one request for
 // the open-loop workloads, an agent run whose next turn carries the reply
 // of the previous one for agentic. Sessions carry a class, a tenant and
-// headers for workloads that need them.
+// headers for workloads that need them; a plan that names Tenants runs the
+// gateway in API-keys mode with those tenants created in its store.
+//
+// # Mixed tenants
+//
+// mixed-tenants compares the gateway's admission queue instead of routing
+// policies (routing is warmpath, or the one policy given): tenant A's
+// interactive chat sessions alone (no-burst), then with tenant B's burst
+// of background agent runs under fifo (queue disabled), strict and fair,
+// and a shares part (two equal background bursts, weights 1 and 3), each
+// on a fresh fleet with the engines under priority scheduling and the
+// class passed to them (queue.vllm_priority) except under fifo. Its report
+// (MixedReport) has its own table and JSON: interactive TTFT percentiles,
+// each p99 against no-burst, background turns and output rate, the longest
+// time a request waited in the queue while some replica had idle capacity
+// (from engine samples every 100 simulated ms), and each tenant's share of
+// the contested dispatches against its weight.
 //
 // # Scale and speed
 //

@@ -34,6 +34,10 @@ type sample struct {
 	// engineTTFT is the replica's own X-Sim-TTFT-Ms, measured on its
 	// simulated clock from when the engine saw the request.
 	engineTTFT time.Duration
+	// queueWait is how long the gateway's queue held the request
+	// (X-Warmpath-Queue-Ms, a debug header), simulated; 0 when admitted at
+	// once or unknown.
+	queueWait time.Duration
 
 	promptTokens, cachedTokens, outputTokens int
 	// replica, reason and predicted come from the gateway's debug headers
@@ -268,6 +272,9 @@ func (d *driver) send(ctx context.Context, s *Session, t *Turn, t0 time.Time) (s
 	smp.predicted, _ = strconv.Atoi(h.Get("X-Warmpath-Predicted-Cached"))
 	if v, err := strconv.ParseFloat(h.Get("X-Warmpath-Estimate-TTFT"), 64); err == nil && v >= 0 {
 		smp.estimate = time.Duration(v * d.speed * float64(time.Second))
+	}
+	if ms, err := strconv.ParseFloat(h.Get("X-Warmpath-Queue-Ms"), 64); err == nil && ms > 0 {
+		smp.queueWait = d.sim(time.Duration(ms * float64(time.Millisecond)))
 	}
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))

@@ -44,6 +44,9 @@ type Report struct {
 	Wall    time.Duration `json:"wall_ns"`
 	// Results holds one entry per policy.
 	Results []Result `json:"results"`
+	// Mixed, for mixed-tenants, replaces the table and the JSON with its
+	// own (see MixedReport); Results then holds one entry per part.
+	Mixed *MixedReport `json:"-"`
 }
 
 // Result is one policy's figures. Times are simulated milliseconds
@@ -494,7 +497,7 @@ func reportConfig(cfg Config, p vllmsim.Profile, external bool) []Param {
 	}
 	if !external {
 		ps = append(ps,
-			Param{"fleet", fmt.Sprintf("%d simulated replicas, %d KV blocks × %d tokens each", cfg.Replicas, p.KVBlocks, p.BlockSize)},
+			Param{"fleet", fmt.Sprintf("%d simulated replicas, %d KV blocks × %d tokens each%s", cfg.Replicas, p.KVBlocks, p.BlockSize, cpuParam(cfg))},
 			Param{"profile", fmt.Sprintf("%s: step %v + %v/prefill token + %v/seq + %v/context token; %d batched tokens, %d seqs",
 				p.Name, p.StepBase, p.PrefillPerToken, p.DecodePerSeq, p.DecodePerContextToken, p.MaxNumBatchedTokens, p.MaxNumSeqs)})
 	}
@@ -558,6 +561,9 @@ func pctOrDash(v float64) string {
 // WriteTable writes the results as an aligned text table with ratios
 // against round-robin.
 func (rep *Report) WriteTable(w io.Writer) error {
+	if rep.Mixed != nil {
+		return rep.Mixed.writeTable(w)
+	}
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "workload %s", rep.Workload)
 	for _, p := range rep.Config {
@@ -601,6 +607,9 @@ func (rep *Report) WriteTable(w io.Writer) error {
 
 // WriteJSON writes the report as indented JSON.
 func (rep *Report) WriteJSON(w io.Writer) error {
+	if rep.Mixed != nil {
+		return rep.Mixed.writeJSON(w)
+	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(rep)

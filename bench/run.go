@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -76,6 +77,12 @@ type Config struct {
 	// batches, which a CPU tier does not). Workloads sized to the fleet's
 	// capacity (agentic) grow with it.
 	KVBlocks int
+	// CPUBlocks gives each simulated replica a CPU offload tier of this
+	// many 16-token blocks (vLLM's native offloading, see
+	// vllmsim.Config.CPUBlocks), before Scale; 0, the default, means none.
+	// The gateway sizes its index's CPU tier from the replicas'
+	// cache_config_info and scores CPU hits at scoring.CPUHitCost.
+	CPUBlocks int
 	// Scale multiplies token counts and the simulated KV capacity, and
 	// dilates the simulated profile's step costs (see doc.go); default
 	// DefaultScale. 1 is full size.
@@ -119,14 +126,23 @@ type Config struct {
 	// at least 10 ms). Coalescing chunks saves the load generator's CPU;
 	// the first chunk is never delayed, the last by at most the interval.
 	StreamInterval time.Duration
+	// Parts, for mixed-tenants, selects the parts to run, of no-burst,
+	// fifo, strict, fair and shares; default all.
+	Parts []string
 	// Progress, when not nil, receives a progress line updated in place
 	// (carriage returns) while a run goes on.
 	Progress io.Writer
 	// Logger receives the fleet's and gateway's logs; nil discards them.
 	Logger *slog.Logger
 
-	// tweak, when set (tests), adjusts each gateway configuration.
+	// tweak, when set (tests, and each part of mixed-tenants), adjusts
+	// each gateway configuration.
 	tweak func(*gateway.Config)
+	// scheduling is the simulated engines' scheduling policy ("" fcfs);
+	// loadEvery the simulated interval of engine-state samples (default
+	// one second).
+	scheduling string
+	loadEvery  time.Duration
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -181,11 +197,18 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	for _, p := range c.Parts {
+		if !slices.Contains(mixedParts, p) {
+			return c, fmt.Errorf("bench: unknown part %q (want some of %s)", p, strings.Join(mixedParts, ", "))
+		}
+	}
 	switch {
 	case c.Replicas < 1 || c.Replicas > 64:
 		return c, fmt.Errorf("bench: %d replicas (want 1–64)", c.Replicas)
 	case c.KVBlocks < 0 || c.KVBlocks > 1<<24:
 		return c, fmt.Errorf("bench: %d KV blocks (want 0–%d)", c.KVBlocks, 1<<24)
+	case c.CPUBlocks < 0 || c.CPUBlocks > 1<<26:
+		return c, fmt.Errorf("bench: %d CPU blocks (want 0–%d)", c.CPUBlocks, 1<<26)
 	case c.Gateways < 1 || c.Gateways > 8:
 		return c, fmt.Errorf("bench: %d gateways (want 1–8)", c.Gateways)
 	case c.Speed <= 0 || c.Scale <= 0 || c.Scale > 1 || c.StageScale <= 0 || c.TimeScale <= 0:
@@ -273,6 +296,17 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 
 	rep := &Report{Workload: cfg.Workload, Params: plan.Params, Started: time.Now(), Config: reportConfig(cfg, profile, external)}
+	if mt, ok := wl.(*MixedTenants); ok {
+		if external {
+			return nil, errors.New("bench: mixed-tenants runs on the simulated fleet only (it sets up tenants and the engines' scheduling)")
+		}
+		if err := runMixed(ctx, cfg, mt, env, profile, rep); err != nil {
+			return nil, err
+		}
+		rep.Wall = time.Since(rep.Started)
+		rep.Mixed.Wall = rep.Wall.Seconds()
+		return rep, nil
+	}
 	memo := newPromptMemo()
 	fleetBlocks := 0 // the fleet's KV capacity in 16-token blocks, when known
 	if !external {
@@ -308,16 +342,27 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	return rep, nil
 }
 
+// scaledCPUBlocks is the simulated replicas' CPU tier at the run's token
+// scale, as ScaledProfile scales the KV cache.
+func scaledCPUBlocks(cfg Config) int {
+	if cfg.CPUBlocks == 0 {
+		return 0
+	}
+	return max(1, int(math.Round(float64(cfg.CPUBlocks)*cfg.Scale)))
+}
+
 // runSimulated benchmarks one policy on a fresh simulated fleet, Redis and
 // gateway, and tears them down.
 func runSimulated(ctx context.Context, cfg Config, policy string, profile vllmsim.Profile, plan *Plan, pr *progress) (*Result, error) {
 	fl, err := vllmsim.NewFleet(vllmsim.Config{
-		Replicas:       cfg.Replicas,
-		Speed:          cfg.Speed,
-		Profile:        profile,
-		Seed:           cfg.Seed,
-		StreamInterval: cfg.StreamInterval,
-		Logger:         cfg.Logger.With("component", "vllmsim"),
+		Replicas:         cfg.Replicas,
+		Speed:            cfg.Speed,
+		Profile:          profile,
+		CPUBlocks:        scaledCPUBlocks(cfg),
+		Seed:             cfg.Seed,
+		StreamInterval:   cfg.StreamInterval,
+		SchedulingPolicy: cfg.scheduling,
+		Logger:           cfg.Logger.With("component", "vllmsim"),
 	})
 	if err != nil {
 		return nil, err
@@ -336,7 +381,8 @@ func runSimulated(ctx context.Context, cfg Config, policy string, profile vllmsi
 	sctx, stopSampler := context.WithCancel(fctx)
 	defer stopSampler()
 	var load []loadPoint
-	wg.Go(func() { load = sampleLoad(sctx, fl, time.Duration(float64(time.Second)/cfg.Speed)) })
+	every := cmp.Or(cfg.loadEvery, time.Second)
+	wg.Go(func() { load = sampleLoad(sctx, fl, time.Duration(float64(every)/cfg.Speed)) })
 
 	res, err := runGateway(ctx, cfg, policy, urls, kv, replay, plan, pr)
 	stopSampler()
@@ -443,7 +489,11 @@ func runGateway(ctx context.Context, cfg Config, policy string, urls, kv, replay
 		gc.Replicas = append(gc.Replicas, fleet.ReplicaSpec{URL: u, Model: cfg.Model, KVEndpoint: kv[i], ReplayEndpoint: replay[i]})
 	}
 	gc.Routing.Policy = policy
-	gc.Auth.Mode = tenancy.ModeNone  // the load generator is one anonymous tenant
+	gc.Auth.Mode = tenancy.ModeNone // the load generator is one anonymous tenant
+	if len(plan.Tenants) > 0 {
+		// The workload's tenants, each with its own API key.
+		gc.Auth = tenancy.Config{Mode: tenancy.ModeKeys, SaltSecret: "bench-salt-secret-0123456789abcdef"}
+	}
 	gc.Server.PreStop = -1           // nothing in front of the gateway to drain
 	gc.Server.MaxConnsPerClient = -1 // the load generator is one client address
 	// The gateway's one token-denominated threshold scales with the
@@ -491,6 +541,11 @@ func runGateway(ctx context.Context, cfg Config, policy string, urls, kv, replay
 			return nil, err
 		}
 		addrs = append(addrs, "http://"+gw.Addr())
+		if i == 0 {
+			if err := createTenants(gctx, rdb, gc, plan.Tenants); err != nil {
+				return nil, err
+			}
+		}
 	}
 
 	d := newDriver(addrs, cfg.Model, "", cfg.Speed, cfg.Drain)
@@ -526,6 +581,29 @@ func runGateway(ctx context.Context, cfg Config, policy string, urls, kv, replay
 		return nil, err
 	}
 	return res, nil
+}
+
+// createTenants creates the workload's tenants and imports their keys
+// through the tenancy store of the gateways' Redis (after the first
+// gateway has migrated the keyspace).
+func createTenants(ctx context.Context, rdb redis.UniversalClient, gc gateway.Config, tenants []Tenant) error {
+	if len(tenants) == 0 {
+		return nil
+	}
+	ac, err := gc.Auth.Validate()
+	if err != nil {
+		return fmt.Errorf("bench: tenants: %w", err)
+	}
+	st := tenancy.NewStore(tenancy.Redis{Client: rdb, Prefix: cmp.Or(gc.Redis.KeyPrefix, "wp:"), Timeout: 5 * time.Second}, ac, nil)
+	for _, t := range tenants {
+		if _, err := st.CreateTenant(ctx, tenancy.Tenant{ID: t.ID, Weight: t.Weight, DefaultClass: t.DefaultClass}); err != nil {
+			return fmt.Errorf("bench: tenant %s: %w", t.ID, err)
+		}
+		if _, err := st.ImportKey(ctx, t.ID, t.Key(), tenancy.KeySpec{Name: "bench"}); err != nil {
+			return fmt.Errorf("bench: key of tenant %s: %w", t.ID, err)
+		}
+	}
+	return nil
 }
 
 // waitFleet waits until the gateway reports every replica healthy and

@@ -62,6 +62,10 @@ type Plan struct {
 	Sessions []Session
 	// Params describe the workload for reports, in display order.
 	Params []Param
+	// Tenants, when set, are created in the gateway's tenancy store
+	// (API keys mode) before the run; sessions send their keys. Without
+	// them the gateway runs open, as one anonymous tenant.
+	Tenants []Tenant
 }
 
 // Param is one named parameter of a run or a workload, for reports.
@@ -155,6 +159,7 @@ func registry() []Workload {
 		&Agentic{},
 		&AgenticHarness{},
 		&Replay{},
+		&MixedTenants{},
 	}
 }
 

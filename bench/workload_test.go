@@ -11,7 +11,7 @@ import (
 )
 
 func TestRegistry(t *testing.T) {
-	want := []string{"shared-prefix", "agentic", "agentic-harness", "trace"}
+	want := []string{"shared-prefix", "agentic", "agentic-harness", "trace", "mixed-tenants"}
 	if got := Workloads(); !slices.Equal(got, want) {
 		t.Fatalf("Workloads() = %v; want %v", got, want)
 	}

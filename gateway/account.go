@@ -18,6 +18,7 @@ import (
 func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, error) {
 	if g.cfg.Debug {
 		g.debugHeaders(resp.Header, x)
+		queueHeaders(resp.Header, x.req)
 	}
 	if x.lease != nil {
 		for k, v := range x.lease.Header() {
@@ -36,6 +37,7 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 	obs := observer{
 		firstByte: func() {
 			x.flight.FirstByte()
+			x.endPending()
 			if x.req.stream {
 				g.m.ttft.WithLabelValues(x.req.model).Observe(time.Since(x.start).Seconds())
 			}
@@ -55,6 +57,9 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 				g.activity.served(time.Now(), g.tenant(x), got)
 				if err == nil {
 					g.rememberCompleted(x.route, x.replica.Spec.Name, got)
+				}
+				if !x.req.tokenIDs {
+					g.ratios.observe(x.req.model, x.req.textBytes, got.PromptTokens)
 				}
 			}
 			if err != nil && !errors.Is(err, context.Canceled) && x.ctx.Err() == nil {

@@ -58,6 +58,7 @@ func (g *Gateway) finish(x *exchange, u Usage, have bool) {
 		return
 	}
 	x.finished = true
+	x.endPending()
 	x.release(u)
 	if x.lease != nil {
 		tokens := -1

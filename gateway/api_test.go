@@ -193,7 +193,7 @@ func TestBadInput(t *testing.T) {
 		{"too large", "POST", "/v1/chat/completions", `{"model":"qwen3-32b","messages":[{"role":"user","content":"` + strings.Repeat("x", 5000) + `"}]}`, auth, 413, "request_too_large", ""},
 		{"wrong method", "GET", "/v1/chat/completions", ``, auth, 405, "method_not_allowed", ""},
 		{"unknown path", "POST", "/v1/nothing", `{}`, auth, 404, "unknown_url", ""},
-		{"upstream rejects", "POST", "/v1/chat/completions", `{"model":"qwen3-32b","priority":5,"messages":[{"role":"user","content":"x"}]}`, auth, 400, "", ""},
+		{"upstream rejects", "POST", "/v1/chat/completions", `{"model":"qwen3-32b","n":2,"messages":[{"role":"user","content":"x"}]}`, auth, 400, "", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/warmpath/warmpath/gateway/fleet"
@@ -30,6 +31,11 @@ type exchange struct {
 	flight    *fleet.Flight
 	predicted int // cached tokens predicted on replica
 	attempts  int
+
+	// pending counts the request among its class's requests not started
+	// on the replica routed to, until its first byte (queue.go).
+	pending     *atomic.Int64
+	pendingDone atomic.Bool
 }
 
 // Do sends one parsed request through the gateway's pipeline: admission
@@ -41,8 +47,12 @@ type exchange struct {
 // ctx's error). Do is the routed client every API surface uses.
 func (g *Gateway) Do(ctx context.Context, r *Request) (*http.Response, error) {
 	x := &exchange{ctx: ctx, req: r, start: time.Now()}
+	r.bytesPerToken = g.ratios.get(r.model)
 	var err error
 	if x.body, err = r.upstreamBody(); err != nil {
+		return nil, fmt.Errorf("gateway: build upstream body: %w", err)
+	}
+	if x.body, err = g.classBody(x.body, r); err != nil {
 		return nil, fmt.Errorf("gateway: build upstream body: %w", err)
 	}
 	if err = g.admitExchange(ctx, x); err != nil {
@@ -52,6 +62,7 @@ func (g *Gateway) Do(ctx context.Context, r *Request) (*http.Response, error) {
 		g.finish(x, Usage{}, false)
 		return nil, err
 	}
+	g.startPending(x)
 	resp, err := g.forward(ctx, x)
 	if err != nil {
 		g.finish(x, Usage{}, false)

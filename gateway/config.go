@@ -16,6 +16,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/kvevents"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/scoring/blockindex"
 	"github.com/warmpath/warmpath/tenancy"
@@ -52,6 +53,9 @@ type Config struct {
 	Server ServerConfig `yaml:"server"`
 	// Upstream bounds every call to a replica.
 	Upstream UpstreamConfig `yaml:"upstream"`
+	// Queue configures the admission queue: per-tenant fair queues in
+	// front of a saturated fleet (see QueueConfig).
+	Queue QueueConfig `yaml:"queue"`
 	// Responses tunes the Responses and Conversations API.
 	Responses ResponsesConfig `yaml:"responses"`
 	// MaxBodyBytes bounds request bodies; default 32 MiB.
@@ -103,11 +107,20 @@ const (
 // KVEventsConfig chooses the KV-event topology.
 type KVEventsConfig struct {
 	// Topology is "per-replica" (default: connect one SUB to each
-	// replica's kv_events endpoint) or "central" (bind one SUB at Bind;
-	// engines connect and name themselves in the topic).
+	// replica's kv_events endpoint) or "central" (one SUB that engines'
+	// PUB sockets reach, naming themselves in the topic).
 	Topology string `yaml:"topology"`
-	// Bind is the central topology's endpoint; default tcp://*:5557.
+	// Bind is the address the central topology's SUB binds, for engines
+	// to connect to; default tcp://*:5557 unless Connect is set. With
+	// data-parallel engines it binds one port per rank (Bind's port +
+	// rank, up to the largest data_parallel_size), as each rank dials
+	// its endpoint's port + rank.
 	Bind string `yaml:"bind"`
+	// Connect, instead of Bind, makes the central topology's SUB connect
+	// to a `warmpath kv-relay`'s publish address: the relay binds the
+	// address engines dial, and any number of gateways connect to it.
+	// Set at most one of Bind and Connect.
+	Connect string `yaml:"connect"`
 }
 
 // RoutingConfig chooses and tunes the routing policy.
@@ -155,6 +168,11 @@ type RoutingConfig struct {
 	IndexMaxEntries int `yaml:"index_max_entries"`
 	// ApproxChunkBytes is the approximate index's chunk size; default 256.
 	ApproxChunkBytes int `yaml:"approx_chunk_bytes"`
+	// TokenizeURL, when set, is the base URL (without /tokenize) of a
+	// tokenizer service that answers vLLM's POST /tokenize, such as a vLLM
+	// render or tokenize-only server, asked before any replica. Empty
+	// means the replicas tokenize.
+	TokenizeURL string `yaml:"tokenize_url"`
 }
 
 // HealthConfig tunes active checks and metrics scraping. Zero fields take
@@ -239,6 +257,8 @@ func (c *Config) applyEnv(getenv func(string) string) error {
 	str("WARMPATH_POLICY", &c.Routing.Policy)
 	str("WARMPATH_KV_TOPOLOGY", &c.KVEvents.Topology)
 	str("WARMPATH_KV_BIND", &c.KVEvents.Bind)
+	str("WARMPATH_KV_CONNECT", &c.KVEvents.Connect)
+	str("WARMPATH_TOKENIZE_URL", &c.Routing.TokenizeURL)
 	str("WARMPATH_DEV_KEY", &c.DevKey)
 	str("WARMPATH_AUTH_MODE", &c.Auth.Mode)
 	str("WARMPATH_ADMIN_KEY", &c.Auth.AdminKey)
@@ -254,25 +274,12 @@ func (c *Config) applyEnv(getenv func(string) string) error {
 		}
 		c.Debug = b
 	}
-	// WARMPATH_REPLICAS: comma-separated entries, each
-	// url[|kv_events[|kv_replay]], e.g.
-	// http://10.0.0.7:8000|tcp://10.0.0.7:5557|tcp://10.0.0.7:5558
 	if v := getenv("WARMPATH_REPLICAS"); v != "" {
-		c.Replicas = nil
-		for _, entry := range splitList(v) {
-			f := strings.Split(entry, "|")
-			r := fleet.ReplicaSpec{URL: f[0]}
-			if len(f) > 1 {
-				r.KVEndpoint = f[1]
-			}
-			if len(f) > 2 {
-				r.ReplayEndpoint = f[2]
-			}
-			if len(f) > 3 {
-				return fmt.Errorf("config: WARMPATH_REPLICAS: entry %q has more than 3 fields", entry)
-			}
-			c.Replicas = append(c.Replicas, r)
+		rs, err := parseReplicasEnv(v)
+		if err != nil {
+			return err
 		}
+		c.Replicas = rs
 	}
 	if v := getenv("WARMPATH_SIM_REPLICAS"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -289,6 +296,31 @@ func (c *Config) applyEnv(getenv func(string) string) error {
 		c.Sim.Speed = f
 	}
 	return nil
+}
+
+// parseReplicasEnv reads WARMPATH_REPLICAS: comma-separated entries, each
+// url[|kv_events[|kv_replay[|data_parallel_size]]], e.g.
+// http://10.0.0.7:8000|tcp://10.0.0.7:5557|tcp://10.0.0.7:5657|2. Empty
+// fields are unset.
+func parseReplicasEnv(v string) ([]fleet.ReplicaSpec, error) {
+	var out []fleet.ReplicaSpec
+	for _, entry := range splitList(v) {
+		f := strings.Split(entry, "|")
+		if len(f) > 4 {
+			return nil, fmt.Errorf("config: WARMPATH_REPLICAS: entry %q has more than 4 fields (url|kv_events|kv_replay|data_parallel_size)", entry)
+		}
+		f = append(f, "", "", "")
+		r := fleet.ReplicaSpec{URL: f[0], KVEndpoint: f[1], ReplayEndpoint: f[2]}
+		if f[3] != "" {
+			n, err := strconv.Atoi(f[3])
+			if err != nil {
+				return nil, fmt.Errorf("config: WARMPATH_REPLICAS: entry %q: data_parallel_size %q is not an integer", entry, f[3])
+			}
+			r.DataParallelSize = n
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }
 
 func splitList(s string) []string {
@@ -321,7 +353,7 @@ func (c Config) withDefaults() Config {
 	if c.KVEvents.Topology == "" {
 		c.KVEvents.Topology = TopologyPerReplica
 	}
-	if c.KVEvents.Topology == TopologyCentral && c.KVEvents.Bind == "" {
+	if c.KVEvents.Topology == TopologyCentral && c.KVEvents.Bind == "" && c.KVEvents.Connect == "" {
 		c.KVEvents.Bind = "tcp://*:5557"
 	}
 	r := &c.Routing
@@ -353,6 +385,7 @@ func (c Config) withDefaults() Config {
 	def(&u.FirstByteTimeout, 10*time.Minute)
 	def(&u.IdleTimeout, 2*time.Minute)
 	def(&u.TokenizeTimeout, 2*time.Second)
+	c.Queue = c.Queue.withDefaults()
 	if c.Sim.Replicas == 0 {
 		c.Sim.Replicas = 4
 	}
@@ -367,13 +400,20 @@ func (c Config) withDefaults() Config {
 
 // validateFleet checks every replica and discovery spec with the fleet's
 // own checks (fleet.CheckReplica, fleet.CheckDNS: base URLs without /v1,
-// ZMQ endpoints that can be dialled, replay ports clear of the
-// data-parallel KV ports), each error naming its spec's field.
+// ZMQ endpoints that can be dialled) and their port layouts
+// (kvevents.CheckPortLayout: the replay ports clear of every
+// data-parallel rank's KV-event port), each error naming its spec's field.
 func (c *Config) validateFleet() []error {
 	var errs []error
 	names := map[string]int{}
 	for i, r := range c.Replicas {
-		ns, err := fleet.CheckReplica(r)
+		probe := r
+		if field, err := checkPorts(r); err != nil {
+			// Reported with CheckPortLayout's advice, not again by the fleet.
+			errs = append(errs, fmt.Errorf("config: replicas[%d].%s: %w", i, field, err))
+			probe.KVEndpoint, probe.ReplayEndpoint = "", ""
+		}
+		ns, err := fleet.CheckReplica(probe)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("config: replicas[%d].%w", i, err))
 			continue
@@ -384,11 +424,72 @@ func (c *Config) validateFleet() []error {
 		names[ns.Name] = i
 	}
 	for i, d := range c.Discovery {
+		if err := checkDNSPorts(d); err != nil {
+			errs = append(errs, fmt.Errorf("config: discovery[%d].replay_port: %w", i, err))
+			d.ReplayPort = 0 // reported; not again by the fleet
+		}
 		if _, err := fleet.CheckDNS(d); err != nil {
 			for _, e := range fleet.Each(err) {
 				errs = append(errs, fmt.Errorf("config: discovery[%d].%w", i, e))
 			}
 		}
+	}
+	return errs
+}
+
+// checkPorts checks a replica's port layout with kvevents.CheckPortLayout
+// and returns the field to blame: kv_events or kv_replay when a rank's
+// port is out of range, kv_replay when the ranks' ports overlap.
+func checkPorts(r fleet.ReplicaSpec) (string, error) {
+	n := max(r.DataParallelSize, 1)
+	if err := kvevents.CheckPortLayout(r.KVEndpoint, "", n); err != nil {
+		return "kv_events", err
+	}
+	return "kv_replay", kvevents.CheckPortLayout(r.KVEndpoint, r.ReplayEndpoint, n)
+}
+
+// checkDNSPorts checks a discovery spec's port layout as every pod it
+// finds will have it.
+func checkDNSPorts(d fleet.DNSSpec) error {
+	if d.KVPort <= 0 || d.ReplayPort <= 0 || d.DataParallelSize < 0 {
+		return nil // a missing port, or a range error CheckDNS reports
+	}
+	return kvevents.CheckPortLayout("tcp://pod:"+strconv.Itoa(d.KVPort), "tcp://pod:"+strconv.Itoa(d.ReplayPort), max(d.DataParallelSize, 1))
+}
+
+// kvRanks is the number of data-parallel ranks the central topology binds
+// a port for: the largest data_parallel_size configured.
+func (c *Config) kvRanks() int {
+	n := 1
+	for _, r := range c.Replicas {
+		n = max(n, r.DataParallelSize)
+	}
+	for _, d := range c.Discovery {
+		n = max(n, d.DataParallelSize)
+	}
+	return n
+}
+
+// validateKVEvents checks the KV-event topology and its addresses.
+func (c *Config) validateKVEvents() []error {
+	var errs []error
+	k := &c.KVEvents
+	switch k.Topology {
+	case TopologyPerReplica:
+		if k.Connect != "" {
+			errs = append(errs, fmt.Errorf("config: kv_events.connect: only the %s topology connects to a relay", TopologyCentral))
+		}
+	case TopologyCentral:
+		if k.Bind != "" && k.Connect != "" {
+			errs = append(errs, errors.New("config: kv_events: set bind (engines connect to this gateway) or connect (to a kv-relay), not both"))
+		}
+		for _, f := range []struct{ field, ep string }{{"bind", k.Bind}, {"connect", k.Connect}} {
+			if f.ep != "" && !strings.Contains(f.ep, "://") {
+				errs = append(errs, fmt.Errorf("config: kv_events.%s: %q: want tcp://host:port, ipc://path or inproc://name", f.field, f.ep))
+			}
+		}
+	default:
+		errs = append(errs, fmt.Errorf("config: kv_events.topology: %q is not %s or %s", k.Topology, TopologyPerReplica, TopologyCentral))
 	}
 	return errs
 }
@@ -419,10 +520,9 @@ func (c *Config) validate() error {
 		}
 	}
 	errs = append(errs, c.validateFleet()...)
-	switch c.KVEvents.Topology {
-	case TopologyPerReplica, TopologyCentral:
-	default:
-		bad("kv_events.topology", "%q is not %s or %s", c.KVEvents.Topology, TopologyPerReplica, TopologyCentral)
+	errs = append(errs, c.validateKVEvents()...)
+	if u, err := url.Parse(c.Routing.TokenizeURL); c.Routing.TokenizeURL != "" && (err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "") {
+		bad("routing.tokenize_url", "%q is not an http(s) base URL", c.Routing.TokenizeURL)
 	}
 	if !slices.Contains(scoring.Policies(), c.Routing.Policy) {
 		bad("routing.policy", "%q is not one of %s", c.Routing.Policy, strings.Join(scoring.Policies(), ", "))
@@ -462,6 +562,7 @@ func (c *Config) validate() error {
 			bad(d.field, "%v is negative", d.v)
 		}
 	}
+	errs = append(errs, c.Queue.validate()...)
 	if c.Server.MaxHeaderBytes < 4096 {
 		bad("server.max_header_bytes", "%d is below 4096", c.Server.MaxHeaderBytes)
 	}

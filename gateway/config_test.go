@@ -46,10 +46,12 @@ func TestLoadConfigEnv(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := map[string]string{
-		"WARMPATH_POLICY":   "precise-prefix",
-		"WARMPATH_REPLICAS": "http://a:8000|tcp://a:5557|tcp://a:5558, http://b:8000",
-		"WARMPATH_DEBUG":    "true",
-		"WARMPATH_DEV_KEY":  "sk-x",
+		"WARMPATH_POLICY":       "precise-prefix",
+		"WARMPATH_REPLICAS":     "http://a:8000|tcp://a:5557|tcp://a:5558, http://b:8000, http://c:8000|tcp://c:5557|tcp://c:5657|2",
+		"WARMPATH_KV_CONNECT":   "tcp://relay:5560",
+		"WARMPATH_TOKENIZE_URL": "http://render:8000",
+		"WARMPATH_DEBUG":        "true",
+		"WARMPATH_DEV_KEY":      "sk-x",
 	}
 	c, err := LoadConfig(path, func(k string) string { return env[k] })
 	if err != nil {
@@ -58,8 +60,22 @@ func TestLoadConfigEnv(t *testing.T) {
 	if c.Listen != "0.0.0.0:9000" || c.Routing.Policy != "precise-prefix" || c.Routing.SessionTTL != 5*time.Minute || !c.Debug || c.DevKey != "sk-x" {
 		t.Errorf("config = %+v", c)
 	}
-	if len(c.Replicas) != 2 || c.Replicas[0].KVEndpoint != "tcp://a:5557" || c.Replicas[0].ReplayEndpoint != "tcp://a:5558" || c.Replicas[1].URL != "http://b:8000" {
+	if len(c.Replicas) != 3 || c.Replicas[0].KVEndpoint != "tcp://a:5557" || c.Replicas[0].ReplayEndpoint != "tcp://a:5558" || c.Replicas[1].URL != "http://b:8000" ||
+		c.Replicas[2].DataParallelSize != 2 || c.Replicas[0].DataParallelSize != 0 {
 		t.Errorf("replicas = %+v", c.Replicas)
+	}
+	if c.KVEvents.Connect != "tcp://relay:5560" || c.Routing.TokenizeURL != "http://render:8000" {
+		t.Errorf("kv_events = %+v, tokenize_url = %q", c.KVEvents, c.Routing.TokenizeURL)
+	}
+	for _, bad := range []string{"http://a:8000|||x", "http://a:8000|tcp://a:1|tcp://a:2|2|extra"} {
+		if _, err := LoadConfig("", func(k string) string {
+			if k == "WARMPATH_REPLICAS" {
+				return bad
+			}
+			return ""
+		}); err == nil || !strings.Contains(err.Error(), "WARMPATH_REPLICAS") {
+			t.Errorf("WARMPATH_REPLICAS=%q: err = %v", bad, err)
+		}
 	}
 	if _, err := LoadConfig(path, func(k string) string {
 		if k == "WARMPATH_DEBUG" {
@@ -95,6 +111,19 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 		{name: "bad block size", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Routing: RoutingConfig{BlockSize: -1}}, field: "routing.block_size"},
 		{name: "bad kv usage", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Routing: RoutingConfig{Saturation: scoring.Saturation{MaxKVUsage: 2}}}, field: "routing.max_kv_usage"},
 		{name: "bad sim", cfg: Config{Sim: SimConfig{Replicas: 500}}, field: "sim.replicas"},
+		{name: "rank 1 events on the replay port", cfg: Config{Replicas: []fleet.ReplicaSpec{{URL: "http://a:1", KVEndpoint: "tcp://a:5557",
+			ReplayEndpoint: "tcp://a:5558", DataParallelSize: 2}}}, field: "replicas[0].kv_replay: kvevents: with 2 data-parallel ranks"},
+		{name: "ranks past the last port", cfg: Config{Replicas: []fleet.ReplicaSpec{{URL: "http://a:1", KVEndpoint: "tcp://a:65535",
+			DataParallelSize: 2}}}, field: "replicas[0].kv_events"},
+		{name: "discovery ports overlap", cfg: Config{Discovery: []fleet.DNSSpec{{Name: "vllm", Port: 8000, KVPort: 5557, ReplayPort: 5558,
+			DataParallelSize: 4}}}, field: "discovery[0].replay_port: kvevents: with 4 data-parallel ranks"},
+		{name: "bind and connect", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, KVEvents: KVEventsConfig{Topology: TopologyCentral,
+			Bind: "tcp://*:5557", Connect: "tcp://relay:5560"}}, field: "kv_events: set bind"},
+		{name: "connect per replica", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, KVEvents: KVEventsConfig{Connect: "tcp://relay:5560"}},
+			field: "kv_events.connect"},
+		{name: "bad kv topic", cfg: Config{Replicas: []fleet.ReplicaSpec{{URL: "http://a:1", KVTopic: "kv@a b@m"}}}, field: "replicas[0].kv_topic"},
+		{name: "bad tokenize url", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Routing: RoutingConfig{TokenizeURL: "render:8000"}},
+			field: "routing.tokenize_url"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -11,8 +11,11 @@
 //	                       reads the body once (size-limited)
 //	parse     request.go   ParseRequest: the routing fields with gjson,
 //	                       the session key (package session)
-//	admit     admission.go Admitter.Admit: may make the request wait (a
-//	                       fair queue); the default admits at once
+//	admit     admission.go Admitter.Admit: the tenant's limits, then the
+//	          queue.go     fair queue (tenancy/fairq): at once while a
+//	                       replica has room, else wait in per-tenant queues
+//	                       (class from priority.go); queue.disabled or
+//	                       Options.Admitter replace it
 //	route     route.go     gather (fleet snapshot ─▶ scoring.Endpoint,
 //	                       session binding from Redis) ─▶ scoring.Decide
 //	                       ─▶ I/O: tokenize (replica /tokenize, cached) and
@@ -43,14 +46,18 @@
 //
 // Run starts, under one errgroup: the HTTP server; the fleet (health checks,
 // /metrics scrapes and DNS membership, see package fleet); the KV-event
-// subscribers (one per replica KV source in the per-replica topology, one
-// bound socket in the central topology), which feed the precise prefix
-// index; the two session-tip workers (tips.go) and the four workers that
-// write completed turns' bindings to Redis off the response path
-// (background.go, rememberCompleted; queued writes get a second on
-// shutdown); the Responses API's
-// background workers when Redis is configured; and a once-a-second sync of
-// the indexes' per-replica facts (model, KV capacity). Speculative index entries expire lazily, on the index's own
+// subscribers (one per replica KV source, i.e. per data-parallel rank, in
+// the per-replica topology; in the central topology one goroutine for the
+// socket bound per rank, or connected to a kv-relay, whose topics are
+// resolved to fleet names by kv_topic, name or URL host:port), which feed
+// the precise prefix index; the two session-tip workers (tips.go) and the
+// four workers that write completed turns' bindings to Redis off the
+// response path (background.go, rememberCompleted; queued writes get a
+// second on shutdown); the Responses API's background workers when Redis
+// is configured; the fair queue's Run (counter exchange with Redis,
+// re-checks, share gauges; every scrape also kicks it); and a
+// once-a-second sync of the indexes' per-replica facts (model, KV and
+// CPU-tier capacity, restarts). Speculative index entries expire lazily, on the index's own
 // calls, so no janitor runs. All stop when Run's context ends.
 //
 // # Errors
@@ -63,6 +70,7 @@
 //	unknown route / model                      404 unknown_url / model_not_found
 //	wrong method                               405 method_not_allowed
 //	body over max_body_bytes                   413 request_too_large
+//	queue full or waited past queue.timeout    429 rate_limit_exceeded (Retry-After)
 //	no healthy replica serves the model        503 service_unavailable
 //	every attempt failed before answering      502 upstream_error
 //	client went away                           499 (logged, nothing sent)
@@ -72,5 +80,7 @@
 //
 // # Redis keys
 //
-// The gateway owns <key_prefix>sess:* through package session.
+// The gateway owns <key_prefix>sess:* through package session, and
+// <key_prefix>fairq:vtc:<model> (the tenants' shared virtual counters)
+// through package fairq.
 package gateway

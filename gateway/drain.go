@@ -39,6 +39,9 @@ func (g *Gateway) Run(ctx context.Context) error {
 	eg.Go(func() error { return g.tips.Run(ectx) })
 	eg.Go(func() error { return g.writes.Run(ectx) })
 	eg.Go(func() error { return g.fleet.Run(ectx) })
+	if g.queue != nil {
+		eg.Go(func() error { return g.queue.q.Run(ectx) })
+	}
 	eg.Go(func() error { return g.runKVEvents(ectx) })
 	servers := []*http.Server{g.srv}
 	serve(eg, g.srv, g.ln)

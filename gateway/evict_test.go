@@ -71,7 +71,7 @@ func TestEvictedPrefixStopsAttracting(t *testing.T) {
 	}
 	eventually(t, 5*time.Second, func() bool {
 		keys := gw.index.keys(vllmsim.TokenizeChat([]vllmsim.Message{{Role: "system", Content: shared}}, nil, false), "qwen3-32b", "")
-		return gw.index.matchTokens(keys, []string{home}, 1<<20)[0] < 16*10
+		return gw.index.matchTokens(keys, []string{home}, 1<<20, nil)[0] < 16*10
 	}, "BlockRemoved events to reach the index")
 
 	r := probe("after eviction")

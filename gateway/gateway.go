@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -60,6 +61,7 @@ type Gateway struct {
 	index       *preciseIndex
 	approx      *approxIndex
 	tok         *tokenizer
+	ratios      *tokenRatios // bytes per prompt token, by model
 	tenants     *tenants
 	activity    *activity          // what the status page shows
 	tips        *workers           // fill session tips off the request path (tips.go)
@@ -67,6 +69,7 @@ type Gateway struct {
 	responses   *responses.Service // nil without Redis
 	messages    *anthropic.Service
 	admit       Admitter
+	queue       *queueAdmitter        // nil: no fair queue (disabled, or Options.Admitter)
 	wrapped     prometheus.Registerer // reg with the policy label
 	upstream    *http.Transport
 	upstreamKey string
@@ -108,6 +111,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 
 	g.drainCtx, g.cutStreams = context.WithCancel(context.Background())
 	g.activity = newActivity()
+	g.ratios = newTokenRatios()
 	g.tips = newWorkers(tipWorkers, tipBacklog, 0)
 	g.writes = newWorkers(writeWorkers, writeBacklog, time.Second)
 	g.tokenizeWarn.period = 10 * time.Second
@@ -132,7 +136,9 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	}
 	g.sessions = session.NewStore(g.rdb, session.Options{Prefix: cfg.Redis.KeyPrefix, TTL: cfg.Routing.SessionTTL, Timeout: cfg.Redis.Timeout})
 
-	if g.fleet, err = fleet.New(cfg.fleetConfig(o, log, wrapped)); err != nil {
+	fc := cfg.fleetConfig(o, log, wrapped)
+	fc.OnUpdate = g.replicaUpdated
+	if g.fleet, err = fleet.New(fc); err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
 
@@ -151,7 +157,15 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		ExpectContinueTimeout: time.Second,
 	}
 	g.tok = newTokenizer(&http.Client{Transport: g.upstream, Timeout: cfg.Upstream.TokenizeTimeout}, cfg.Routing.TokenizeCacheBytes, g.m)
+	g.tok.service, g.tok.log = strings.TrimRight(cfg.Routing.TokenizeURL, "/"), log.With("component", "tokenizer")
 	g.admit = o.Admitter
+	if g.admit == nil && !cfg.Queue.Disabled {
+		if g.queue, err = newQueueAdmitter(&cfg, g.fleet, g.rdb, g.tenants.labels, wrapped, log); err != nil {
+			g.close()
+			return nil, err
+		}
+		g.admit = g.queue
+	}
 	if g.admit == nil {
 		g.admit = admitAll{}
 	}

@@ -21,6 +21,8 @@ type preciseIndex struct {
 	mu      sync.RWMutex             // guards sources and models
 	sources map[string]*atomic.Int64 // replicas whose events have arrived → Unix nanos of the last batch
 	models  map[string]string
+
+	gen genDetector // which replicas cache generated tokens
 }
 
 var (
@@ -52,6 +54,7 @@ func (p *preciseIndex) Apply(replica string, b kvevents.Batch) {
 		p.mu.Unlock()
 	}
 	last.Store(time.Now().UnixNano())
+	p.gen.observe(replica, b)
 	p.ix.Apply(replica, b)
 }
 
@@ -93,7 +96,18 @@ func (p *preciseIndex) forget(replica string) {
 	delete(p.sources, replica)
 	delete(p.models, replica)
 	p.mu.Unlock()
+	p.gen.forget(replica)
 	p.ix.Clear(replica)
+}
+
+// cachesGenerated reports whether the replica's KV cache keeps the blocks
+// its generated tokens fill, as vLLM's does (and llm-d-inference-sim's
+// does not), so that a completed turn's output is a cache hit for the
+// next turn. A replica whose events have not shown it yet is assumed not
+// to (a prediction too low costs less than one too high); one that sends
+// no events, vLLM's default.
+func (p *preciseIndex) cachesGenerated(replica string) bool {
+	return !p.receiving(replica) || p.gen.seen(replica)
 }
 
 // receiving reports whether the replica's KV events have ever arrived.
@@ -110,20 +124,44 @@ func (p *preciseIndex) keys(tokens []uint32, model, salt string) []uint64 {
 // matchTokens returns, aligned with names, how many prompt tokens each
 // replica holds cached as far as the index knows. Like vLLM, at least the
 // last prompt token is always computed, so a full hit counts
-// promptTokens−1.
-func (p *preciseIndex) matchTokens(keys []uint64, names []string, promptTokens int) []int {
-	hits := p.ix.Match(keys, names, nil)
-	out := make([]int, len(names))
-	for i, h := range hits {
-		out[i] = min(h.Blocks*p.blockSize, max(0, promptTokens-1))
-	}
-	return out
+// promptTokens−1; and an engine hits whole blocks of its own size
+// (engineBlocks, aligned with names; 0 or nil when unknown), which speculative
+// entries in the index's smaller blocks may not be.
+func (p *preciseIndex) matchTokens(keys []uint64, names []string, promptTokens int, engineBlocks []int) []int {
+	gpu, _ := p.matchTiers(keys, names, promptTokens, engineBlocks)
+	return gpu
 }
 
-// holds reports whether replica holds the block with the given key.
+// matchTiers is matchTokens for both tiers: the tokens held on GPU, and
+// those after them held in the CPU tier (all zero: cpu is nil).
+func (p *preciseIndex) matchTiers(keys []uint64, names []string, promptTokens int, engineBlocks []int) (gpu, cpu []int) {
+	hits := p.ix.Match(keys, names, nil)
+	gpu = make([]int, len(names))
+	var cpuTokens []int
+	limit := max(0, promptTokens-1)
+	for i, h := range hits {
+		bs := 1
+		if i < len(engineBlocks) && engineBlocks[i] > 0 {
+			bs = engineBlocks[i]
+		}
+		gpu[i] = min(h.Blocks*p.blockSize, limit) / bs * bs
+		if h.CPU == 0 {
+			continue
+		}
+		if cpuTokens == nil {
+			cpuTokens = make([]int, len(names))
+		}
+		cpuTokens[i] = min((h.Blocks+h.CPU)*p.blockSize, limit)/bs*bs - gpu[i]
+	}
+	return gpu, cpuTokens
+}
+
+// holds reports whether replica holds the block with the given key, on
+// GPU or in its CPU tier (which a continuing turn loads back).
 func (p *preciseIndex) holds(replica string, key uint64) bool {
 	var buf [1]blockindex.Hit
-	return p.ix.Match([]uint64{key}, []string{replica}, buf[:0])[0].Blocks == 1
+	h := p.ix.Match([]uint64{key}, []string{replica}, buf[:0])[0]
+	return h.Blocks == 1 || h.CPU == 1
 }
 
 func (p *preciseIndex) speculate(replica string, keys []uint64, ttl time.Duration) {
@@ -140,10 +178,15 @@ var (
 	indexEvictDesc   = prometheus.NewDesc("warmpath_index_evictions_total", "Index entries evicted because the index was full.", nil, nil)
 	indexSkipDesc    = prometheus.NewDesc("warmpath_index_skipped_events_total", "KV events the index could not apply, by reason.", []string{"reason"}, nil)
 	indexSpecOutDesc = prometheus.NewDesc("warmpath_index_speculative_total", "Speculative entries by outcome: confirmed by an event, or expired.", []string{"outcome"}, nil)
+	indexCPUDesc     = prometheus.NewDesc("warmpath_index_cpu_entries", "Block keys per replica in the prefix index's CPU tier (blocks the engine offloaded to CPU memory).", []string{"replica"}, nil)
+	indexStoredDesc  = prometheus.NewDesc("warmpath_index_stored_blocks_total", "Engine blocks of applied BlockStored events, by tier (the medium: GPU, CPU).", []string{"tier"}, nil)
+	indexRemovedDesc = prometheus.NewDesc("warmpath_index_removed_blocks_total", "Engine blocks of applied BlockRemoved events, by tier (the medium: GPU, CPU).", []string{"tier"}, nil)
+	indexCPUEvDesc   = prometheus.NewDesc("warmpath_index_cpu_evictions_total", "CPU-tier keys evicted because a replica's tier was full (its num_cpu_blocks; store-only tiers such as LMCache report no removals).", nil, nil)
 )
 
 func (c indexCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{indexEntriesDesc, indexSpecDesc, indexKeysDesc, indexEvictDesc, indexSkipDesc, indexSpecOutDesc} {
+	for _, d := range []*prometheus.Desc{indexEntriesDesc, indexSpecDesc, indexKeysDesc, indexEvictDesc, indexSkipDesc, indexSpecOutDesc,
+		indexCPUDesc, indexStoredDesc, indexRemovedDesc, indexCPUEvDesc} {
 		ch <- d
 	}
 }
@@ -153,7 +196,15 @@ func (c indexCollector) Collect(ch chan<- prometheus.Metric) {
 	for name, r := range s.Replicas {
 		ch <- prometheus.MustNewConstMetric(indexEntriesDesc, prometheus.GaugeValue, float64(r.Entries), name)
 		ch <- prometheus.MustNewConstMetric(indexSpecDesc, prometheus.GaugeValue, float64(r.Speculative), name)
+		ch <- prometheus.MustNewConstMetric(indexCPUDesc, prometheus.GaugeValue, float64(r.CPUEntries), name)
 	}
+	for tier, n := range s.Stored {
+		ch <- prometheus.MustNewConstMetric(indexStoredDesc, prometheus.CounterValue, float64(n), string(tier))
+	}
+	for tier, n := range s.Removed {
+		ch <- prometheus.MustNewConstMetric(indexRemovedDesc, prometheus.CounterValue, float64(n), string(tier))
+	}
+	ch <- prometheus.MustNewConstMetric(indexCPUEvDesc, prometheus.CounterValue, float64(s.CPUEvictions))
 	ch <- prometheus.MustNewConstMetric(indexKeysDesc, prometheus.GaugeValue, float64(s.Keys))
 	ch <- prometheus.MustNewConstMetric(indexEvictDesc, prometheus.CounterValue, float64(s.Evictions))
 	for reason, n := range s.Skipped {
@@ -181,13 +232,17 @@ func (a *approxIndex) keys(text []byte, model, salt string) []uint64 {
 	return a.a.AppendKeys(nil, string(text), blockindex.Root{Model: model, CacheSalt: salt})
 }
 
-// matchTokens estimates cached tokens from matched chunks at four bytes a
-// token, the same estimate the request's prompt length uses.
-func (a *approxIndex) matchTokens(keys []uint64, names []string, promptTokens int) []int {
+// matchTokens estimates cached tokens from matched chunks at
+// bytesPerToken (0: defaultBytesPerToken), the same estimate the request's
+// prompt length uses.
+func (a *approxIndex) matchTokens(keys []uint64, names []string, promptTokens int, bytesPerToken float64) []int {
+	if bytesPerToken <= 0 {
+		bytesPerToken = defaultBytesPerToken
+	}
 	hits := a.a.Match(keys, names, nil)
 	out := make([]int, len(names))
 	for i, h := range hits {
-		out[i] = min(h.Blocks*a.a.ChunkBytes()/4, max(0, promptTokens-1))
+		out[i] = min(int(float64(h.Blocks*a.a.ChunkBytes())/bytesPerToken), max(0, promptTokens-1))
 	}
 	return out
 }
@@ -216,5 +271,85 @@ func (a *approxIndex) seen(key uint64, replicas []string) bool {
 func (a *approxIndex) sizeTo(replica string, kvTokens int) {
 	if kvTokens > 0 {
 		_ = a.a.SetCapacity(replica, blockindex.ApproxCapacity(kvTokens, a.a.ChunkBytes()))
+	}
+}
+
+// genRun is how many one-block stores in a row, each chaining from the
+// last, show an engine caching the blocks its generated tokens fill:
+// decoding fills a request's blocks one at a time, a step apart (the
+// prompt's partial last block, then each further block), while a prompt's
+// blocks are stored together when its prefill covers them. Two is what an
+// answer of 17 tokens or more produces, so a default engine is recognised
+// on its first ordinary turn; a prompt-only engine would need two turns in
+// a row each adding exactly one block (or prefill chunks of one block).
+const genRun = 2
+
+// genTrack bounds the one-block stores remembered per (replica, rank)
+// while looking for a run; past it they are forgotten and the search
+// starts over.
+const genTrack = 4096
+
+// genDetector learns, from each replica's KV events, whether it caches the
+// blocks generated tokens fill: a chain of genRun one-block GPU stores.
+// It is safe for concurrent use.
+type genDetector struct {
+	mu    sync.Mutex                   // guards runs and found
+	runs  map[genSource]map[uint64]int // engine hash of a one-block store → its run length
+	found map[string]bool
+}
+
+type genSource struct {
+	replica string
+	rank    int
+}
+
+func (d *genDetector) observe(replica string, b kvevents.Batch) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.found[replica] {
+		return
+	}
+	src := genSource{replica, b.Rank()}
+	for _, ev := range b.Events {
+		st, ok := ev.(*kvevents.BlockStored)
+		if !ok || len(st.BlockHashes) != 1 || st.ParentBlockHash == nil || (st.Medium != "" && st.Medium != "GPU") {
+			continue
+		}
+		if d.runs == nil {
+			d.runs, d.found = map[genSource]map[uint64]int{}, map[string]bool{}
+		}
+		m := d.runs[src]
+		if m == nil || len(m) >= genTrack {
+			m = map[uint64]int{}
+			d.runs[src] = m
+		}
+		n := m[*st.ParentBlockHash] + 1
+		if n >= genRun {
+			d.found[replica] = true
+			for s := range d.runs {
+				if s.replica == replica {
+					delete(d.runs, s)
+				}
+			}
+			return
+		}
+		m[st.BlockHashes[0]] = n
+	}
+}
+
+func (d *genDetector) seen(replica string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.found[replica]
+}
+
+func (d *genDetector) forget(replica string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.found, replica)
+	for s := range d.runs {
+		if s.replica == replica {
+			delete(d.runs, s)
+		}
 	}
 }

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
@@ -29,9 +32,14 @@ func (g *Gateway) runKVEvents(ctx context.Context) error {
 		_ = zctx.Term()
 	}()
 
+	topics := &topicNames{}
+	topics.update(g.fleet.Snapshot())
 	if g.cfg.KVEvents.Topology == TopologyCentral {
 		c, err := kvevents.NewCentral(zctx, kvevents.CentralConfig{
-			Bind: g.cfg.KVEvents.Bind,
+			Bind:    g.cfg.KVEvents.Bind,
+			Connect: g.cfg.KVEvents.Connect,
+			Ranks:   g.cfg.kvRanks(),
+			Resolve: topics.resolve,
 			ReplayEndpoint: func(replica string) string {
 				if r := g.fleet.Replica(replica); r != nil {
 					return r.Spec.ReplayEndpoint
@@ -43,9 +51,13 @@ func (g *Gateway) runKVEvents(ctx context.Context) error {
 			Logger:  g.log.With("component", "kvevents"),
 		})
 		if err != nil {
-			return fmt.Errorf("gateway: kv_events.bind: %w", err)
+			return fmt.Errorf("gateway: kv_events: %w", err)
 		}
-		g.log.Info("receiving KV events", "topology", TopologyCentral, "bind", c.Endpoint())
+		if g.cfg.KVEvents.Connect != "" {
+			g.log.Info("receiving KV events", "topology", TopologyCentral, "relay", c.Endpoint())
+		} else {
+			g.log.Info("receiving KV events", "topology", TopologyCentral, "bind", c.Endpoints())
+		}
 		wg.Go(func() { g.runSubscriber(ctx, "central", c.Run) })
 	}
 
@@ -53,6 +65,7 @@ func (g *Gateway) runKVEvents(ctx context.Context) error {
 
 	subs := map[*fleet.Replica]context.CancelFunc{}
 	err = g.fleet.Watch(ctx, func(s *fleet.Snapshot) {
+		topics.update(s)
 		live := make(map[*fleet.Replica]bool, len(s.Replicas))
 		for _, rep := range s.Replicas {
 			live[rep] = true
@@ -131,6 +144,16 @@ func (g *Gateway) registerModel(rep *fleet.Replica) bool {
 	return true
 }
 
+// cpuKeys is the CPU-tier bound of a replica in the index's keys: the
+// engine's num_cpu_blocks of its block size, for each data-parallel rank;
+// 0 when the engine reports none.
+func cpuKeys(rep *fleet.Replica, st *fleet.State, indexBlock int) int {
+	if st.NumCPUBlocks <= 0 || st.BlockSize <= 0 {
+		return 0
+	}
+	return st.NumCPUBlocks * max(rep.Spec.DataParallelSize, 1) * st.BlockSize / max(indexBlock, 1)
+}
+
 // runSubscriber runs one subscriber until ctx ends. A subscriber rebuilds
 // its own sockets after errors (with a jittered backoff); its Run returns
 // early only when the zmq context is terminated, which ends every
@@ -144,13 +167,15 @@ func (g *Gateway) runSubscriber(ctx context.Context, name string, run func(conte
 // syncReplicas keeps the indexes' per-replica facts current, once per
 // metrics scrape: the model that roots a replica's block keys (configured,
 // or discovered from /v1/models), the approximate index's capacity (from
-// the engine's KV size), and, when a replica restarted (fleet.State's
+// the engine's KV size), the precise index's CPU-tier bound (from the
+// engine's CPU offload size), and, when a replica restarted (fleet.State's
 // Restarts: its counters went back to zero), what it held: nothing. Its
 // KV events would say so only once it next serves; meanwhile a sticky
 // session would be predicted warm on a cold cache.
 func (g *Gateway) syncReplicas(ctx context.Context) {
 	t := time.NewTicker(max(g.cfg.Health.ScrapeInterval, 50*time.Millisecond))
 	defer t.Stop()
+	cpu := map[string]int{}              // CPU-tier bounds set, by replica
 	restarts := map[*fleet.Replica]int{} // restarts seen, per member
 	for {
 		reps := g.fleet.Snapshot().Replicas
@@ -159,6 +184,10 @@ func (g *Gateway) syncReplicas(ctx context.Context) {
 			g.registerModel(rep) // models discovered later (central topology)
 			st := rep.State()
 			g.approx.sizeTo(rep.Spec.Name, st.NumGPUBlocks*st.BlockSize)
+			if n := cpuKeys(rep, st, g.cfg.Routing.BlockSize); n > 0 && cpu[rep.Spec.Name] != n {
+				cpu[rep.Spec.Name] = n
+				_ = g.index.ix.SetCPUCapacity(rep.Spec.Name, n) // errs only when the replica table is full
+			}
 			if seen, ok := restarts[rep]; ok && st.Restarts > seen {
 				g.index.Clear(rep.Spec.Name)
 				g.m.replicaRestarts.WithLabelValues(rep.Spec.Name).Inc()
@@ -172,4 +201,55 @@ func (g *Gateway) syncReplicas(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// topicNames maps the replica a KV-event topic names (kvevents.ParseTopic)
+// to the fleet's name for it, for the central topology: each replica's
+// kv_topic, its name, and its URL's host:port, in that order of
+// precedence. It is rebuilt from every fleet snapshot and read lock-free
+// by the central's goroutine.
+type topicNames struct {
+	m atomic.Pointer[map[string]string]
+}
+
+// update rebuilds the map from a snapshot's members.
+func (t *topicNames) update(s *fleet.Snapshot) {
+	m := make(map[string]string, 3*len(s.Replicas))
+	// Weakest claims first, so that stronger ones overwrite them.
+	for _, rep := range s.Replicas {
+		m[hostPort(rep.URL())] = rep.Spec.Name
+	}
+	for _, rep := range s.Replicas {
+		m[rep.Spec.Name] = rep.Spec.Name
+	}
+	for _, rep := range s.Replicas {
+		if rep.Spec.KVTopic != "" {
+			name, _ := kvevents.ParseTopic(rep.Spec.KVTopic)
+			m[name] = rep.Spec.Name
+		}
+	}
+	t.m.Store(&m)
+}
+
+// resolve implements kvevents.CentralConfig.Resolve.
+func (t *topicNames) resolve(topicReplica string) (string, bool) {
+	m := t.m.Load()
+	if m == nil {
+		return "", false
+	}
+	name, ok := (*m)[topicReplica]
+	return name, ok
+}
+
+// hostPort is u's host:port, with the scheme's default port when u names
+// none (as fleet names replicas by default).
+func hostPort(u *url.URL) string {
+	port := u.Port()
+	if port == "" {
+		port = "80"
+		if u.Scheme == "https" {
+			port = "443"
+		}
+	}
+	return net.JoinHostPort(u.Hostname(), port)
 }

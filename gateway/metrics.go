@@ -22,6 +22,7 @@ type metrics struct {
 	decisions       *prometheus.CounterVec   // reason
 	rebinds         *prometheus.CounterVec   // reason
 	tokenizer       *prometheus.CounterVec   // result
+	tokBackoff      *prometheus.GaugeVec     // replica
 	tokenizeAvoided prometheus.Counter
 	tokenizeUnseen  prometheus.Counter
 	tips            *prometheus.CounterVec
@@ -81,8 +82,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "warmpath_session_rebinds_total", Help: "Sessions moved off their bound replica, by why.",
 		}, []string{"reason"}),
 		tokenizer: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "warmpath_tokenizer_calls_total", Help: "Prompt tokenizations, by result: cached, ok, error (identical prompts in flight share one call).",
+			Name: "warmpath_tokenizer_calls_total", Help: "Prompt tokenizations, by result: cached, ok, error, unavailable (every tokenizer backed off; no call made). Identical prompts in flight share one call.",
 		}, []string{"result"}),
+		tokBackoff: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "warmpath_tokenizer_backoff", Help: "1 while the gateway does not ask a replica's (or the tokenize_url service's, replica=\"tokenize_url\") /tokenize, which had none to offer; 0 once it answers again.",
+		}, []string{"replica"}),
 		tokenizeAvoided: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "warmpath_tokenizer_avoided_total", Help: "Turns routed without tokenizing (sticky sessions whose replica still holds their prefix).",
 		}),
@@ -116,8 +120,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		fracs: map[[2]string]*[2]float64{},
 	}
 	reg.MustRegister(m.requests, m.duration, m.ttft, m.ttftError, m.promptTokens, m.cachedTokens, m.predictedTokens,
-		m.cachedFraction, m.mispredicted, m.mispredictedTok, m.decisions, m.rebinds, m.tokenizer,
-		m.tokenizeAvoided, m.tokenizeUnseen, m.tips, m.retries, m.upstreamErrors, m.redisErrors, m.streamsCut, m.connsRejected, m.replicaRestarts, m.inflight)
+		m.cachedFraction, m.mispredicted, m.mispredictedTok, m.decisions, m.rebinds, m.tokenizer, m.tokBackoff,
+		m.tokenizeAvoided, m.tokenizeUnseen, m.tips, m.retries, m.upstreamErrors, m.redisErrors, m.streamsCut, m.connsRejected,
+		m.replicaRestarts, m.inflight)
 	return m
 }
 

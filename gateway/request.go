@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
@@ -12,6 +13,7 @@ import (
 	"github.com/warmpath/warmpath/internal/apierror"
 	"github.com/warmpath/warmpath/session"
 	"github.com/warmpath/warmpath/tenancy"
+	"github.com/warmpath/warmpath/tenancy/fairq"
 )
 
 // API says which OpenAI endpoint a request came in on.
@@ -48,18 +50,42 @@ type Request struct {
 	// messages, tools (chat) and prompt (completions) are views into body.
 	messages, tools, prompt gjson.Result
 	// textBytes is the size of the prompt text, for estimating tokens
-	// before (or instead of) tokenizing.
+	// before (or instead of) tokenizing; four bytes a token for prompts
+	// of token ids (tokenIDs).
 	textBytes int
+	tokenIDs  bool
 	cacheSalt string
-	maxTokens int // max_completion_tokens or max_tokens, 0 when unset
-	// background marks a Responses background turn (background: true).
-	background bool
-	text       []byte // approxText, rendered once on first use
+	maxTokens int    // max_completion_tokens or max_tokens, 0 when unset
+	text      []byte // approxText, rendered once on first use
+
+	// Admission (priority.go, queue.go): the class and what chose it
+	// (background marks a Responses background turn, background: true,
+	// set through SetBackground); the conversation's turns so far
+	// (assistant messages) and the prompt bytes up to the last of them,
+	// which the replica serving the session is expected to hold cached;
+	// and the time spent in the queue.
+	class       fairq.Class
+	serviceTier string
+	background  bool
+	turns       int
+	priorBytes  int
+	queueWait   time.Duration
+
+	// bytesPerToken is the model's learned ratio (see tokenRatios), 0
+	// while unknown; the gateway sets it before routing.
+	bytesPerToken float64
 }
 
-// estimatedTokens guesses the prompt's token count from its text: about
-// four bytes a token for English under BPE tokenizers.
-func (r *Request) estimatedTokens() int { return max(1, r.textBytes/4) }
+// estimatedTokens guesses the prompt's token count from its text, at the
+// model's learned bytes per token (defaultBytesPerToken until one is
+// learned); a prompt of token ids is counted exactly.
+func (r *Request) estimatedTokens() int {
+	bpt := r.bytesPerToken
+	if bpt <= 0 || r.tokenIDs {
+		bpt = defaultBytesPerToken
+	}
+	return max(1, int(float64(r.textBytes)/bpt))
+}
 
 // Model returns the requested model.
 func (r *Request) Model() string { return r.model }
@@ -131,6 +157,9 @@ func ParseRequest(api API, h http.Header, body []byte, p *tenancy.Principal) (*R
 		}
 		r.cacheSalt = p.CacheSalt(r.cacheSalt)
 	}
+	if err := r.parseClass(root); err != nil {
+		return nil, err
+	}
 	var opening []byte
 	switch api {
 	case APIChat:
@@ -157,9 +186,9 @@ func ParseRequest(api API, h http.Header, body []byte, p *tenancy.Principal) (*R
 			case first.Type == gjson.String:
 				r.textBytes = len(first.String())
 			case first.Type == gjson.Number:
-				r.textBytes = 4 * len(r.prompt.Array())
+				r.textBytes, r.tokenIDs = defaultBytesPerToken*len(r.prompt.Array()), true
 			case first.IsArray():
-				r.textBytes = 4 * len(first.Array())
+				r.textBytes, r.tokenIDs = defaultBytesPerToken*len(first.Array()), true
 			default:
 				return nil, apierror.BadRequest("prompt", "prompt must be a string, an array of strings, or token ids")
 			}
@@ -207,6 +236,9 @@ func (r *Request) scanMessages() ([]byte, error) {
 			return false
 		}
 		r.textBytes += len(content.Raw) + len(msg.Get("tool_calls").Raw)
+		if role.String() == "assistant" {
+			r.turns, r.priorBytes = r.turns+1, r.textBytes
+		}
 		if !sawUser {
 			switch role.String() {
 			case "system", "developer":

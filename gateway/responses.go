@@ -94,7 +94,7 @@ func (c responsesChat) Complete(ctx context.Context, t responses.Turn) (*http.Re
 	if t.Session != "" {
 		req.SetSession(session.Chain(p.TenantID, t.Session))
 	}
-	req.background = t.Background
+	req.SetBackground(t.Background)
 	resp, err := c.g.Do(ctx, req)
 	if err != nil {
 		return errorResponse(ctx, err)

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -115,6 +116,7 @@ func (g *Gateway) gather(ctx context.Context, r *Request) ([]*fleet.Replica, *sc
 		}
 		if i := slices.IndexFunc(reps, func(rep *fleet.Replica) bool { return rep.Spec.Name == bind.Replica }); i >= 0 {
 			in.BoundHolds = g.stillHolds(reps[i], bind)
+			in.Endpoints[i].PromptBlocksOnly = !g.index.cachesGenerated(bind.Replica)
 		}
 	} else if rel := r.session.Relatives(); rel != "" && err == nil {
 		// A conversation's first turn: where do its relatives run?
@@ -163,6 +165,7 @@ func endpoints(reps []*fleet.Replica, now time.Time) []scoring.Endpoint {
 			RequestTokens:           st.Rates.PerRequest(),
 			Saturated:               sat,
 			Unhealthy:               !st.Healthy,
+			BlockSize:               st.BlockSize,
 		}
 	}
 	return eps
@@ -194,21 +197,33 @@ func (g *Gateway) matchPrefix(ctx context.Context, r *Request, reps []*fleet.Rep
 		}
 		tokens, err := g.tokenize(ctx, r, reps, in.Endpoints)
 		if err != nil {
-			if ok, held := g.tokenizeWarn.allow(); ok {
-				g.log.Warn("tokenize failed; routing without prefix information", "request_id", r.id, "err", err, "held_back", held)
+			// Tokenizers backed off were logged when they refused.
+			if !errors.Is(err, errTokenizeUnavailable) {
+				if ok, held := g.tokenizeWarn.allow(); ok {
+					g.log.Warn("tokenize failed; routing without prefix information", "request_id", r.id, "err", err, "held_back", held)
+				}
 			}
 			in.Matched = make([]int, len(names))
 			return nil, nil
 		}
 		in.PromptTokens = len(tokens)
 		keys = g.index.keys(tokens, r.model, r.cacheSalt)
-		in.Matched = g.index.matchTokens(keys, names, len(tokens))
+		in.Matched, in.MatchedCPU = g.index.matchTiers(keys, names, len(tokens), engineBlocks(in.Endpoints))
 		return keys, chunks
 	case g.policy.UsesApprox:
 		chunks = g.approx.keys(r.approxText(), r.model, r.cacheSalt)
-		in.Matched = g.approx.matchTokens(chunks, names, in.PromptTokens)
+		in.Matched = g.approx.matchTokens(chunks, names, in.PromptTokens, r.bytesPerToken)
 	}
 	return keys, chunks
+}
+
+// engineBlocks lists the endpoints' engine block sizes.
+func engineBlocks(eps []scoring.Endpoint) []int {
+	out := make([]int, len(eps))
+	for i := range eps {
+		out[i] = eps[i].BlockSize
+	}
+	return out
 }
 
 // commit does the decision's I/O: it records what the chosen replica will
@@ -298,19 +313,24 @@ const (
 
 // rememberCompleted records, after a turn completed on replica, what the
 // replica now holds of the session, so the next sticky turn predicts its
-// cache hit without tokenizing. The binding is updated in process memory
-// at once (this gateway's next lookup prefers it) and written to Redis by
-// the write workers: the response's last bytes do not wait for Redis. A
-// full backlog writes inline rather than lose the update.
+// cache hit without tokenizing: the prompt, and the output but for its
+// last token (whose KV is never computed), which the next turn leaves out
+// when the replica turns out to cache prompt blocks only (decided then,
+// once this turn's KV events have arrived). The binding is updated in
+// process memory at once (this gateway's next lookup prefers it) and
+// written to Redis by the write workers: the response's last bytes do not
+// wait for Redis. A full backlog writes inline rather than lose the
+// update.
 func (g *Gateway) rememberCompleted(rt *route, replica string, u Usage) {
 	if rt.session == "" || rt.binding.Replica != replica || u.PromptTokens == 0 {
 		return
 	}
+	generated := max(0, u.CompletionTokens-1)
 	_, changed := g.sessions.UpdateLocal(rt.session, rt.binding, func(b *session.Binding) bool {
 		if b.Replica != replica {
 			return false // rebound meanwhile
 		}
-		b.CachedTokens = u.PromptTokens + max(0, u.CompletionTokens-1)
+		b.CachedTokens, b.GeneratedTokens = u.PromptTokens+generated, generated
 		return true
 	})
 	if !changed {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"net/http"
 	"slices"
@@ -24,23 +25,42 @@ import (
 )
 
 // tokenizer gets a prompt's token ids, after the chat template, from a
-// replica's POST /tokenize (vLLM serves it; so does the simulator), and
-// caches them by request body: agents often resend an identical prompt
-// (retries, parallel tool calls), and every replica tokenizes alike.
-// Concurrent requests for the same prompt share one call. Replicas whose
-// last call failed are asked last, and a replica that fails (refused,
-// timed out, 5xx) is reported to the fleet at once.
+// POST /tokenize (vLLM serves it; so does the simulator): the tokenizer
+// service (routing.tokenize_url) first when there is one, then the
+// replicas. It caches them by request body: agents often resend an
+// identical prompt (retries, parallel tool calls), and every replica
+// tokenizes alike. Concurrent requests for the same prompt share one
+// call. Targets whose last call failed are asked last, and a replica that
+// fails (refused, timed out, 5xx) is reported to the fleet at once. A
+// target without a usable /tokenize (404 behind a proxy that hides it,
+// 401/403, 405, 501) is not asked at all for a while that doubles with
+// each refusal (see tokenizeBackoff), which the log says once and
+// warmpath_tokenizer_backoff shows.
 type tokenizer struct {
-	client *http.Client
-	cache  *tokenCache
-	calls  singleflight.Group // in-flight calls by body hash
-	m      *metrics
-	next   atomic.Uint64 // rotates calls over replicas
-	fails  sync.Map      // replica name → *atomic.Int64: Unix nanos of its last failed or refused call
+	client  *http.Client
+	cache   *tokenCache
+	calls   singleflight.Group // in-flight calls by body hash
+	m       *metrics
+	log     *slog.Logger
+	service string        // routing.tokenize_url, "" for none
+	next    atomic.Uint64 // rotates calls over replicas
+	fails   sync.Map      // target name → *atomic.Int64: Unix nanos of its last failed or refused call
+	backoff sync.Map      // target name → *tokenizeBackoff
 }
 
+// serviceTarget names the tokenizer service in fails, backoff and the
+// backoff metric.
+const serviceTarget = "tokenize_url"
+
 func newTokenizer(client *http.Client, cacheBytes int64, m *metrics) *tokenizer {
-	return &tokenizer{client: client, cache: newTokenCache(cacheBytes), m: m}
+	return &tokenizer{client: client, cache: newTokenCache(cacheBytes), m: m, log: slog.New(slog.DiscardHandler)}
+}
+
+// tokenizeTarget is one place to tokenize at: a replica, or the tokenizer
+// service (rep nil).
+type tokenizeTarget struct {
+	name, base string
+	rep        *fleet.Replica
 }
 
 // maxTokenizeResponse bounds a /tokenize reply (a 128k-token prompt is
@@ -67,6 +87,10 @@ func (t *tokenizer) tokens(ctx context.Context, r *Request, reps []*fleet.Replic
 		return ids, nil
 	}
 	order := t.order(reps)
+	if len(order) == 0 {
+		t.m.tokenizer.WithLabelValues("unavailable").Inc()
+		return nil, errTokenizeUnavailable
+	}
 	// The shared call outlives any one caller's cancellation (the client's
 	// timeout still bounds it); each caller waits only as long as its own
 	// context allows.
@@ -91,23 +115,34 @@ func (t *tokenizer) tokens(ctx context.Context, r *Request, reps []*fleet.Replic
 	}
 }
 
-// order lists reps for asking: those without a recent failure first,
-// rotating, then the rest by how long ago they failed.
-func (t *tokenizer) order(reps []*fleet.Replica) []*fleet.Replica {
-	n := len(reps)
+// errTokenizeUnavailable: every target is backed off (none has a usable
+// /tokenize), so no call is made.
+var errTokenizeUnavailable = errors.New("gateway: no tokenizer available: every replica's /tokenize refused recently (see warmpath_tokenizer_backoff; set routing.tokenize_url)")
+
+// order lists the targets to ask: the tokenizer service, then reps
+// rotating, those without a recent failure first and the rest by how long
+// ago they failed; targets backed off are left out.
+func (t *tokenizer) order(reps []*fleet.Replica) []tokenizeTarget {
+	now := time.Now()
 	start := int(t.next.Add(1))
-	now := time.Now().UnixNano()
-	out := make([]*fleet.Replica, 0, n)
-	var failed []*fleet.Replica
-	for i := range n {
-		rep := reps[(start+i)%n]
-		if now-t.lastFail(rep.Spec.Name) < int64(failMemory) {
-			failed = append(failed, rep)
-			continue
+	var out, failed []tokenizeTarget
+	add := func(tg tokenizeTarget) {
+		switch {
+		case t.backedOff(tg.name, now):
+		case now.UnixNano()-t.lastFail(tg.name) < int64(failMemory):
+			failed = append(failed, tg)
+		default:
+			out = append(out, tg)
 		}
-		out = append(out, rep)
 	}
-	slices.SortFunc(failed, func(a, b *fleet.Replica) int { return cmp.Compare(t.lastFail(a.Spec.Name), t.lastFail(b.Spec.Name)) })
+	if t.service != "" {
+		add(tokenizeTarget{name: serviceTarget, base: t.service})
+	}
+	for i := range reps {
+		rep := reps[(start+i)%len(reps)]
+		add(tokenizeTarget{name: rep.Spec.Name, base: rep.URL().String(), rep: rep})
+	}
+	slices.SortFunc(failed, func(a, b tokenizeTarget) int { return cmp.Compare(t.lastFail(a.name), t.lastFail(b.name)) })
 	return append(out, failed...)
 }
 
@@ -118,24 +153,31 @@ func (t *tokenizer) lastFail(name string) int64 {
 	return 0
 }
 
-// ask tries the replicas of order in turn until one answers, two have
-// failed, or none is left. A replica that failed or refused is asked last
-// for a while (failMemory); one that failed (not one that refused the
-// prompt, or has no /tokenize) is also reported to the fleet.
-func (t *tokenizer) ask(ctx context.Context, order []*fleet.Replica, body []byte) ([]uint32, error) {
+// ask tries the targets of order in turn until one answers, two have
+// failed, or none is left. A target that failed or refused is asked last
+// for a while (failMemory); one without a usable /tokenize is backed off;
+// a replica that failed (not one that refused the prompt, or has no
+// /tokenize) is also reported to the fleet.
+func (t *tokenizer) ask(ctx context.Context, order []tokenizeTarget, body []byte) ([]uint32, error) {
 	err := errors.New("gateway: no replica to tokenize with")
 	failures := 0
-	for _, rep := range order {
+	for _, tg := range order {
 		var ids []uint32
-		if ids, err = t.call(ctx, rep.URL().String(), body); err == nil {
+		if ids, err = t.call(ctx, tg.base, body); err == nil {
+			t.succeeded(tg.name)
 			return ids, nil
 		}
-		v, _ := t.fails.LoadOrStore(rep.Spec.Name, new(atomic.Int64))
+		v, _ := t.fails.LoadOrStore(tg.name, new(atomic.Int64))
 		v.(*atomic.Int64).Store(time.Now().UnixNano())
+		if errors.Is(err, errTokenizeUnsupported) {
+			t.backOff(tg.name, err)
+		}
 		if errors.Is(err, errTokenizeRefused) {
 			continue
 		}
-		rep.ReportFailure(err)
+		if tg.rep != nil {
+			tg.rep.ReportFailure(err)
+		}
 		if failures++; failures == 2 {
 			break
 		}
@@ -147,6 +189,76 @@ func (t *tokenizer) ask(ctx context.Context, order []*fleet.Replica, body []byte
 // will not tokenize this prompt (or has no /tokenize), which says nothing
 // about its health.
 var errTokenizeRefused = errors.New("gateway: tokenize refused")
+
+// errTokenizeUnsupported marks the refusals that mean there is no usable
+// /tokenize at all, whatever the prompt: 401, 403, 404, 405 and 501. It
+// comes wrapped with errTokenizeRefused.
+var errTokenizeUnsupported = errors.New("gateway: no usable /tokenize")
+
+// Tokenizer backoff: a target without a usable /tokenize is skipped for
+// tokenizeBackoffMin after its first refusal, twice as long after each
+// further one, up to tokenizeBackoffMax; an answer clears it.
+const (
+	tokenizeBackoffMin = 30 * time.Second
+	tokenizeBackoffMax = 10 * time.Minute
+)
+
+// tokenizeBackoff is one target's backoff state.
+type tokenizeBackoff struct {
+	mu    sync.Mutex // guards until and wait
+	until time.Time  // not asked before this
+	wait  time.Duration
+}
+
+// backedOff reports whether name is not to be asked at now.
+func (t *tokenizer) backedOff(name string, now time.Time) bool {
+	v, ok := t.backoff.Load(name)
+	if !ok {
+		return false
+	}
+	b := v.(*tokenizeBackoff)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return now.Before(b.until)
+}
+
+// backOff starts or extends name's backoff after a refusal, logging the
+// first one (again only after an answer cleared it).
+func (t *tokenizer) backOff(name string, err error) {
+	v, _ := t.backoff.LoadOrStore(name, &tokenizeBackoff{})
+	b := v.(*tokenizeBackoff)
+	b.mu.Lock()
+	first := b.wait == 0
+	b.wait = min(max(2*b.wait, tokenizeBackoffMin), tokenizeBackoffMax)
+	b.until = time.Now().Add(b.wait)
+	wait := b.wait
+	b.mu.Unlock()
+	t.m.tokBackoff.WithLabelValues(name).Set(1)
+	if first {
+		t.log.Warn("tokenizer: no usable /tokenize; not asking it for a while (doubling up to 10m); "+
+			"until one answers, prompts it would tokenize route without prefix information and with estimated lengths",
+			"target", name, "backoff", wait, "err", err)
+	} else {
+		t.log.Debug("tokenizer: still no usable /tokenize", "target", name, "backoff", wait)
+	}
+}
+
+// succeeded clears name's backoff after an answer.
+func (t *tokenizer) succeeded(name string) {
+	v, ok := t.backoff.Load(name)
+	if !ok {
+		return
+	}
+	b := v.(*tokenizeBackoff)
+	b.mu.Lock()
+	was := b.wait
+	b.wait, b.until = 0, time.Time{}
+	b.mu.Unlock()
+	if was != 0 {
+		t.m.tokBackoff.WithLabelValues(name).Set(0)
+		t.log.Info("tokenizer: /tokenize answers again", "target", name)
+	}
+}
 
 func (t *tokenizer) call(ctx context.Context, baseURL string, body []byte) ([]uint32, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL+"/tokenize", bytes.NewReader(body))
@@ -162,8 +274,13 @@ func (t *tokenizer) call(ctx context.Context, baseURL string, body []byte) ([]ui
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		err := fmt.Errorf("gateway: tokenize at %s: status %d: %s", baseURL, resp.StatusCode, bytes.TrimSpace(msg))
-		if resp.StatusCode < 500 {
-			err = fmt.Errorf("%w: %w", errTokenizeRefused, err)
+		switch resp.StatusCode {
+		case http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound, http.StatusMethodNotAllowed, http.StatusNotImplemented:
+			err = fmt.Errorf("%w: %w: %w", errTokenizeRefused, errTokenizeUnsupported, err)
+		default:
+			if resp.StatusCode < 500 {
+				err = fmt.Errorf("%w: %w", errTokenizeRefused, err)
+			}
 		}
 		return nil, err
 	}

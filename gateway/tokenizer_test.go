@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -158,6 +159,78 @@ func TestTokenizerAvoidsFailingReplicas(t *testing.T) {
 	if reps[2].State().HealthReason != reps[1].State().HealthReason {
 		t.Errorf("a 404 from /tokenize was reported to health: %q", reps[2].State().HealthReason)
 	}
+}
+
+// A target without /tokenize (404) is asked once, then left alone for 30s,
+// then 60s (the wait doubling), and asked again at once after an answer;
+// the tokenizer service is asked before the replicas.
+func TestTokenizerBacksOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var hits sync.Map
+		var serviceUp atomic.Bool
+		client := &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			v, _ := hits.LoadOrStore(r.URL.Host, new(atomic.Int32))
+			v.(*atomic.Int32).Add(1)
+			if r.URL.Host == "svc:9000" && serviceUp.Load() {
+				return &http.Response{StatusCode: http.StatusOK, Body: io.NopCloser(strings.NewReader(`{"tokens":[1,2]}`))}, nil
+			}
+			return &http.Response{StatusCode: http.StatusNotFound, Body: io.NopCloser(strings.NewReader(`{"detail":"Not Found"}`))}, nil
+		})}
+		reg := prometheus.NewRegistry()
+		tok := newTokenizer(client, 1<<20, newMetrics(reg))
+		tok.service = "http://svc:9000"
+		reps := testReplicas(t, "http://a:8000", "http://b:8000")
+		calls := func() (n int32) {
+			hits.Range(func(_, v any) bool { n += v.(*atomic.Int32).Load(); return true })
+			return n
+		}
+		i := 0
+		ask := func() error {
+			i++
+			req, _ := ParseRequest(APIChat, http.Header{}, fmt.Appendf(nil, `{"model":"m","messages":[{"role":"user","content":"p%d"}]}`, i), nil)
+			_, err := tok.tokens(context.Background(), req, reps)
+			return err
+		}
+		for range 20 {
+			if err := ask(); err == nil {
+				t.Fatal("tokenized with no /tokenize anywhere")
+			}
+		}
+		if n := calls(); n != 3 {
+			t.Errorf("%d /tokenize calls for 20 prompts; want 3 (one per target, then backoff)", n)
+		}
+		if err := ask(); !errors.Is(err, errTokenizeUnavailable) {
+			t.Errorf("every target backed off: err = %v; want errTokenizeUnavailable", err)
+		}
+		for _, name := range []string{"a:8000", "b:8000", serviceTarget} {
+			if v := counter(t, reg, "warmpath_tokenizer_backoff", map[string]string{"replica": name}); v != 1 {
+				t.Errorf("warmpath_tokenizer_backoff{replica=%s} = %v; want 1", name, v)
+			}
+		}
+		time.Sleep(tokenizeBackoffMin + time.Second)
+		ask()
+		if n := calls(); n != 6 {
+			t.Errorf("after the first backoff: %d calls; want 6 (each target asked again once)", n)
+		}
+		time.Sleep(tokenizeBackoffMin + time.Second) // within the doubled wait
+		ask()
+		if n := calls(); n != 6 {
+			t.Errorf("within the doubled backoff: %d calls; want still 6", n)
+		}
+		time.Sleep(tokenizeBackoffMin)
+		serviceUp.Store(true)
+		if err := ask(); err != nil {
+			t.Errorf("service back: %v", err)
+		}
+		if v := counter(t, reg, "warmpath_tokenizer_backoff", map[string]string{"replica": serviceTarget}); v != 0 {
+			t.Errorf("service answered, backoff gauge %v; want 0", v)
+		}
+		before := calls()
+		ask()
+		if calls() != before+1 {
+			t.Errorf("with the service answering, a prompt took %d calls; want 1 (the service first)", calls()-before)
+		}
+	})
 }
 
 func TestDecodeTokens(t *testing.T) {

@@ -3,6 +3,7 @@ package scoring
 import (
 	"cmp"
 	"context"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"time"
@@ -20,6 +21,10 @@ type Binding struct {
 	// CachedTokens is how many tokens of the conversation Replica is
 	// believed to hold after the last completed turn; 0 when unknown.
 	CachedTokens int
+	// GeneratedTokens is the part of CachedTokens the last completed turn
+	// generated: held only by engines that cache the blocks generated
+	// tokens fill (not by Endpoint.PromptBlocksOnly ones).
+	GeneratedTokens int
 	// PromptTokens and PromptBytes are the last scored turn's prompt length
 	// in tokens and in bytes of text; their ratio estimates later turns'
 	// lengths without tokenizing.
@@ -63,6 +68,11 @@ type Input struct {
 	// is believed to hold cached: nil until the prefix phase (see
 	// Plan.NeedsPrefix).
 	Matched []int
+	// MatchedCPU holds, aligned with Endpoints, how many prompt tokens
+	// after Matched each holds in a CPU offload tier (see
+	// Request.MatchedCPU); nil when none. The plan predicts both as
+	// cached, as engines report them.
+	MatchedCPU []int
 	// BlockSize is the prefix index's block size in tokens.
 	BlockSize int
 	// RefreshAfter is how old a sticky session's binding may grow before
@@ -276,8 +286,17 @@ func (p *Policy) sticky(in *Input, i int, avail []int) Plan {
 	// the conversation, plus the new message.
 	prompt = max(prompt, b.CachedTokens+1)
 	bs := max(in.BlockSize, 1)
-	known := max(b.TipDepth*bs, b.CachedTokens)
+	cached := b.CachedTokens
+	if in.Endpoints[i].PromptBlocksOnly {
+		cached -= b.GeneratedTokens
+	}
+	known := max(b.TipDepth*bs, cached)
 	predicted := min(known/bs*bs, max(0, prompt-1))
+	if ebs := in.Endpoints[i].BlockSize; ebs > 0 {
+		// The engine hits whole blocks of its own size, never the one
+		// holding the prompt's last token.
+		predicted = min(known, max(0, prompt-1)) / ebs * ebs
+	}
 	plan := Plan{
 		Order:        []int{i},
 		Predicted:    []int{predicted},
@@ -348,10 +367,25 @@ func (p *Policy) estimates(in *Input, idx []int, prompt int, cached func(j int) 
 	return out
 }
 
+// effectiveHit is endpoint j's prompt tokens the model counts as cached:
+// its GPU hit, plus the CPU tier's less the transfer each of those tokens
+// still costs (CPUHitCost of a prefill), so that
+//
+//	uncached = P − Matched − (1 − CPUHitCost) × MatchedCPU
+//
+// in the estimate's own-prefill, steps and Others terms.
+func (in *Input) effectiveHit(j int) int {
+	m := in.Matched[j]
+	if in.MatchedCPU != nil {
+		m += int(math.Round((1 - CPUHitCost) * float64(in.MatchedCPU[j])))
+	}
+	return m
+}
+
 // cheapest orders the available endpoints by estimated cost, cheapest
 // first: exact ties go to the parent's replica, then at random.
 func (p *Policy) cheapest(in *Input, avail []int, plan *Plan) {
-	est := p.estimates(in, avail, in.PromptTokens, func(j int) int { return in.Matched[j] })
+	est := p.estimates(in, avail, in.PromptTokens, in.effectiveHit)
 	ord := make([]int, len(avail))
 	for k := range ord {
 		ord[k] = k
@@ -392,6 +426,12 @@ func (p *Policy) score(in *Input, avail []int, bound bool, plan *Plan) error {
 			r.Matched[k] = in.Matched[i]
 		}
 	}
+	if in.MatchedCPU != nil {
+		r.MatchedCPU = make([]int, len(avail))
+		for k, i := range avail {
+			r.MatchedCPU[k] = in.MatchedCPU[i]
+		}
+	}
 	d, err := p.Route(context.Background(), r, pick(in.Endpoints, avail), in.Rand)
 	if err != nil {
 		return err
@@ -405,9 +445,12 @@ func (p *Policy) score(in *Input, avail []int, bound bool, plan *Plan) error {
 		if r.Matched != nil {
 			plan.Predicted[k] = r.Matched[j]
 		}
+		if r.MatchedCPU != nil {
+			plan.Predicted[k] += r.MatchedCPU[j]
+		}
 	}
 	if in.Matched != nil {
-		plan.Estimates = p.estimates(in, plan.Order, in.PromptTokens, func(j int) int { return in.Matched[j] })
+		plan.Estimates = p.estimates(in, plan.Order, in.PromptTokens, in.effectiveHit)
 	}
 	return nil
 }

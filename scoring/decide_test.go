@@ -109,6 +109,48 @@ func TestDecideStickyPlan(t *testing.T) {
 	}
 }
 
+// A sticky turn on an engine of known block size predicts whole engine
+// blocks, never the block holding the prompt's last token.
+func TestDecideStickyEngineBlocks(t *testing.T) {
+	warm, _ := NewPolicy(PolicyWarmpath, nil)
+	for _, tt := range []struct {
+		engineBS, cached, text, want int
+	}{
+		{0, 1000, 2400, 992},   // the index's 16-token blocks: 62 blocks
+		{64, 1000, 2400, 960},  // 15 blocks of 64
+		{64, 1000, 2002, 960},  // prompt 1001: the last token's block is not a hit
+		{64, 1100, 2200, 1088}, // prompt 1101 (the cached tokens plus one)
+		{16, 1000, 2400, 992},
+	} {
+		in := stickyInput("a", []Endpoint{{ID: "a", BlockSize: tt.engineBS}, {ID: "b"}})
+		in.Binding.CachedTokens, in.TextBytes = tt.cached, tt.text
+		p, err := warm.Decide(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Predicted[0] != tt.want || p.Predicted[0]%max(tt.engineBS, 1) != 0 {
+			t.Errorf("engine block %d, %d cached, prompt %d: predicted %d; want %d", tt.engineBS, tt.cached, p.PromptTokens, p.Predicted[0], tt.want)
+		}
+	}
+}
+
+// A sticky turn on an engine that caches prompt blocks only leaves the
+// last turn's generated tokens out of its prediction.
+func TestDecideStickyPromptBlocksOnly(t *testing.T) {
+	warm, _ := NewPolicy(PolicyWarmpath, nil)
+	for _, only := range []bool{false, true} {
+		in := stickyInput("a", []Endpoint{{ID: "a", BlockSize: 16, PromptBlocksOnly: only}, {ID: "b"}})
+		in.Binding.CachedTokens, in.Binding.GeneratedTokens, in.TextBytes = 1000, 100, 4400
+		p, err := warm.Decide(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := map[bool]int{false: 992, true: 896}[only]; p.Predicted[0] != want {
+			t.Errorf("prompt blocks only %v: predicted %d; want %d", only, p.Predicted[0], want)
+		}
+	}
+}
+
 // A first turn is scored and bound only if no other gateway bound it
 // first; Follow then moves to the winner.
 func TestDecideFirstTurnAndFollow(t *testing.T) {

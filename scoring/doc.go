@@ -32,7 +32,9 @@
 //
 // with at most StepTokens tokens a step (the prior is vllmsim's default
 // profile, Qwen3-32B on 2×H100). For a request of P prompt tokens of which
-// the replica holds M, the estimate is
+// the replica holds M (its GPU hit, plus its CPU offload tier's hit less
+// the transfer each such token still costs: M = Matched + (1 − CPUHitCost)
+// × MatchedCPU, a CPU hit being a load, not a prefill), the estimate is
 //
 //	queued = InflightPrefillTokens − what the head of this gateway's line has
 //	         computed since it got there (HeadElapsed ÷ perToken, at most its tokens)

@@ -2,9 +2,25 @@ package scoring
 
 import "context"
 
+// CPUHitCost is what a prompt token held in an engine's CPU offload tier
+// costs, relative to prefilling it: its KV is loaded over PCIe, not
+// computed. 0.04 is vllmsim's default profile (Qwen3-32B on 2×H100: 2.6 µs
+// a token loaded, 66.7 µs prefilled).
+const CPUHitCost = 0.04
+
+// cachedValue is the prefill a request saves on endpoint i: its GPU hit,
+// and its CPU hit less the cost of loading it.
+func cachedValue(r *Request, i int) float64 {
+	v := float64(r.Matched[i])
+	if r.MatchedCPU != nil {
+		v += (1 - CPUHitCost) * float64(r.MatchedCPU[i])
+	}
+	return v
+}
+
 // Prefix scores endpoints by the fraction of the prompt they hold cached:
-// Matched[i] ÷ PromptTokens. Affinity. Zero everywhere when matches are
-// unknown.
+// (Matched[i] + (1 − CPUHitCost) × MatchedCPU[i]) ÷ PromptTokens.
+// Affinity. Zero everywhere when matches are unknown.
 type Prefix struct{}
 
 // Score implements Scorer.
@@ -14,7 +30,7 @@ func (Prefix) Score(_ context.Context, r *Request, eps []Endpoint) []float64 {
 		return out
 	}
 	for i := range eps {
-		out[i] = float64(r.Matched[i]) / float64(r.PromptTokens)
+		out[i] = min(1, cachedValue(r, i)/float64(r.PromptTokens))
 	}
 	return out
 }

@@ -64,6 +64,15 @@ type Endpoint struct {
 	// Unhealthy reports that the replica may take no traffic at all. Only
 	// Decide reads it: Route and the scorers are given available endpoints.
 	Unhealthy bool
+	// BlockSize is the engine's KV block size in tokens (vLLM's
+	// cache_config_info), 0 when unknown. The engine caches whole blocks
+	// only, so Decide rounds a sticky turn's prediction down to it.
+	BlockSize int
+	// PromptBlocksOnly reports an engine that caches blocks of prompt
+	// tokens only, not those its generated tokens fill
+	// (llm-d-inference-sim): a sticky turn's prediction leaves out
+	// Binding.GeneratedTokens.
+	PromptBlocksOnly bool
 }
 
 // Request is what the router knows about one request.
@@ -79,6 +88,10 @@ type Request struct {
 	// the prompt's tokens each endpoint is believed to hold in its prefix
 	// cache, or nil when unknown.
 	Matched []int
+	// MatchedCPU holds, aligned likewise, how many prompt tokens after
+	// Matched each endpoint holds in a CPU offload tier: loaded rather
+	// than prefilled, at CPUHitCost each. Nil when none.
+	MatchedCPU []int
 	// Bound is the ID of the replica the session is bound to, "" when none.
 	Bound string
 }

@@ -235,3 +235,44 @@ func BenchmarkRoutePrecisePrefix64(b *testing.B) {
 		_, _ = p.Route(context.Background(), r, e, rng)
 	}
 }
+
+// A CPU-tier hit is worth almost a GPU hit (a load, not a prefill): the
+// prefix scorer and the TTFT model rank it between a GPU hit and a cold
+// endpoint (the model prefills only what neither tier holds and pays
+// CPUHitCost for each loaded token), and a scored plan predicts it as cached.
+func TestCPUTierHits(t *testing.T) {
+	eps := []Endpoint{{ID: "gpu"}, {ID: "cpu"}, {ID: "cold"}}
+	r := &Request{PromptTokens: 1000, Matched: []int{800, 200, 0}, MatchedCPU: []int{0, 600, 0}}
+	if got := (Prefix{}).Score(context.Background(), r, eps); !(got[0] > got[1] && got[1] > got[2]) {
+		t.Errorf("prefix scores %v; want GPU hit > CPU hit > cold", got)
+	}
+	wp, _ := NewPolicy(PolicyWarmpath, nil)
+	win := &Input{Model: "m", Endpoints: eps, PromptTokens: 1000, BlockSize: 16, Matched: r.Matched, MatchedCPU: r.MatchedCPU}
+	wplan, err := wp.Decide(win)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byID := map[string]Estimate{}
+	for k, i := range wplan.Order {
+		byID[eps[i].ID] = wplan.Estimates[k]
+	}
+	if g, c, z := byID["gpu"].TTFT, byID["cpu"].TTFT, byID["cold"].TTFT; !(g < c && c < z) {
+		t.Errorf("estimated TTFT gpu %v, cpu %v, cold %v; want GPU hit < CPU hit < cold", g, c, z)
+	}
+	if got, want := byID["cpu"].UncachedTokens, int64(1000-200-576); got != want {
+		t.Errorf("CPU hit's uncached prefill = %d tokens; want %d (1000 − 200 − 0.96 × 600)", got, want)
+	}
+	if got := (Prefix{}).Score(context.Background(), r, eps)[1]; math.Abs(got-(200+0.96*600)/1000.) > 1e-9 {
+		t.Errorf("prefix score of the CPU hit = %v; want (200 + 0.96×600) ÷ 1000", got)
+	}
+	pol, _ := NewPolicy(PolicyPrecisePrefix, nil)
+	in := &Input{Model: "m", Endpoints: []Endpoint{{ID: "a"}, {ID: "b"}}, PromptTokens: 1000, BlockSize: 16,
+		Matched: []int{0, 160}, MatchedCPU: []int{0, 640}, Continues: true, BoundHolds: true}
+	p, err := pol.Decide(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.Endpoints[p.Chosen()].ID != "b" || p.Predicted[0] != 800 {
+		t.Errorf("plan chose %s predicting %d; want b predicting 800 (160 on GPU, 640 on CPU)", in.Endpoints[p.Chosen()].ID, p.Predicted[0])
+	}
+}

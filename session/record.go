@@ -32,6 +32,7 @@ type record struct {
 	TextLen      int    `json:"tl,omitempty"`
 	TextHash     string `json:"th,omitempty"` // hex
 	CachedTokens int    `json:"ct,omitempty"`
+	Generated    int    `json:"gt,omitempty"`
 	Turns        int    `json:"n,omitempty"`
 	UpdatedMs    int64  `json:"u"`
 }
@@ -40,7 +41,7 @@ func (b Binding) encode() string {
 	r := record{
 		V: recordVersion, Replica: b.Replica, TipDepth: b.TipDepth,
 		PromptTokens: b.PromptTokens, PromptBytes: b.PromptBytes, TextLen: b.TextLen,
-		CachedTokens: b.CachedTokens, Turns: b.Turns, UpdatedMs: b.Updated.UnixMilli(),
+		CachedTokens: b.CachedTokens, Generated: b.GeneratedTokens, Turns: b.Turns, UpdatedMs: b.Updated.UnixMilli(),
 	}
 	if b.TipKey != 0 {
 		r.TipKey = strconv.FormatUint(b.TipKey, 16)
@@ -66,7 +67,7 @@ func decode(s string) (Binding, error) {
 	}
 	b := Binding{Binding: scoring.Binding{
 		Replica: r.Replica, TipDepth: r.TipDepth, PromptTokens: r.PromptTokens, PromptBytes: r.PromptBytes,
-		CachedTokens: r.CachedTokens, Turns: r.Turns, Updated: time.UnixMilli(r.UpdatedMs),
+		CachedTokens: r.CachedTokens, GeneratedTokens: r.Generated, Turns: r.Turns, Updated: time.UnixMilli(r.UpdatedMs),
 	}, TextLen: r.TextLen}
 	var err error
 	if b.TipKey, err = parseHex(r.TipKey); err != nil {

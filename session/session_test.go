@@ -161,6 +161,11 @@ func TestBindingEncoding(t *testing.T) {
 	if got != b {
 		t.Errorf("round trip = %+v; want %+v", got, b)
 	}
+	g := b
+	g.GeneratedTokens = 399
+	if got, err := decode(g.encode()); err != nil || got != g {
+		t.Errorf("round trip with generated tokens = %+v, %v; want %+v", got, err, g)
+	}
 	// Version 1 records still read the same.
 	v1 := "1|10.0.0.7:8000|fedcba9876543210|931|15000|61000|59000|abcdef0123456789|15400|12|1789095808123"
 	if got, err := decode(v1); err != nil || got != b {

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -96,14 +97,23 @@ func (g *gatewaySide) subscribe(replica string, src RankInfo, opts ...func(*kvev
 	return g.run("subscriber "+replica+"/"+strconv.Itoa(src.Rank), s.Run)
 }
 
+// warmPrompts numbers warm's prompts across the package's tests, so that
+// no two are alike, whichever gateway side or engine sends them.
+var warmPrompts atomic.Int64
+
 // warm sends small chats to base (with header, e.g. pinning a rank) until
 // one of them is indexed for replica: a subscriber joins on its first live
 // message, and the PUB drops messages until the SUB's connection is up.
+// Each chat is new from its first token on, so only a subscriber running
+// when it was sent can have indexed it: a resent prompt (or one sharing
+// block 0 with an earlier one) is an engine cache hit that publishes
+// nothing, and blocks an earlier subscriber left in the index prove
+// nothing about the one just started.
 func (g *gatewaySide) warm(replica, base string, header ...string) {
 	g.t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for i := 0; ; i++ {
-		msgs := prompt("warm-"+replica+"-"+strings.Join(header, "-")+"-"+strconv.Itoa(i), 40)
+	for {
+		msgs := prompt("warm"+strconv.FormatInt(warmPrompts.Add(1), 10)+"x", 150) // two 64-token blocks
 		send(g.t, base, msgs, header...)
 		for end := time.Now().Add(50 * time.Millisecond); time.Now().Before(end); time.Sleep(time.Millisecond) {
 			if g.hit(replica, msgs).Blocks > 0 {

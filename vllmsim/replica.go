@@ -307,6 +307,11 @@ func (r *Replica) Restart() {
 	}
 }
 
+// RestartRank restarts one data-parallel rank's engine as Restart restarts
+// them all (its KV-event stream starts again from Config.FirstSeq), and
+// leaves the other ranks alone; it panics if rank is out of range.
+func (r *Replica) RestartRank(rank int) { r.ranks[rank].eng.restart() }
+
 // SetDown closes (down true) or reopens (down false) the replica's HTTP
 // listener on the same port. While down, connections are refused and open
 // connections are closed, failing requests in flight; the engine and KV

@@ -17,7 +17,8 @@ import (
 // runAnalyze replays a request log offline through the routing policies:
 // `warmpath analyze [--window 10m] [--replicas 8] [--cache-blocks
 // 150,300,600,1200,2400,4800] [--policies a,b] [--prefill-rate 15000]
-// [--time-scale 1] [--seed 1] [--json FILE] [--plot FILE.svg] TRACE.jsonl`.
+// [--time-scale 1] [--seed 1] [--cpu-blocks N] [--json FILE] [--plot
+// FILE.svg] TRACE.jsonl`.
 // It prints the tables; --plot writes the cached-fraction chart to FILE.svg
 // and the imbalance chart to FILE-imbalance.svg. `--synthetic
 // agentic-harness` analyzes a synthetic coding-agent log
@@ -36,6 +37,7 @@ func analyze(ctx context.Context, args []string, stdout io.Writer) error {
 	rate := fs.Float64("prefill-rate", bench.DefaultPrefillTokensPerSec, "prefill tokens per second per replica")
 	scale := fs.Float64("time-scale", 1, "multiply arrival times (0.5 = twice as dense)")
 	seed := fs.Int64("seed", 1, "seed for random tie-breaks")
+	cpuBlocks := fs.Int("cpu-blocks", 0, "per-replica CPU offload tier in trace blocks behind each cache (vLLM's native offloading; 0 = none)")
 	jsonPath := fs.String("json", "", "write the report as JSON to `FILE`")
 	plotPath := fs.String("plot", "", "write the cached-fraction chart to `FILE.svg` and the imbalance chart to FILE-imbalance.svg")
 	synthetic := fs.String("synthetic", "", "analyze a synthetic log instead of a file: agentic-harness (coding agents sharing a harness, with sub-agents)")
@@ -56,7 +58,7 @@ func analyze(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	rep, err := bench.Analyze(ctx, bench.AnalyzeConfig{
 		Trace: tr, Window: window, Replicas: *replicas, CacheBlocks: sizes, Policies: analyzeList(*policies),
-		PrefillTokensPerSec: *rate, TimeScale: *scale, Seed: *seed,
+		PrefillTokensPerSec: *rate, TimeScale: *scale, Seed: *seed, CPUBlocks: *cpuBlocks,
 	})
 	if err != nil {
 		return err

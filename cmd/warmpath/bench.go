@@ -11,9 +11,9 @@ import (
 )
 
 // runBench runs a live benchmark: `warmpath bench --workload shared-prefix
-// [--policies …] [--replicas 8] [--kv-blocks B] [--gateways 1] [--speed X] [--scale S] [--stage-scale F]
+// [--policies …] [--replicas 8] [--kv-blocks B] [--cpu-blocks C] [--gateways 1] [--speed X] [--scale S] [--stage-scale F]
 // [--seed N] [--trace FILE --time-scale F] [--limit N] [--duration D]
-// [--drain D] [--report DIR] [--json FILE] [--fleet URLs [--kv-events EPs]] [--target
+// [--drain D] [--parts P] [--report DIR] [--json FILE] [--fleet URLs [--kv-events EPs]] [--target
 // URL] [--quiet]`.
 func runBench(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -22,6 +22,7 @@ func runBench(ctx context.Context, args []string) error {
 	policies := fs.String("policies", "", "comma-separated routing policies (default all, round-robin first)")
 	fs.IntVar(&cfg.Replicas, "replicas", bench.DefaultReplicas, "simulated replicas")
 	fs.IntVar(&cfg.KVBlocks, "kv-blocks", 0, "simulated replicas' full-size KV capacity in 16-token blocks (default the profile's 19,208)")
+	fs.IntVar(&cfg.CPUBlocks, "cpu-blocks", 0, "simulated replicas' CPU offload tier in full-size 16-token blocks (vLLM's native offloading; 0 = none)")
 	fs.IntVar(&cfg.Gateways, "gateways", 1, "gateway instances sharing one Redis, requests spread over them in turn (an HA deployment)")
 	fs.Float64Var(&cfg.Speed, "speed", 0, fmt.Sprintf("simulated seconds per real second (default %d; 1 with --fleet/--target)", bench.DefaultSpeed))
 	fs.Float64Var(&cfg.Scale, "scale", bench.DefaultScale, "token and KV-capacity scale (1 = full size; time is dilated to match)")
@@ -37,13 +38,14 @@ func runBench(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.Target, "target", "", "benchmark this one endpoint (e.g. a deployed warmpath) as a single row")
 	fs.StringVar(&cfg.APIKey, "api-key", os.Getenv("WARMPATH_API_KEY"), "bearer token for --target (env WARMPATH_API_KEY)")
 	fs.StringVar(&cfg.Model, "model", "", "model to request (default: the simulator's, or the first the endpoint lists)")
+	parts := fs.String("parts", "", "mixed-tenants: comma-separated parts to run, of no-burst, fifo, strict, fair, shares (default all)")
 	reportDir := fs.String("report", "", "write an HTML report to DIR/index.html")
 	jsonPath := fs.String("json", "", "write the results as JSON to FILE")
 	quiet := fs.Bool("quiet", false, "no progress bar")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	cfg.Policies, cfg.Fleet, cfg.KVEvents = splitFlag(*policies), splitFlag(*fleet), splitFlag(*kvEvents)
+	cfg.Policies, cfg.Fleet, cfg.KVEvents, cfg.Parts = splitFlag(*policies), splitFlag(*fleet), splitFlag(*kvEvents), splitFlag(*parts)
 	if st, err := os.Stderr.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 && !*quiet {
 		cfg.Progress = os.Stderr
 	}

@@ -88,7 +88,7 @@ auth: {mode: none}
 		{
 			name: "the fleet's own checks",
 			yaml: "auth: {mode: none}\nreplicas:\n  - {url: http://10.0.0.7:8000/v1, kv_events: tcp://10.0.0.7:5557, kv_replay: tcp://10.0.0.7:5557}\n",
-			want: []string{"give the base URL without /v1"},
+			want: []string{"replicas[0].kv_replay: kvevents: with 1 data-parallel ranks", "give the base URL without /v1"},
 		},
 		{
 			name: "environment overrides are checked like serve applies them",

@@ -13,7 +13,9 @@ import (
 
 // runSim serves a simulated vLLM fleet: `warmpath sim --replicas N
 // --http-port P --kv-port K [--replay-port R] [--speed X] [--kv-blocks B]
-// [--model NAME] …`.
+// [--model NAME] …`, with flags for other engines' quirks
+// (--data-parallel-size, --first-seq, --no-tokenize, --prompt-blocks-only,
+// --cpu-blocks, --cpu-store-only).
 func runSim(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
 	var cfg vllmsim.Config
@@ -30,6 +32,12 @@ func runSim(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.SchedulingPolicy, "scheduling-policy", "fcfs", "fcfs or priority")
 	fs.Int64Var(&cfg.Seed, "seed", 0, "fixed block-hash seed (0 = random per replica, like vLLM without PYTHONHASHSEED)")
 	fs.DurationVar(&cfg.StreamInterval, "stream-interval", 0, "least real time between two chunks of a stream (0 = every step)")
+	fs.IntVar(&cfg.DataParallelSize, "data-parallel-size", 1, "data-parallel ranks per replica (vLLM --data-parallel-size): rank r publishes on the replica's KV ports + r")
+	fs.Uint64Var(&cfg.FirstSeq, "first-seq", 0, "sequence number of each engine's first KV-event batch (1 = llm-d-inference-sim)")
+	fs.BoolVar(&cfg.NoTokenize, "no-tokenize", false, "answer 404 on /tokenize and /detokenize, as an engine behind a proxy that hides them")
+	fs.BoolVar(&cfg.PromptBlocksOnly, "prompt-blocks-only", false, "cache only blocks made entirely of prompt tokens (llm-d-inference-sim)")
+	fs.IntVar(&cfg.CPUBlocks, "cpu-blocks", 0, "blocks in each rank's CPU offload tier (vLLM's native offloading; 0 = none)")
+	fs.BoolVar(&cfg.CPUStoreOnly, "cpu-store-only", false, "publish no CPU-tier removals, as LMCache")
 	format := fs.String("event-format", "map", "KV-event layout: map (vLLM ≥ 0.26) or array (≤ 0.23)")
 	legacyReplay := fs.Bool("legacy-replay", false, "frame replay replies without topic (vLLM ≤ 0.25)")
 	verbose := fs.Bool("v", false, "log debug messages to stderr")

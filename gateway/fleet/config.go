@@ -60,6 +60,13 @@ type ReplicaSpec struct {
 	// rank (replay likewise); see [ReplicaSpec.KVSources]. 0 or 1 means a
 	// single rank.
 	DataParallelSize int `yaml:"data_parallel_size"`
+	// KVTopic is how the replica's engine names itself in its KV-event
+	// topic, for the central topology: the whole topic
+	// (kv@10.0.0.7:8000@qwen3-32b) or its replica part (10.0.0.7:8000).
+	// Set it when the engine names its pod IP while Name or URL use a DNS
+	// name. Empty means the topic names the replica by Name or by URL's
+	// host:port.
+	KVTopic string `yaml:"kv_topic"`
 }
 
 // KVSource is one KV-event publisher of a replica: one data-parallel rank.
@@ -197,6 +204,11 @@ type Config struct {
 	// Registerer receives the fleet's Prometheus metrics. Nil means no
 	// metrics. Never the global registry unless the caller passes it.
 	Registerer prometheus.Registerer
+	// OnUpdate, when set, is called after each successful scrape of a
+	// replica and when a replica becomes healthy, on that replica's
+	// goroutine (the gateway's admission queue re-checks capacity then).
+	// It must be fast and must not block. Nil means none.
+	OnUpdate func(*Replica)
 }
 
 // Check validates c as [New] does, without building anything. Its errors
@@ -318,6 +330,9 @@ func CheckReplica(s ReplicaSpec) (ReplicaSpec, error) {
 	}
 	if strings.ContainsFunc(s.Name, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
 		return s, fmt.Errorf("name: %q: must not contain spaces or control characters", s.Name)
+	}
+	if strings.ContainsFunc(s.KVTopic, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
+		return s, fmt.Errorf("kv_topic: %q: must not contain spaces or control characters", s.KVTopic)
 	}
 	if s.DataParallelSize < 0 {
 		return s, fmt.Errorf("data_parallel_size: negative value %d", s.DataParallelSize)

@@ -24,6 +24,10 @@
 //   - per DNS spec, a goroutine that resolves the name at once and then
 //     every Interval.
 //
+// Config.OnUpdate, when set, is called on a replica's scrape goroutine after
+// each successful scrape and on its health goroutine when it becomes
+// healthy (the gateway's admission queue re-checks capacity then).
+//
 // Replica goroutines start when the replica joins and stop when it leaves;
 // each loop selects on its context and recovers from panics. Run returns
 // nil after every goroutine it started has exited. Two goroutines per

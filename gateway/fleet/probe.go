@@ -201,6 +201,9 @@ func (p *prober) healthLoop(ctx context.Context) {
 				return // shutting down or removed: not the replica's fault
 			}
 			recovered := p.r.activeResult(p.now(), err)
+			if recovered {
+				p.updated()
+			}
 			if recovered && !needModels {
 				p.verifyModel(ctx)
 			}
@@ -256,12 +259,21 @@ func (p *prober) scrapeLoop(ctx context.Context) {
 				p.r.log.Info("fleet: scrape recovered")
 			}
 			p.r.setMetrics(p.now(), m)
+			p.updated()
 		})
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// updated calls Config.OnUpdate, if set, after the replica's state
+// changed in a way that may give it room.
+func (p *prober) updated() {
+	if f := p.r.cfg.OnUpdate; f != nil {
+		f(p.r)
 	}
 }
 

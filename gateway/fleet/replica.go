@@ -70,6 +70,10 @@ type State struct {
 	// tokens per second, from the counters' increments between scrapes
 	// (scoring.MeterWindow); zero until two scrapes are in.
 	Rates scoring.Meter
+	// NumCPUBlocks is the number of KV blocks of the engine's CPU offload
+	// tier (per engine; cache_config_info's num_cpu_blocks), 0 when unknown
+	// or none.
+	NumCPUBlocks int
 	// Restarts counts engine restarts seen by this process: scrapes in
 	// which the engine's prefix-cache query counter went backwards (a new
 	// process starts it from zero). A restarted engine has lost its cache.
@@ -79,6 +83,10 @@ type State struct {
 	ScrapedAt time.Time
 	// ScrapeErr is the error of the last scrape, "" when it succeeded.
 	ScrapeErr string
+	// InflightAtScrape is [Replica.InflightRequests] when the metrics
+	// above were scraped: requests sent since then (InflightRequests −
+	// InflightAtScrape, when positive) are not in Running or Waiting yet.
+	InflightAtScrape int
 
 	// Models lists the models the replica serves, sorted: the spec's Model,
 	// or what GET /v1/models returned. Nil until discovered.
@@ -114,11 +122,14 @@ type Replica struct {
 
 	state atomic.Pointer[State] // never nil
 
-	mu          sync.Mutex  // guards fails, passes, everHealthy and read-modify-write of state
+	mu          sync.Mutex  // guards fails, passes, everHealthy, engineQueries and read-modify-write of state
 	fails       int         // consecutive failures, active or passive
 	passes      int         // consecutive active successes while unhealthy
 	everHealthy bool        // the replica has been healthy at least once
 	anyFailed   atomic.Bool // fails > 0, read lock-free by ReportSuccess
+	// engineQueries is the last scrape's prefix-cache queries by engine
+	// label (see allWentBack).
+	engineQueries map[int]float64
 
 	scrapeErrors  atomic.Uint64
 	toHealthy     atomic.Uint64
@@ -306,12 +317,27 @@ func (r *Replica) failLocked(reason string, now time.Time) {
 	}
 }
 
+// allWentBack reports whether every engine (data-parallel rank) in both
+// scrapes counted fewer prefix-cache queries now: the whole engine
+// restarted. One rank restarting alone is its KV-event subscriber's to
+// see (its sequence goes back), and clears that rank only. Scrapes
+// without engine labels count as one engine.
+func allWentBack(before, now map[int]float64) bool {
+	for e, b := range before {
+		if n, ok := now[e]; ok && n >= b {
+			return false
+		}
+	}
+	return true
+}
+
 // setMetrics publishes a successful scrape taken at now.
 func (r *Replica) setMetrics(now time.Time, m engineMetrics) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	defer func() { r.engineQueries = m.EngineQueries }()
 	r.update(func(s *State) {
-		if m.PrefixQueries < s.PrefixQueries && !s.ScrapedAt.IsZero() {
+		if m.PrefixQueries < s.PrefixQueries && !s.ScrapedAt.IsZero() && allWentBack(r.engineQueries, m.EngineQueries) {
 			s.Restarts++
 			r.logger().Warn("fleet: replica restarted (its counters went back to zero); its cache is gone", "queries_before", s.PrefixQueries, "queries_now", m.PrefixQueries)
 		}
@@ -320,9 +346,10 @@ func (r *Replica) setMetrics(now time.Time, m engineMetrics) {
 		s.PrefixQueries, s.PrefixHits = m.PrefixQueries, m.PrefixHits
 		s.QueueTimeCount, s.QueueTimeSum, s.PrefillTimeCount, s.PrefillTimeSum = m.QueueCount, m.QueueSum, m.PrefillCount, m.PrefillSum
 		if m.seen&seenCacheConfig != 0 {
-			s.BlockSize, s.NumGPUBlocks = m.BlockSize, m.NumGPUBlocks
+			s.BlockSize, s.NumGPUBlocks, s.NumCPUBlocks = m.BlockSize, m.NumGPUBlocks, m.NumCPUBlocks
 		}
 		s.ScrapedAt, s.ScrapeErr = now, ""
+		s.InflightAtScrape = int(r.inflight.Load())
 	})
 }
 

@@ -19,6 +19,10 @@ type engineMetrics struct {
 	KVUsage                   float64 // max over series, 0..1
 	PrefixQueries, PrefixHits float64 // summed; current names win over the older gpu_ ones
 	BlockSize, NumGPUBlocks   int     // from the first vllm:cache_config_info series with them
+	NumCPUBlocks              int     // likewise (its num_cpu_blocks label), 0 when absent
+	// EngineQueries holds vllm:prefix_cache_queries_total by its engine
+	// label (a data-parallel rank), nil when no series has one.
+	EngineQueries map[int]float64
 	// QueueCount and QueueSum are the vllm:request_queue_time_seconds
 	// histogram's count and sum, PrefillCount and PrefillSum the
 	// vllm:request_prefill_time_seconds one's: requests scheduled, and
@@ -237,6 +241,12 @@ func (m *engineMetrics) parseLine(line []byte) {
 	case kindQueries:
 		m.PrefixQueries += v
 		m.seen |= seenQueries
+		if e, ok := labelInt(labels, "engine"); ok {
+			if m.EngineQueries == nil {
+				m.EngineQueries = map[int]float64{}
+			}
+			m.EngineQueries[e] += v
+		}
 	case kindOldQueries:
 		m.oldQuery += v
 		m.seen |= seenOldQueries
@@ -265,6 +275,7 @@ func (m *engineMetrics) parseLine(line []byte) {
 		nb, _ := labelInt(labels, "num_gpu_blocks")
 		if bs > 0 || nb > 0 {
 			m.BlockSize, m.NumGPUBlocks, m.haveBlock = bs, nb, true
+			m.NumCPUBlocks, _ = labelInt(labels, "num_cpu_blocks")
 		}
 	}
 }

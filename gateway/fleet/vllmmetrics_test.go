@@ -3,6 +3,7 @@ package fleet
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"os"
@@ -92,6 +93,14 @@ vllm:num_requests_waiting 0
 vllm:cache_config_info{block_size="16", num_gpu_blocks="None",} 1
 `,
 		want: engineMetrics{BlockSize: 16},
+	},
+	{
+		name: "cache_config_info with a CPU tier",
+		in: `vllm:num_requests_running 0
+vllm:num_requests_waiting 0
+vllm:cache_config_info{block_size="16",engine="0",num_cpu_blocks="4096",num_gpu_blocks="512"} 1
+`,
+		want: engineMetrics{BlockSize: 16, NumGPUBlocks: 512, NumCPUBlocks: 4096},
 	},
 	{
 		name: "garbage and odd formatting",
@@ -346,4 +355,32 @@ func FuzzParseEngineMetrics(f *testing.F) {
 			t.Fatalf("negative block numbers in %+v", m)
 		}
 	})
+}
+
+// A data-parallel engine's prefix-cache queries are kept by rank, and only
+// every rank counting fewer queries is the engine restarting: one rank
+// restarting alone is not.
+func TestEngineQueriesByRank(t *testing.T) {
+	scrape := func(q0, q1 float64) engineMetrics {
+		m, err := parseString(fmt.Sprintf("vllm:num_requests_running{engine=\"0\"} 0\n"+
+			"vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"m\"} %v\n"+
+			"vllm:prefix_cache_queries_total{engine=\"1\",model_name=\"m\"} %v\n", q0, q1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	before := scrape(900, 800)
+	if before.PrefixQueries != 1700 || before.EngineQueries[0] != 900 || before.EngineQueries[1] != 800 {
+		t.Fatalf("parsed %v by engine, %v in all", before.EngineQueries, before.PrefixQueries)
+	}
+	if allWentBack(before.EngineQueries, scrape(950, 10).EngineQueries) {
+		t.Error("rank 1 restarting alone counted as the engine restarting")
+	}
+	if !allWentBack(before.EngineQueries, scrape(5, 10).EngineQueries) {
+		t.Error("both ranks restarting not counted")
+	}
+	if !allWentBack(nil, nil) {
+		t.Error("an engine without engine labels whose queries went back not counted")
+	}
 }

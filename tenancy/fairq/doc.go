@@ -69,7 +69,12 @@
 //
 // Saturation is the gateway's judgement per model ([Capacity]); the queue
 // passes the number of its grants still running, so that grants made a
-// moment ago, not yet visible in scraped metrics, can be bounded. A dispatch
+// moment ago, not yet visible in scraped metrics, can be bounded. A
+// Capacity that also implements [ClassCapacity] judges each class apart,
+// so headroom can be held back from Background for Interactive turns:
+// Background is then dispatched (by its share or because it alone waits)
+// only while it has room of its own, and its credit is capped at one
+// dispatch meanwhile. A dispatch
 // is attempted when a request starts waiting, when a grant is Done, on
 // [Queue.Kick] and every Config.RecheckInterval, so no request waits while
 // Capacity reports room.

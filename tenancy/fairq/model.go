@@ -171,9 +171,14 @@ func (m *model) remove(it *item, now time.Time) {
 
 // next picks the request to dispatch: the class (interactive unless
 // background is owed its share), then the tenant, then the tenant's best
-// request. The model has requests waiting.
-func (m *model) next(cfg *Config) *item {
-	cq := &m.classes[m.pickClass(cfg.BackgroundShare)]
+// request; nil when only background waits and it has no room. The model
+// has requests waiting; bgRoom reports whether background has room.
+func (m *model) next(cfg *Config, bgRoom func() bool) *item {
+	c, ok := m.pickClass(cfg.BackgroundShare, bgRoom)
+	if !ok {
+		return nil
+	}
+	cq := &m.classes[c]
 	var best *flow
 	for _, f := range cq.flows {
 		if best == nil || m.before(cfg, f, best) {
@@ -185,21 +190,24 @@ func (m *model) next(cfg *Config) *item {
 
 // pickClass chooses Interactive unless only Background waits or
 // Background has accrued a dispatch of credit: every dispatch made while
-// both classes wait earns it share of one.
-func (m *model) pickClass(share float64) Class {
+// both classes wait earns it share of one. Background is chosen only when
+// bgRoom reports room for it (a ClassCapacity may hold headroom back from
+// it); meanwhile its credit stays at most one dispatch, so none is banked.
+// ok is false when only Background waits and it has no room.
+func (m *model) pickClass(share float64, bgRoom func() bool) (c Class, ok bool) {
 	hasI, hasB := m.classes[Interactive].n > 0, m.classes[Background].n > 0
 	if !hasB {
-		return Interactive
+		return Interactive, true
 	}
 	if !hasI {
-		return Background
+		return Background, bgRoom()
 	}
-	m.bgCredit += share
-	if m.bgCredit >= 1-1e-9 { // ten shares of 0.1 sum to 0.999…
-		m.bgCredit--
-		return Background
+	m.bgCredit = min(m.bgCredit+share, 1)
+	if m.bgCredit >= 1-1e-9 && bgRoom() { // ten shares of 0.1 sum to 0.999…
+		m.bgCredit = max(0, m.bgCredit-1)
+		return Background, true
 	}
-	return Interactive
+	return Interactive, true
 }
 
 // before reports whether flow a goes before flow b: the lower virtual

@@ -56,6 +56,18 @@ type Capacity interface {
 	Saturated(model string, inflight int) bool
 }
 
+// ClassCapacity is an optional ability of a [Capacity], found by type
+// assertion: it judges room per class, so that headroom can be kept from
+// Background for Interactive turns (such as KV-cache blocks free for them
+// in the engines). Background must never have room where Interactive has
+// none. The same rules as Saturated's apply to the call.
+type ClassCapacity interface {
+	Capacity
+	// SaturatedFor reports whether model can take no more requests of
+	// class c now; inflight is as for Saturated.
+	SaturatedFor(model string, inflight int, c Class) bool
+}
+
 // CapacityFunc adapts a function to [Capacity].
 type CapacityFunc func(model string, inflight int) bool
 
@@ -74,6 +86,7 @@ var (
 type Queue struct {
 	cfg      Config
 	capacity Capacity
+	classCap ClassCapacity         // capacity's per-class judgement; nil when it has none
 	rdb      redis.UniversalClient // nil: counters stay local
 	log      *slog.Logger
 	met      *metrics
@@ -107,7 +120,18 @@ func New(cfg Config, capacity Capacity, rdb redis.UniversalClient, reg prometheu
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Queue{cfg: cfg, capacity: capacity, rdb: rdb, log: log, met: met, epoch: time.Now()}, nil
+	q := &Queue{cfg: cfg, capacity: capacity, rdb: rdb, log: log, met: met, epoch: time.Now()}
+	q.classCap, _ = capacity.(ClassCapacity)
+	return q, nil
+}
+
+// saturated asks the capacity whether model m can take a request of class
+// c. The caller holds m.mu.
+func (q *Queue) saturated(m *model, c Class) bool {
+	if q.classCap != nil {
+		return q.classCap.SaturatedFor(m.name, m.running, c)
+	}
+	return q.capacity.Saturated(m.name, m.running)
 }
 
 // Admit returns at once when t's model is not saturated and nothing waits
@@ -138,7 +162,7 @@ func (q *Queue) submit(t Ticket) (*Grant, *item, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	c := m.counterFor(t.Tenant, q.rdb != nil)
-	if m.queued == 0 && !q.capacity.Saturated(m.name, m.running) {
+	if m.queued == 0 && !q.saturated(m, t.Class) {
 		c.lift(m.last)
 		g := new(Grant)
 		q.grantLocked(m, g, c, ten, t)
@@ -230,11 +254,15 @@ func (q *Queue) leave(it *item, timedOut bool) *Grant {
 // capacity. The caller holds m.mu.
 func (q *Queue) dispatchLocked(m *model) {
 	var now time.Time
-	for m.queued > 0 && !q.capacity.Saturated(m.name, m.running) {
+	bgRoom := func() bool { return q.classCap == nil || !q.saturated(m, Background) }
+	for m.queued > 0 && !q.saturated(m, Interactive) {
+		it := m.next(&q.cfg, bgRoom)
+		if it == nil {
+			break // only background waits, and the room left is interactive's
+		}
 		if now.IsZero() {
 			now = time.Now()
 		}
-		it := m.next(&q.cfg)
 		m.remove(it, now)
 		q.unreserve(it.ten)
 		it.depth.Dec()

@@ -1,0 +1,421 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/warmpath/warmpath/gateway"
+	"github.com/warmpath/warmpath/scoring"
+	"github.com/warmpath/warmpath/tenancy/fairq"
+	"github.com/warmpath/warmpath/vllmsim"
+)
+
+// The parts of a mixed-tenants run, in the order run. The three policies
+// are the gateway's: fifo has no gateway queue (the engines see arrival
+// order), strict and fair are the queue's policies.
+const (
+	partNoBurst = "no-burst"
+	partFIFO    = "fifo"
+	partStrict  = "strict"
+	partFair    = "fair"
+	partShares  = "shares"
+)
+
+// mixedParts are the part names, for Config.Parts.
+var mixedParts = []string{partNoBurst, partFIFO, partStrict, partFair, partShares}
+
+// idleKVUsage is the KV use below which a replica with an empty queue
+// and a batch below MaxNumSeqs counts as having idle capacity: it could
+// start another turn of the workload at once.
+const idleKVUsage = 0.9
+
+// MixedReport is a mixed-tenants run: the policies side by side, each
+// interactive p99 against the no-burst run's, and the weighted shares.
+// Its JSON form is the issue's:
+//
+//	{"workload": "mixed-tenants", "no_burst_interactive_ttft_p99_ms": f,
+//	 "results": [{"policy": "fifo|strict|fair", "interactive_ttft_p50_ms": f,
+//	 "interactive_ttft_p99_ms": f, "background_turns": n,
+//	 "background_output_tokens_per_s": f, "output_tokens_per_s": f,
+//	 "errors": n, …}], …}
+//
+// with the further fields below.
+type MixedReport struct {
+	Workload string `json:"workload"`
+	// NoBurst is A alone, on the same fleet and seed.
+	NoBurstInteractiveTTFTP50Ms float64       `json:"no_burst_interactive_ttft_p50_ms"`
+	NoBurstInteractiveTTFTP99Ms float64       `json:"no_burst_interactive_ttft_p99_ms"`
+	Results                     []MixedResult `json:"results"`
+	// Shares is the shares part: each tenant's share of the contested
+	// dispatches (made while every tenant had a request waiting) against
+	// its weight's share.
+	Shares []TenantShare `json:"shares,omitempty"`
+	// Gateways is how many gateways shared the run (and its counters).
+	Gateways int     `json:"gateways"`
+	Config   []Param `json:"config"`
+	Params   []Param `json:"params"`
+	Wall     float64 `json:"wall_s"`
+}
+
+// MixedResult is one policy's figures; times in simulated milliseconds,
+// rates per simulated second, output tokens counted full-size.
+type MixedResult struct {
+	Policy               string  `json:"policy"`
+	InteractiveTTFTP50Ms float64 `json:"interactive_ttft_p50_ms"`
+	InteractiveTTFTP99Ms float64 `json:"interactive_ttft_p99_ms"`
+	// BackgroundTurns is the background turns completed.
+	BackgroundTurns int `json:"background_turns"`
+	// BackgroundOutputTokensPerS divides the background output by the
+	// span from the first background send to the last background
+	// completion; OutputTokensPerS all output by the whole run's.
+	BackgroundOutputTokensPerS float64 `json:"background_output_tokens_per_s"`
+	OutputTokensPerS           float64 `json:"output_tokens_per_s"`
+	Errors                     int     `json:"errors"`
+	// InteractiveP99VsNoBurst is InteractiveTTFTP99Ms ÷ the no-burst
+	// run's.
+	InteractiveP99VsNoBurst float64 `json:"interactive_ttft_p99_vs_no_burst"`
+	// LongestIdleWaitMs is the longest stretch during which a request
+	// waited in the gateway's queue while, without a break, some replica
+	// had idle capacity (an empty engine queue, a batch below
+	// max_num_seqs, KV use below 0.9), from engine samples every 100
+	// simulated ms.
+	LongestIdleWaitMs float64 `json:"longest_idle_wait_ms"`
+	// InteractiveRequests counts the interactive turns completed;
+	// Queued the requests that waited in the gateway's queue.
+	InteractiveRequests int `json:"interactive_requests"`
+	Queued              int `json:"queued_requests"`
+	// InteractiveQueueP99Ms is the p99 of the interactive turns' wait in
+	// the gateway's queue, and InteractiveEngineTTFTP99Ms of their TTFT
+	// as the engines measured it (from when the engine saw the request):
+	// where the interactive p99 comes from.
+	InteractiveQueueP99Ms      float64 `json:"interactive_queue_wait_p99_ms"`
+	InteractiveEngineTTFTP99Ms float64 `json:"interactive_engine_ttft_p99_ms"`
+}
+
+// TenantShare is one tenant's share of contested dispatches.
+type TenantShare struct {
+	Tenant        string  `json:"tenant"`
+	Weight        int     `json:"weight"`
+	WeightShare   float64 `json:"weight_share"`
+	DispatchShare float64 `json:"dispatch_share"`
+	Dispatches    int     `json:"contested_dispatches"`
+}
+
+// mixedPart is one part of the run: which sessions, which queue.
+type mixedPart struct {
+	name     string
+	chatOnly bool
+	queue    gateway.QueueConfig
+}
+
+// runMixed runs mixed-tenants: its four parts and the shares part, each
+// on a fresh fleet, Redis and gateways, with the engines under priority
+// scheduling throughout (fifo sends no priority, so they serve it first
+// come, first served).
+func runMixed(ctx context.Context, cfg Config, mt *MixedTenants, env Env, profile vllmsim.Profile, rep *Report) error {
+	policy := scoring.PolicyWarmpath
+	if len(cfg.Policies) == 1 {
+		policy = cfg.Policies[0]
+	}
+	fair := gateway.QueueConfig{Policy: fairq.PolicyFair, VLLMPriority: true}
+	strict := gateway.QueueConfig{Policy: fairq.PolicyStrict, VLLMPriority: true}
+	parts := []mixedPart{
+		{name: partNoBurst, chatOnly: true, queue: fair},
+		{name: partFIFO, queue: gateway.QueueConfig{Disabled: true}},
+		{name: partStrict, queue: strict},
+		{name: partFair, queue: fair},
+	}
+	mr := &MixedReport{Workload: mt.Name(), Gateways: cfg.Gateways, Config: rep.Config, Params: rep.Params}
+	total := len(parts)
+	if len(cfg.Parts) == 0 || slices.Contains(cfg.Parts, partShares) {
+		total++
+	}
+	if len(cfg.Parts) > 0 {
+		parts = slices.DeleteFunc(parts, func(p mixedPart) bool { return !slices.Contains(cfg.Parts, p.name) })
+	}
+	for i, p := range parts {
+		plan, err := mt.Plan(env)
+		if err != nil {
+			return err
+		}
+		if p.chatOnly {
+			plan.Sessions = slices.DeleteFunc(plan.Sessions, func(s Session) bool { return s.Tenant != tenantChat })
+		}
+		res, err := runPart(ctx, cfg, p, policy, profile, plan, i, total)
+		if err != nil {
+			return err
+		}
+		rep.Results = append(rep.Results, *res)
+		r := mixedResult(res, profile.MaxNumSeqs, cfg.Scale)
+		if p.name == partNoBurst {
+			mr.NoBurstInteractiveTTFTP50Ms, mr.NoBurstInteractiveTTFTP99Ms = r.InteractiveTTFTP50Ms, r.InteractiveTTFTP99Ms
+			continue
+		}
+		if mr.NoBurstInteractiveTTFTP99Ms > 0 {
+			r.InteractiveP99VsNoBurst = r.InteractiveTTFTP99Ms / mr.NoBurstInteractiveTTFTP99Ms
+		}
+		mr.Results = append(mr.Results, r)
+	}
+	if len(cfg.Parts) > 0 && !slices.Contains(cfg.Parts, partShares) {
+		rep.Mixed = mr
+		return nil
+	}
+	plan := mt.SharesPlan(env)
+	mr.Params = append(mr.Params, plan.Params...)
+	res, err := runPart(ctx, cfg, mixedPart{name: partShares, queue: fair}, policy, profile, plan, len(parts), total)
+	if err != nil {
+		return err
+	}
+	rep.Results = append(rep.Results, *res)
+	mr.Shares = contestedShares(res.samples, plan.Tenants)
+	rep.Mixed = mr
+	return nil
+}
+
+// runPart runs one part on a fresh simulated fleet.
+func runPart(ctx context.Context, cfg Config, p mixedPart, policy string, profile vllmsim.Profile, plan *Plan, i, total int) (*Result, error) {
+	pcfg := cfg
+	pcfg.scheduling = "priority"
+	pcfg.loadEvery = 100 * time.Millisecond
+	speed, scale := cfg.Speed, cfg.Scale
+	wall := func(d time.Duration) time.Duration { return max(5*time.Millisecond, time.Duration(float64(d)/speed)) }
+	pcfg.tweak = func(gc *gateway.Config) {
+		q := p.queue
+		// The gateway runs on wall-clock time: its queue's periods at
+		// their defaults ÷ speed, and the age credit (tokens per second
+		// waited) in wall seconds and scaled tokens.
+		q.Timeout = wall(fairq.DefaultTimeout)
+		q.SyncInterval = wall(fairq.DefaultSyncInterval)
+		q.RecheckInterval = wall(fairq.DefaultRecheckInterval)
+		q.AgeCredit = fairq.DefaultAgeCredit * scale * speed
+		gc.Queue = q
+		if cfg.tweak != nil {
+			cfg.tweak(gc)
+		}
+	}
+	pr := &progress{w: cfg.Progress, policy: p.name, index: i, total: total, planned: plan.Sessions[len(plan.Sessions)-1].Start}
+	res, err := runSimulated(ctx, pcfg, policy, profile, plan, pr)
+	pr.finish()
+	if err != nil {
+		return nil, fmt.Errorf("bench: %s: %w", p.name, err)
+	}
+	res.Policy = p.name
+	for i := range res.samples {
+		res.samples[i].messages, res.samples[i].tools = nil, nil // no ceiling here
+	}
+	return res, nil
+}
+
+// mixedResult computes a part's figures from its samples.
+func mixedResult(res *Result, maxSeqs int, scale float64) MixedResult {
+	r := MixedResult{Policy: res.Policy, OutputTokensPerS: res.OutputTokensPerS, Errors: res.Errors}
+	var ttft, qwait, eng []float64
+	var bgTokens int64
+	var bgFirst, bgLast time.Duration = -1, 0
+	for i := range res.samples {
+		s := &res.samples[i]
+		if s.queueWait > 0 {
+			r.Queued++
+		}
+		if !s.ok() || s.warmup {
+			continue
+		}
+		switch s.class {
+		case classInteractive:
+			ttft = append(ttft, msOf(s.ttft))
+			qwait = append(qwait, msOf(s.queueWait))
+			if s.engineTTFT >= 0 {
+				eng = append(eng, msOf(s.engineTTFT))
+			}
+		case classBackground:
+			r.BackgroundTurns++
+			bgTokens += int64(s.outputTokens)
+			if bgFirst < 0 || s.start < bgFirst {
+				bgFirst = s.start
+			}
+			bgLast = max(bgLast, s.end)
+		}
+	}
+	for _, v := range [][]float64{ttft, qwait, eng} {
+		slices.Sort(v)
+	}
+	r.InteractiveQueueP99Ms, r.InteractiveEngineTTFTP99Ms = finiteOr0(percentile(qwait, 99)), finiteOr0(percentile(eng, 99))
+	r.InteractiveRequests = len(ttft)
+	r.InteractiveTTFTP50Ms, r.InteractiveTTFTP99Ms = finiteOr0(percentile(ttft, 50)), finiteOr0(percentile(ttft, 99))
+	if bgFirst >= 0 && bgLast > bgFirst {
+		r.BackgroundOutputTokensPerS = float64(bgTokens) / scale / (bgLast - bgFirst).Seconds()
+	}
+	r.LongestIdleWaitMs = msOf(longestIdleWait(res.samples, res.Load, maxSeqs))
+	return r
+}
+
+// longestIdleWait returns the longest stretch of time during which a
+// request waited in the gateway's queue while some replica had idle
+// capacity without a break, by the engine samples (a sample's state holds
+// until the next one). Each stretch is bounded by how fast the gateway
+// notices room: a scrape, a finished request or a recheck.
+func longestIdleWait(samples []sample, load []LoadSample, maxSeqs int) time.Duration {
+	type span struct{ from, to float64 }
+	var idle []span // maximal idle stretches, in order
+	for i := 0; i+1 < len(load); i++ {
+		if !idleReplica(load[i], maxSeqs) {
+			continue
+		}
+		if n := len(idle); n > 0 && idle[n-1].to == load[i].T {
+			idle[n-1].to = load[i+1].T
+		} else {
+			idle = append(idle, span{load[i].T, load[i+1].T})
+		}
+	}
+	var longest float64
+	for i := range samples {
+		s := &samples[i]
+		if s.queueWait <= 0 {
+			continue
+		}
+		from, to := s.start.Seconds(), (s.start + s.queueWait).Seconds()
+		k := sort.Search(len(idle), func(k int) bool { return idle[k].to > from })
+		for ; k < len(idle) && idle[k].from < to; k++ {
+			longest = max(longest, min(to, idle[k].to)-max(from, idle[k].from))
+		}
+	}
+	return time.Duration(longest * float64(time.Second))
+}
+
+// idleReplica reports whether some replica of the sample could start a
+// request at once.
+func idleReplica(l LoadSample, maxSeqs int) bool {
+	for i := range l.Waiting {
+		if l.Waiting[i] == 0 && l.Running[i] < maxSeqs && l.KVUsage[i] < idleKVUsage {
+			return true
+		}
+	}
+	return false
+}
+
+// contestedShares returns each tenant's share of the contested
+// dispatches: requests that left the gateway's queue while every other
+// tenant had a request waiting in it (so the queue chose between them).
+func contestedShares(samples []sample, tenants []Tenant) []TenantShare {
+	type span struct{ from, to time.Duration }
+	waits := map[string][]span{}
+	for i := range samples {
+		s := &samples[i]
+		if s.queueWait > 0 {
+			waits[s.tenant] = append(waits[s.tenant], span{s.start, s.start + s.queueWait})
+		}
+	}
+	waiting := func(tenant string, at time.Duration) bool {
+		for _, w := range waits[tenant] {
+			if w.from < at && at < w.to {
+				return true
+			}
+		}
+		return false
+	}
+	count := map[string]int{}
+	all := 0
+	var weights int
+	for _, t := range tenants {
+		weights += t.Weight
+	}
+	for _, t := range tenants {
+		for _, w := range waits[t.ID] {
+			contested := true
+			for _, o := range tenants {
+				if o.ID != t.ID && !waiting(o.ID, w.to) {
+					contested = false
+					break
+				}
+			}
+			if contested {
+				count[t.ID]++
+				all++
+			}
+		}
+	}
+	out := make([]TenantShare, len(tenants))
+	for i, t := range tenants {
+		out[i] = TenantShare{Tenant: t.ID, Weight: t.Weight, WeightShare: float64(t.Weight) / float64(max(1, weights)), Dispatches: count[t.ID]}
+		if all > 0 {
+			out[i].DispatchShare = float64(count[t.ID]) / float64(all)
+		}
+	}
+	return out
+}
+
+// writeTable writes the mixed-tenants table.
+func (mr *MixedReport) writeTable(w io.Writer) error {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "workload %s", mr.Workload)
+	for _, p := range mr.Config {
+		switch p.Name {
+		case "scale", "seed":
+			fmt.Fprintf(&b, " · %s %s", p.Name, p.Value)
+		case "speed":
+			fmt.Fprintf(&b, " · speed %s", strings.Fields(p.Value)[0])
+		}
+	}
+	fmt.Fprintf(&b, " · %d gateway(s) · wall %v\n", mr.Gateways, (time.Duration(mr.Wall * float64(time.Second))).Round(time.Second))
+	fmt.Fprintf(&b, "no-burst (tenant a alone): interactive TTFT p50 %s, p99 %s\n", fmtMs(mr.NoBurstInteractiveTTFTP50Ms), fmtMs(mr.NoBurstInteractiveTTFTP99Ms))
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "policy\tinteractive TTFT p50\tp99\tp99 vs no-burst\t(queue p99\tengine p99)\tbg turns\tbg out tok/s\tout tok/s\tqueued\tlongest idle wait\terrors\t")
+	for _, r := range mr.Results {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f×\t%s\t%s\t%d\t%.0f\t%.0f\t%d\t%s\t%d\t\n", r.Policy, fmtMs(r.InteractiveTTFTP50Ms), fmtMs(r.InteractiveTTFTP99Ms),
+			r.InteractiveP99VsNoBurst, fmtMsOrZero(r.InteractiveQueueP99Ms), fmtMsOrZero(r.InteractiveEngineTTFTP99Ms), r.BackgroundTurns, r.BackgroundOutputTokensPerS,
+			r.OutputTokensPerS, r.Queued, fmtMsOrZero(r.LongestIdleWaitMs), r.Errors)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if i := slices.IndexFunc(mr.Results, func(r MixedResult) bool { return r.Policy == partFIFO }); i >= 0 {
+		f := mr.Results[i]
+		for _, r := range mr.Results {
+			if r.Policy != partFIFO && f.BackgroundOutputTokensPerS > 0 {
+				fmt.Fprintf(&b, "%s: background output %.0f %% of fifo's\n", r.Policy, 100*r.BackgroundOutputTokensPerS/f.BackgroundOutputTokensPerS)
+			}
+		}
+	}
+	if len(mr.Shares) > 0 {
+		fmt.Fprintf(&b, "shares (fair, %d gateway(s), two equal background bursts):", mr.Gateways)
+		for _, s := range mr.Shares {
+			fmt.Fprintf(&b, "  %s weight %d: %.1f %% of %d contested dispatches (weight share %.1f %%)", s.Tenant, s.Weight,
+				100*s.DispatchShare, sharesTotal(mr.Shares), 100*s.WeightShare)
+		}
+		b.WriteByte('\n')
+	}
+	_, err := w.Write(b.Bytes())
+	return err
+}
+
+func sharesTotal(ss []TenantShare) int {
+	n := 0
+	for _, s := range ss {
+		n += s.Dispatches
+	}
+	return n
+}
+
+// fmtMsOrZero is fmtMs, but shows a zero as "0 ms".
+func fmtMsOrZero(ms float64) string {
+	if ms <= 0 || math.IsNaN(ms) {
+		return "0 ms"
+	}
+	return fmtMs(ms)
+}
+
+// writeJSON writes the mixed-tenants document.
+func (mr *MixedReport) writeJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(mr)
+}

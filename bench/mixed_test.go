@@ -1,0 +1,189 @@
+package bench
+
+import (
+	"bytes"
+	"encoding/json"
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestMixedTenantsPlan(t *testing.T) {
+	env := Env{Seed: 3, Scale: 0.1, Replicas: 4, KVTokens: 30733}
+	mt := &MixedTenants{}
+	p, err := mt.Plan(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Tenants) != 2 || p.Tenants[1].DefaultClass != classBackground {
+		t.Fatalf("tenants %+v", p.Tenants)
+	}
+	m := mt.withDefaults()
+	var chat, runs int
+	for i, s := range p.Sessions {
+		if i > 0 && s.Start < p.Sessions[i-1].Start {
+			t.Fatalf("sessions not sorted at %d", i)
+		}
+		key := ""
+		for _, tn := range p.Tenants {
+			if tn.ID == s.Tenant {
+				key = "Bearer " + tn.Key()
+			}
+		}
+		if key == "" || s.Header.Get("Authorization") != key {
+			t.Fatalf("session %d of tenant %q sends %q", i, s.Tenant, s.Header.Get("Authorization"))
+		}
+		switch s.Class {
+		case classInteractive:
+			chat++
+			if s.Start >= m.ChatWindow {
+				t.Errorf("chat session at %v, after the window", s.Start)
+			}
+		case classBackground:
+			runs++
+			if s.Start < m.BurstAt || s.Start > m.BurstAt+m.BurstSpread {
+				t.Errorf("burst run at %v, outside [%v, %v]", s.Start, m.BurstAt, m.BurstAt+m.BurstSpread)
+			}
+		}
+	}
+	if want := m.BurstRuns / 2; runs != want {
+		t.Errorf("%d runs; want %d (per 8 replicas × 4/8)", runs, want)
+	}
+	if chat < 20 {
+		t.Errorf("%d chat sessions", chat)
+	}
+	// Runs share their opening prefix and differ in their task; a turn
+	// carries the previous reply.
+	first := firstTurns(t, p)
+	var a, b *Turn
+	for i := range first {
+		if p.Sessions[i].Class == classBackground {
+			if a == nil {
+				a = &first[i]
+			} else if b == nil {
+				b = &first[i]
+			}
+		}
+	}
+	if a.Messages[0].Content != b.Messages[0].Content || a.Messages[1].Content == b.Messages[1].Content || len(a.Tools) == 0 {
+		t.Error("runs do not share the system prompt and tools, or share their task")
+	}
+	p2, _ := mt.Plan(env)
+	second := firstTurns(t, p2)
+	for i := range first {
+		if first[i].Messages[len(first[i].Messages)-1].Content != second[i].Messages[len(second[i].Messages)-1].Content {
+			t.Fatalf("plan not deterministic at session %d", i)
+		}
+	}
+	s := p.Sessions[0].Script
+	t0, _ := s.Next(nil)
+	t1, ok := s.Next(&Outcome{Reply: "the reply"})
+	if !ok || len(t1.Messages) != len(t0.Messages)+2 || t1.Messages[len(t0.Messages)].Content != "the reply" || t1.Delay <= 0 {
+		t.Errorf("second turn %+v does not continue the first", t1.Messages)
+	}
+}
+
+func TestMixedTenantsSharesPlan(t *testing.T) {
+	env := Env{Seed: 3, Scale: 0.1, Replicas: 4, KVTokens: 30733}
+	p := (&MixedTenants{}).SharesPlan(env)
+	n := map[string]int{}
+	for _, s := range p.Sessions {
+		n[s.Tenant]++
+	}
+	if len(p.Tenants) != 2 || p.Tenants[0].Weight != 1 || p.Tenants[1].Weight != 3 || n["light"] != n["heavy"] || n["light"] < 10 {
+		t.Fatalf("tenants %+v, runs %v", p.Tenants, n)
+	}
+}
+
+func TestLongestIdleWait(t *testing.T) {
+	busy := func(at float64) LoadSample {
+		return LoadSample{T: at, Waiting: []int{3, 2}, Running: []int{10, 10}, KVUsage: []float64{0.95, 0.99}}
+	}
+	idle := func(at float64) LoadSample {
+		return LoadSample{T: at, Waiting: []int{3, 0}, Running: []int{10, 4}, KVUsage: []float64{0.95, 0.5}}
+	}
+	// Idle from 2 s to 3 s and from 5 s to 5.5 s.
+	load := []LoadSample{busy(0), busy(1), idle(2), busy(3), busy(4), idle(5), busy(5.5), busy(10)}
+	sec := func(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
+	samples := []sample{
+		{start: sec(0.5), queueWait: sec(1)},   // 0.5–1.5: never idle
+		{start: sec(2.5), queueWait: sec(3)},   // 2.5–5.5: 0.5 and 0.5
+		{start: sec(1.5), queueWait: sec(1.2)}, // 1.5–2.7: 0.7
+		{start: sec(2), queueWait: 0},          // not queued
+	}
+	if got := longestIdleWait(samples, load, 16); math.Abs(got.Seconds()-0.7) > 1e-9 {
+		t.Errorf("longest idle wait %v; want 700ms", got)
+	}
+	// A batch at max_num_seqs is not idle capacity.
+	if got := longestIdleWait(samples, load, 4); got != 0 {
+		t.Errorf("with max_num_seqs 4: %v; want 0", got)
+	}
+}
+
+func TestContestedShares(t *testing.T) {
+	ms := func(v int) time.Duration { return time.Duration(v) * time.Millisecond }
+	var samples []sample
+	// light waits over [0, 1000) ms; heavy's dispatches at 100..900 are
+	// contested, one at 1500 is not.
+	samples = append(samples, sample{tenant: "light", start: 0, queueWait: ms(1000)})
+	for i := 1; i <= 9; i++ {
+		samples = append(samples, sample{tenant: "heavy", start: ms(50), queueWait: ms(100*i - 50)})
+	}
+	// heavy waits over [900, 1200): light's dispatch at 1000 is contested,
+	// this one (light no longer waits) is not.
+	samples = append(samples, sample{tenant: "heavy", start: ms(900), queueWait: ms(300)})
+	got := contestedShares(samples, sharesTenants)
+	if got[0].Dispatches != 1 || got[1].Dispatches != 9 || math.Abs(got[1].DispatchShare-0.9) > 1e-9 || got[1].WeightShare != 0.75 {
+		t.Errorf("shares %+v", got)
+	}
+}
+
+func TestMixedReportJSON(t *testing.T) {
+	mr := &MixedReport{Workload: "mixed-tenants", NoBurstInteractiveTTFTP99Ms: 200,
+		Results: []MixedResult{{Policy: "fifo", InteractiveTTFTP99Ms: 5000, BackgroundTurns: 10}}}
+	var b bytes.Buffer
+	if err := (&Report{Mixed: mr}).WriteJSON(&b); err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(b.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	if doc["workload"] != "mixed-tenants" || doc["no_burst_interactive_ttft_p99_ms"] != 200.0 {
+		t.Errorf("document %v", doc)
+	}
+	r := doc["results"].([]any)[0].(map[string]any)
+	for _, k := range []string{"policy", "interactive_ttft_p50_ms", "interactive_ttft_p99_ms", "background_turns",
+		"background_output_tokens_per_s", "output_tokens_per_s", "errors"} {
+		if _, ok := r[k]; !ok {
+			t.Errorf("result lacks %q: %v", k, r)
+		}
+	}
+}
+
+// TestMixedSmoke runs a tiny mixed-tenants benchmark end to end: tenants
+// created with their keys, the class reaching the gateway, the queue
+// engaged, and the JSON document.
+func TestMixedSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a live benchmark")
+	}
+	t.Parallel()
+	// Speed 10, not 20: the queue's timeout is 60 s ÷ speed of wall time,
+	// and under -race on a loaded machine 3 s turned waits into 429s.
+	cfg := Config{Workload: "mixed-tenants", Replicas: 2, Scale: 0.05, Speed: 10, Limit: 12, Duration: 45 * time.Second,
+		Parts: []string{partNoBurst, partFair}}
+	rep, table := runLogged(t, cfg)
+	mr := rep.Mixed
+	if mr == nil || len(mr.Results) != 1 || mr.Results[0].Policy != partFair || mr.NoBurstInteractiveTTFTP99Ms <= 0 {
+		t.Fatalf("report %+v", mr)
+	}
+	r := mr.Results[0]
+	if r.Errors != 0 || r.BackgroundTurns == 0 || r.InteractiveRequests == 0 || r.InteractiveTTFTP99Ms < r.InteractiveTTFTP50Ms {
+		t.Errorf("fair: %+v", r)
+	}
+	if !strings.Contains(table, "no-burst (tenant a alone)") {
+		t.Errorf("table lacks the no-burst line:\n%s", table)
+	}
+}

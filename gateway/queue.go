@@ -1,0 +1,452 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/tenancy"
+	"github.com/warmpath/warmpath/tenancy/fairq"
+)
+
+// QueueConfig configures the gateway's admission queue (package
+// tenancy/fairq): while every replica serving a model is saturated,
+// requests wait in the gateway, in per-tenant weighted fair queues with
+// turn priority, and are routed only when they leave. The zero value is
+// the default: the queue on, policy fair.
+type QueueConfig struct {
+	// Disabled turns the queue off: every request is routed at once and
+	// the engines see arrival order (the fifo baseline).
+	Disabled bool `yaml:"disabled"`
+	// Policy is fair (default: class priority with a guaranteed
+	// background share, weighted fair sharing across tenants, turns in
+	// progress first) or strict (interactive strictly before background,
+	// first come first served, no tenant fairness).
+	Policy string `yaml:"policy"`
+	// BackgroundShare is the share of the dispatches made while both
+	// classes wait that goes to background, so it always progresses;
+	// default 0.1. Negative means 0.
+	BackgroundShare float64 `yaml:"background_share"`
+	// MaxQueued bounds the requests waiting in this gateway; default
+	// 5000. Past it a request is refused with 429 and Retry-After.
+	MaxQueued int `yaml:"max_queued"`
+	// MaxQueuedPerTenant bounds one tenant's waiting requests; default
+	// 1000.
+	MaxQueuedPerTenant int `yaml:"max_queued_per_tenant"`
+	// Timeout is the longest a request waits before a 429; default 60s.
+	Timeout time.Duration `yaml:"timeout"`
+	// OutputWeight is what an output token costs in a tenant's virtual
+	// counter relative to a prompt token that is not a cache hit; default
+	// 2.
+	OutputWeight float64 `yaml:"output_weight"`
+	// AgeCredit is the tokens of attained service one second of waiting
+	// forgives when ordering a tenant's turns; default 1000. Negative
+	// means 0.
+	AgeCredit float64 `yaml:"age_credit"`
+	// SyncInterval is how often the virtual counters are exchanged with
+	// Redis (one round trip for all), so shares hold across gateways;
+	// default 100ms.
+	SyncInterval time.Duration `yaml:"sync_interval"`
+	// RecheckInterval is how often capacity is re-checked besides the
+	// checks on every scrape and every finished request; default 100ms.
+	RecheckInterval time.Duration `yaml:"recheck_interval"`
+	// VLLMPriority sends a background request's class to vLLM as
+	// "priority": 1 (interactive is vLLM's default 0), so interactive
+	// turns also go first inside an engine. Only for engines run with
+	// --scheduling-policy priority: others answer 400. Default off.
+	VLLMPriority bool `yaml:"vllm_priority"`
+	// Saturation says when a model's replicas have room.
+	Saturation QueueSaturation `yaml:"saturation"`
+}
+
+// QueueSaturation judges, per model and class, whether its replicas can
+// start another request. A replica is available unless it is unhealthy,
+// its metrics are stale (stale metrics count as saturated) or it is past
+// routing's thresholds (routing.max_waiting, max_kv_usage,
+// max_inflight_prefill_tokens). The model has room for a request when
+// Σ max(0, room_r) over its available replicas exceeds the requests
+// already admitted but not routed yet, where
+//
+//	room_r = EngineWaiting − queued_r                          interactive
+//	room_r = EngineWaiting − pending_r                         interactive, with vllm_priority
+//	room_r = BackgroundEngineWaiting − (waiting_r + sent_r)    background, while kv_r < BackgroundMaxKVUsage (else 0)
+//	queued_r = max(waiting_r + sent_r, notstarted_r)
+//
+// waiting_r and kv_r are the replica's engine queue and KV-cache use as
+// last scraped; sent_r is what this gateway sent it since that scrape net
+// of what finished since (negative when more finished: each finished
+// request freed a place a waiting one takes, so dispatch follows
+// completions rather than the next scrape); notstarted_r is this
+// gateway's requests on it that have not started (no first byte yet),
+// which a scrape taken before the engine saw them would miss; pending_r
+// is the interactive ones among them: an engine that schedules by
+// priority serves those before any background work, so only they are
+// ahead. With MaxRunning set, room_r is also at
+// most MaxRunning − (running_r + sent_r). Background sees less room so
+// that interactive turns find an engine able to start them at once: KV
+// blocks free (few background requests sit in an engine queue, where the
+// engine would hand them the blocks it frees) and a short queue.
+type QueueSaturation struct {
+	// EngineWaiting is the engine queue a replica may have and still take
+	// more; default 4. Higher keeps engines busier through scrape lag,
+	// lower leaves more of the order to the gateway.
+	EngineWaiting int `yaml:"engine_waiting"`
+	// BackgroundEngineWaiting is EngineWaiting for background requests;
+	// default 1.
+	BackgroundEngineWaiting int `yaml:"background_engine_waiting"`
+	// BackgroundMaxKVUsage is the KV-cache use (0..1] at or above which a
+	// replica takes no background requests, keeping the rest for
+	// interactive turns; default 0.9. Negative disables the headroom
+	// (background sees the same room as interactive).
+	BackgroundMaxKVUsage float64 `yaml:"background_max_kv_usage"`
+	// MaxRunning, when positive, is the batch size (vLLM's
+	// --max-num-seqs) at which a replica has no room; default 0, not
+	// judged (a full batch shows as a waiting queue anyway).
+	MaxRunning int `yaml:"max_running"`
+}
+
+// Defaults of QueueSaturation.
+const (
+	DefaultEngineWaiting           = 4
+	DefaultBackgroundEngineWaiting = 1
+	DefaultBackgroundMaxKVUsage    = 0.9
+)
+
+// withDefaults returns q with every zero field at its default.
+func (q QueueConfig) withDefaults() QueueConfig {
+	if q.Policy == "" {
+		q.Policy = fairq.DefaultPolicy
+	}
+	if q.BackgroundShare == 0 {
+		q.BackgroundShare = fairq.DefaultBackgroundShare
+	}
+	if q.MaxQueued == 0 {
+		q.MaxQueued = fairq.DefaultMaxQueued
+	}
+	if q.MaxQueuedPerTenant == 0 {
+		q.MaxQueuedPerTenant = fairq.DefaultMaxQueuedPerTenant
+	}
+	if q.Timeout == 0 {
+		q.Timeout = fairq.DefaultTimeout
+	}
+	if q.OutputWeight == 0 {
+		q.OutputWeight = fairq.DefaultOutputWeight
+	}
+	if q.AgeCredit == 0 {
+		q.AgeCredit = fairq.DefaultAgeCredit
+	}
+	if q.SyncInterval == 0 {
+		q.SyncInterval = fairq.DefaultSyncInterval
+	}
+	if q.RecheckInterval == 0 {
+		q.RecheckInterval = fairq.DefaultRecheckInterval
+	}
+	if q.Saturation.EngineWaiting == 0 {
+		q.Saturation.EngineWaiting = DefaultEngineWaiting
+	}
+	if q.Saturation.BackgroundEngineWaiting == 0 {
+		q.Saturation.BackgroundEngineWaiting = DefaultBackgroundEngineWaiting
+	}
+	if q.Saturation.BackgroundMaxKVUsage == 0 {
+		q.Saturation.BackgroundMaxKVUsage = DefaultBackgroundMaxKVUsage
+	}
+	return q
+}
+
+// validate checks a defaulted queue configuration; errors name the field.
+func (q *QueueConfig) validate() []error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("config: queue.%s: %s", field, fmt.Sprintf(format, args...)))
+	}
+	if q.Policy != fairq.PolicyFair && q.Policy != fairq.PolicyStrict {
+		bad("policy", "%q is not %s or %s", q.Policy, fairq.PolicyFair, fairq.PolicyStrict)
+	}
+	if !(q.BackgroundShare <= 1) {
+		bad("background_share", "%v is not a fraction", q.BackgroundShare)
+	}
+	if !(q.OutputWeight >= 0) {
+		bad("output_weight", "%v is negative", q.OutputWeight)
+	}
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"max_queued", q.MaxQueued}, {"max_queued_per_tenant", q.MaxQueuedPerTenant}, {"saturation.max_running", q.Saturation.MaxRunning}} {
+		if f.v < 0 {
+			bad(f.name, "%d is negative", f.v)
+		}
+	}
+	if q.Saturation.EngineWaiting < 1 {
+		bad("saturation.engine_waiting", "%d is below 1", q.Saturation.EngineWaiting)
+	}
+	if w := q.Saturation.BackgroundEngineWaiting; w < 1 || w > q.Saturation.EngineWaiting {
+		bad("saturation.background_engine_waiting", "%d is not in [1, engine_waiting]", w)
+	}
+	if kv := q.Saturation.BackgroundMaxKVUsage; kv > 1 || math.IsNaN(kv) {
+		bad("saturation.background_max_kv_usage", "%v is not in (0, 1] (negative disables)", kv)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"timeout", q.Timeout}, {"sync_interval", q.SyncInterval}, {"recheck_interval", q.RecheckInterval}} {
+		if d.v < 0 {
+			bad(d.name, "%v is negative", d.v)
+		}
+	}
+	return errs
+}
+
+// fairqConfig translates the configuration for fairq.New.
+func (q *QueueConfig) fairqConfig(keyPrefix string, label func(string) string) fairq.Config {
+	return fairq.Config{
+		Policy:             q.Policy,
+		BackgroundShare:    q.BackgroundShare,
+		MaxQueued:          q.MaxQueued,
+		MaxQueuedPerTenant: q.MaxQueuedPerTenant,
+		Timeout:            q.Timeout,
+		OutputWeight:       q.OutputWeight,
+		AgeCredit:          q.AgeCredit,
+		KeyPrefix:          keyPrefix,
+		SyncInterval:       q.SyncInterval,
+		RecheckInterval:    q.RecheckInterval,
+		Label:              label,
+	}
+}
+
+// queueAdmitter is the Admitter backed by the fair queue. The queue's
+// Capacity is the fleet's (fleetCapacity); its Run goroutine is started by
+// the gateway's Run.
+type queueAdmitter struct {
+	q        *fairq.Queue
+	capacity *fleetCapacity
+	fleet    *fleet.Fleet
+	labels   *tenancy.Labeler
+	names    sync.Map // tenant ID → tenant name, for metric labels
+}
+
+var _ Admitter = (*queueAdmitter)(nil)
+
+// newQueueAdmitter builds the queue over the fleet. rdb, when not nil,
+// shares the tenants' virtual counters with the other gateways; labels
+// bounds the tenant label of the queue's metrics.
+func newQueueAdmitter(cfg *Config, fl *fleet.Fleet, rdb redis.UniversalClient, labels *tenancy.Labeler, reg prometheus.Registerer, log *slog.Logger) (*queueAdmitter, error) {
+	a := &queueAdmitter{fleet: fl, labels: labels, capacity: &fleetCapacity{fleet: fl, sat: cfg.Queue.Saturation, priority: cfg.Queue.VLLMPriority}}
+	label := func(id string) string {
+		name := id
+		if v, ok := a.names.Load(id); ok {
+			name = v.(string)
+		}
+		return labels.Label(name)
+	}
+	q, err := fairq.New(cfg.Queue.fairqConfig(cfg.Redis.KeyPrefix, label), a.capacity, rdb, reg, log.With("component", "fairq"))
+	if err != nil {
+		return nil, fmt.Errorf("config: queue: %w", err)
+	}
+	a.q = q
+	return a, nil
+}
+
+// Admit waits, if the request's model is saturated, until the queue
+// dispatches it. A model that no healthy replica serves skips the queue,
+// so routing answers 404 or 503 at once rather than the queue a 429 after
+// its timeout (and no client-chosen name becomes queue state).
+func (a *queueAdmitter) Admit(ctx context.Context, r *Request) (func(Usage), error) {
+	if !a.serves(r.model) {
+		return releaseNothing, nil
+	}
+	if p := r.principal; p != nil {
+		if _, ok := a.names.Load(p.TenantID); !ok {
+			// First sight: the queue labels the tenant now, before its
+			// first request has finished and been counted.
+			a.names.Store(p.TenantID, p.TenantName)
+			a.labels.Observe(p.TenantName, 0)
+		}
+	}
+	gr, err := a.q.Admit(ctx, r.ticket())
+	if err != nil {
+		return nil, err
+	}
+	r.queueWait = gr.Waited()
+	return func(u Usage) { settle(gr, u) }, nil
+}
+
+// serves reports whether a healthy replica serves model.
+func (a *queueAdmitter) serves(model string) bool {
+	for _, rep := range a.fleet.Snapshot().Replicas {
+		if st := rep.State(); st.Healthy && st.Serves(model) {
+			return true
+		}
+	}
+	return false
+}
+
+// settle ends a grant with what the replica reported: output tokens are
+// charged and the predicted prompt cost replaced by the actual one. A
+// request that reported nothing (it failed, or its client left) keeps the
+// prediction.
+func settle(gr *fairq.Grant, u Usage) {
+	if u != (Usage{}) {
+		gr.Charge(float64(u.CompletionTokens))
+		gr.Settle(float64(u.PromptTokens), float64(u.CachedTokens))
+	}
+	gr.Done()
+}
+
+// ticket is what the queue knows of r. The session's progress comes from
+// the conversation itself, so admission needs no Redis: a chat request
+// carrying assistant messages continues a session (Turn is their count),
+// the prompt up to the last of them is predicted cached on the replica
+// serving the session (sticky routing keeps it there), and that prefix is
+// also the service the session has received (Attained). Cost is the
+// prompt net of that prediction; Settle corrects it from the usage.
+func (r *Request) ticket() fairq.Ticket {
+	t := fairq.Ticket{Class: r.class, Model: r.model, Session: r.session.Value, Turn: r.turns}
+	if p := r.principal; p != nil {
+		t.Tenant, t.Weight = p.TenantID, float64(p.Weight)
+	}
+	prompt := r.estimatedTokens()
+	held := 0
+	if r.turns > 0 {
+		held = r.priorBytes
+		if r.tools.IsArray() {
+			held += len(r.tools.Raw)
+		}
+		held = min(prompt, held/4)
+	}
+	t.Attained, t.Cost = float64(held), float64(prompt-held)
+	return t
+}
+
+// fleetCapacity is the queue's Capacity: the fleet's replicas judged by
+// QueueSaturation. It reads the fleet's published state only (atomics and
+// a snapshot), so it never blocks.
+type fleetCapacity struct {
+	fleet *fleet.Fleet
+	sat   QueueSaturation
+	// priority: the class reaches the engines (queue.vllm_priority), so
+	// an interactive request waits in an engine behind interactive ones
+	// only.
+	priority bool
+	// pending holds each replica's *classPending. Entries of replicas
+	// that left stay (a few bytes per departed replica).
+	pending sync.Map
+}
+
+// classPending counts, per class, this gateway's requests routed to one
+// replica that have not started there (no first byte yet): waiting in its
+// engine or prefilling.
+type classPending [2]atomic.Int64
+
+func (c *fleetCapacity) pendingFor(rep *fleet.Replica) *classPending {
+	if v, ok := c.pending.Load(rep); ok {
+		return v.(*classPending)
+	}
+	v, _ := c.pending.LoadOrStore(rep, new(classPending))
+	return v.(*classPending)
+}
+
+// startPending counts a routed request as not started on the replica it
+// is first sent to, until its first byte or its end (endPending).
+func (g *Gateway) startPending(x *exchange) {
+	if g.queue == nil || len(x.route.plan.Order) == 0 {
+		return
+	}
+	rep, _ := x.route.candidate(0)
+	p := g.queue.capacity.pendingFor(rep)
+	x.pending = &p[min(x.req.class, fairq.Background)]
+	x.pending.Add(1)
+}
+
+// endPending ends startPending's count, once.
+func (x *exchange) endPending() {
+	if x.pending != nil && x.pendingDone.CompareAndSwap(false, true) {
+		x.pending.Add(-1)
+	}
+}
+
+var _ fairq.ClassCapacity = (*fleetCapacity)(nil)
+
+// Saturated implements fairq.Capacity: saturated for interactive
+// requests.
+func (c *fleetCapacity) Saturated(model string, inflight int) bool {
+	return c.SaturatedFor(model, inflight, fairq.Interactive)
+}
+
+// SaturatedFor implements fairq.ClassCapacity; inflight is the queue's
+// requests for model admitted and not finished.
+func (c *fleetCapacity) SaturatedFor(model string, inflight int, class fairq.Class) bool {
+	now := time.Now()
+	room, routed := 0, 0
+	for _, rep := range c.fleet.Snapshot().Replicas {
+		st := rep.State()
+		if !st.Serves(model) {
+			continue
+		}
+		n := int(rep.InflightRequests())
+		routed += n
+		if sat, _ := rep.Saturated(now); !sat {
+			room += max(0, c.room(rep, st, n, class))
+		}
+	}
+	return room-max(0, inflight-routed) <= 0
+}
+
+// room is an available replica's room for class (negative when its queue
+// is longer than allowed); inflight is its requests from this gateway.
+func (c *fleetCapacity) room(rep *fleet.Replica, st *fleet.State, inflight int, class fairq.Class) int {
+	sent := inflight - st.InflightAtScrape
+	// For interactive, this gateway's requests not started on rep are in
+	// its queue (or prefilling) whatever the last scrape says: a scrape
+	// taken after a request was sent but before the engine saw it would
+	// hide it. Background keeps the scraped count: there one long prefill
+	// would hold all background off the replica (measured: 40 s waits with
+	// capacity idle, and timeouts).
+	queued := st.Waiting + sent
+	if class == fairq.Interactive {
+		pend := c.pendingFor(rep)
+		queued = max(queued, int(pend[fairq.Interactive].Load()+pend[fairq.Background].Load()))
+	}
+	var room int
+	switch {
+	case class == fairq.Interactive && c.priority:
+		// The engine runs interactive requests first: only those are
+		// ahead of this one.
+		room = c.sat.EngineWaiting - int(c.pendingFor(rep)[fairq.Interactive].Load())
+	case class == fairq.Background && c.sat.BackgroundMaxKVUsage >= 0:
+		if st.KVUsage >= c.sat.BackgroundMaxKVUsage {
+			return 0
+		}
+		room = c.sat.BackgroundEngineWaiting - queued
+	default:
+		room = c.sat.EngineWaiting - queued
+	}
+	if c.sat.MaxRunning > 0 {
+		room = min(room, c.sat.MaxRunning-(st.Running+sent))
+	}
+	return room
+}
+
+// replicaUpdated is the fleet's OnUpdate: a scrape or a recovery may have
+// given a saturated model room.
+func (g *Gateway) replicaUpdated(*fleet.Replica) {
+	if g.queue != nil {
+		g.queue.q.Kick()
+	}
+}
+
+// queueHeaders are the debug headers of admission: the class the request
+// ran in and how long it waited in the queue, in milliseconds.
+func queueHeaders(h http.Header, r *Request) {
+	h.Set("X-Warmpath-Class", r.class.String())
+	h.Set("X-Warmpath-Queue-Ms", strconv.FormatFloat(float64(r.queueWait)/float64(time.Millisecond), 'f', 1, 64))
+}

@@ -1,0 +1,790 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/internal/testrun"
+	"github.com/warmpath/warmpath/tenancy"
+	"github.com/warmpath/warmpath/tenancy/fairq"
+	"github.com/warmpath/warmpath/vllmsim"
+)
+
+// gatedClock is a vllmsim.Clock whose sleeps block while it is paused:
+// an engine that takes a step while paused stays in it, with its requests
+// running or waiting, until resume.
+type gatedClock struct {
+	mu     sync.Mutex
+	open   chan struct{} // closed while running
+	paused bool
+}
+
+func newGatedClock() *gatedClock {
+	c := &gatedClock{open: make(chan struct{})}
+	close(c.open)
+	return c
+}
+
+func (c *gatedClock) Now() time.Time { return time.Now() }
+
+func (c *gatedClock) Sleep(ctx context.Context, d time.Duration) error {
+	c.mu.Lock()
+	open := c.open
+	c.mu.Unlock()
+	select {
+	case <-open:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (c *gatedClock) pause() {
+	c.mu.Lock()
+	if !c.paused {
+		c.open, c.paused = make(chan struct{}), true
+	}
+	c.mu.Unlock()
+}
+
+func (c *gatedClock) resume() {
+	c.mu.Lock()
+	if c.paused {
+		close(c.open)
+		c.paused = false
+	}
+	c.mu.Unlock()
+}
+
+// queueSim is one replica that runs one sequence at a time.
+func queueSim(t *testing.T, clock vllmsim.Clock, policy string) *vllmsim.Fleet {
+	return startSim(t, vllmsim.Config{Clock: clock, SchedulingPolicy: policy, Profile: vllmsim.Profile{MaxNumSeqs: 1}})
+}
+
+// queueConfig is a gateway over sim whose queue saturates with one
+// request in flight: the replica has room while it runs nothing.
+func queueConfig(sim *vllmsim.Fleet) Config {
+	cfg := fleetConfig(sim)
+	cfg.Debug = true
+	cfg.Queue.Saturation = QueueSaturation{EngineWaiting: 1, MaxRunning: 1}
+	cfg.Queue.RecheckInterval = 20 * time.Millisecond
+	return cfg
+}
+
+// asyncChat sends a chat completion in the background; its result
+// arrives on the returned channel.
+func asyncChat(ctx context.Context, url string, body map[string]any, header map[string]string) <-chan chatResult {
+	out := make(chan chatResult, 1)
+	go func() {
+		b, _ := json.Marshal(body)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", bytes.NewReader(b))
+		for k, v := range header {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			out <- chatResult{Status: -1, Body: []byte(err.Error())}
+			return
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		out <- chatResult{Status: resp.StatusCode, Header: resp.Header, Body: raw}
+	}()
+	return out
+}
+
+// chatBody is a small completion request; prior, when positive, makes it
+// a later turn of a conversation whose earlier part is prior words long.
+func chatBody(seed string, prior, maxTokens int) map[string]any {
+	msgs := []msg{{"system", "you are " + seed}, {"user", "first question of " + seed}}
+	if prior > 0 {
+		msgs = append(msgs, msg{"assistant", words(seed, prior)}, msg{"user", "and then?"})
+	}
+	return map[string]any{"model": "qwen3-32b", "messages": msgs, "max_tokens": maxTokens, "ignore_eos": true}
+}
+
+// queued is the gateway's total queue depth.
+func queued(t *testing.T, g *testGateway, labels map[string]string) float64 {
+	return counter(t, g.Registry(), "warmpath_queue_depth", labels)
+}
+
+// saturate pauses the engine and sends a blocker that stays running, then
+// waits until the gateway judges the model saturated. resume releases it.
+func saturate(t *testing.T, g *testGateway, clock *gatedClock) <-chan chatResult {
+	t.Helper()
+	clock.pause()
+	blocker := asyncChat(t.Context(), g.URL, chatBody("blocker", 0, 8), nil)
+	eventually(t, 10*time.Second, func() bool {
+		return counter(t, g.Registry(), "warmpath_replica_running", nil) == 1
+	}, "the blocker running on the paused engine")
+	return blocker
+}
+
+func TestQueueInProgressFirstThenLeastServed(t *testing.T) {
+	clock := newGatedClock()
+	sim := queueSim(t, clock, "")
+	g := startGateway(t, queueConfig(sim), nil)
+	blocker := saturate(t, g, clock)
+
+	// A first turn, then a long-served turn in progress, then a short one:
+	// they leave the queue short, long, first.
+	var order atomic.Int32
+	type done struct {
+		name string
+		at   int32
+		res  chatResult
+	}
+	results := make(chan done, 3)
+	send := func(name string, prior int) {
+		ch := asyncChat(t.Context(), g.URL, chatBody(name, prior, 4), nil)
+		go func() { r := <-ch; results <- done{name, order.Add(1), r} }()
+	}
+	for i, s := range []struct {
+		name  string
+		prior int
+	}{{"fresh", 0}, {"long", 2000}, {"short", 10}} {
+		send(s.name, s.prior)
+		eventually(t, 10*time.Second, func() bool { return queued(t, g, nil) == float64(i+1) }, s.name+" queued")
+	}
+	clock.resume()
+	if r := <-blocker; r.Status != http.StatusOK {
+		t.Fatalf("blocker: %d %s", r.Status, r.Body)
+	}
+	got := map[string]int32{}
+	for range 3 {
+		d := <-results
+		if d.res.Status != http.StatusOK {
+			t.Fatalf("%s: %d %s", d.name, d.res.Status, d.res.Body)
+		}
+		if w, _ := strconv.ParseFloat(d.res.Header.Get("X-Warmpath-Queue-Ms"), 64); !(w > 0) {
+			t.Errorf("%s: X-Warmpath-Queue-Ms = %q; want a wait", d.name, d.res.Header.Get("X-Warmpath-Queue-Ms"))
+		}
+		got[d.name] = d.at
+	}
+	if !(got["short"] < got["long"] && got["long"] < got["fresh"]) {
+		t.Errorf("completion order %v; want short, long, fresh", got)
+	}
+}
+
+func TestQueueCancelLeavesAtOnce(t *testing.T) {
+	clock := newGatedClock()
+	sim := queueSim(t, clock, "")
+	g := startGateway(t, queueConfig(sim), nil)
+	blocker := saturate(t, g, clock)
+	defer clock.resume()
+
+	ctx, cancel := context.WithCancel(t.Context())
+	res := asyncChat(ctx, g.URL, chatBody("leaver", 0, 4), nil)
+	eventually(t, 10*time.Second, func() bool { return queued(t, g, nil) == 1 }, "request queued")
+	cancel()
+	if r := <-res; r.Status != -1 {
+		t.Fatalf("canceled request answered %d", r.Status)
+	}
+	eventually(t, 10*time.Second, func() bool { return queued(t, g, nil) == 0 }, "queue empty after the cancel")
+	if n := counter(t, g.Registry(), "warmpath_queue_canceled_total", nil); n != 1 {
+		t.Errorf("warmpath_queue_canceled_total = %v; want 1", n)
+	}
+	eventually(t, 10*time.Second, func() bool {
+		return counter(t, g.Registry(), "warmpath_requests_total", map[string]string{"code": "499"}) == 1
+	}, "the cancel counted as 499")
+	clock.resume()
+	if r := <-blocker; r.Status != http.StatusOK {
+		t.Fatalf("blocker: %d", r.Status)
+	}
+	if n := counter(t, g.Registry(), "warmpath_queue_inflight", nil); n > 1 {
+		t.Errorf("in flight after the cancel: %v", n)
+	}
+}
+
+// wantQueue429 checks a refusal: 429 rate_limit_exceeded in the OpenAI
+// envelope, with a Retry-After of whole seconds.
+func wantQueue429(t *testing.T, r chatResult) {
+	t.Helper()
+	if r.Status != http.StatusTooManyRequests {
+		t.Fatalf("status %d (%s); want 429", r.Status, r.Body)
+	}
+	var env struct {
+		Error struct {
+			Message, Type, Code string
+			Param               *string
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(r.Body, &env); err != nil || env.Error.Code != "rate_limit_exceeded" || env.Error.Type != "rate_limit_error" || env.Error.Message == "" {
+		t.Errorf("body %s; want the OpenAI envelope with code rate_limit_exceeded", r.Body)
+	}
+	if s, err := strconv.Atoi(r.Header.Get("Retry-After")); err != nil || s < 1 {
+		t.Errorf("Retry-After = %q; want whole seconds ≥ 1", r.Header.Get("Retry-After"))
+	}
+}
+
+func TestQueue429OnOverflowAndTimeout(t *testing.T) {
+	clock := newGatedClock()
+	sim := queueSim(t, clock, "")
+	cfg := queueConfig(sim)
+	cfg.Queue.MaxQueued = 1
+	cfg.Queue.Timeout = 100 * time.Millisecond
+	g := startGateway(t, cfg, nil)
+	blocker := saturate(t, g, clock)
+
+	first := asyncChat(t.Context(), g.URL, chatBody("first", 0, 4), nil)
+	eventually(t, 10*time.Second, func() bool { return queued(t, g, nil) == 1 }, "first queued")
+	// The queue is full: refused at once (first is still waiting; it is
+	// refused only when its timeout passes).
+	wantQueue429(t, <-asyncChat(t.Context(), g.URL, chatBody("second", 0, 4), nil))
+	wantQueue429(t, <-first)
+	if n := counter(t, g.Registry(), "warmpath_queue_shed_total", map[string]string{"reason": "queue_full"}); n != 1 {
+		t.Errorf("shed for queue_full = %v; want 1", n)
+	}
+	if n := counter(t, g.Registry(), "warmpath_queue_shed_total", map[string]string{"reason": "timeout"}); n != 1 {
+		t.Errorf("shed for timeout = %v; want 1", n)
+	}
+	clock.resume()
+	if r := <-blocker; r.Status != http.StatusOK {
+		t.Fatalf("blocker: %d", r.Status)
+	}
+}
+
+// load keeps n clients sending requests with header until stop, and
+// returns how many each completed.
+type load struct {
+	stop atomic.Bool
+	wg   sync.WaitGroup
+}
+
+func startLoad(t *testing.T, url string, n int, header map[string]string, seed string) *load {
+	l := &load{}
+	for i := range n {
+		l.wg.Go(func() {
+			for j := 0; !l.stop.Load(); j++ {
+				r := chat(t, url, chatBody(fmt.Sprintf("%s-%d-%d", seed, i, j), 0, 2), header)
+				if r.Status != http.StatusOK {
+					t.Errorf("%s client %d: %d %s", seed, i, r.Status, r.Body)
+					return
+				}
+			}
+		})
+	}
+	return l
+}
+
+func (l *load) end() { l.stop.Store(true); l.wg.Wait() }
+
+// starved sends one background request under sustained interactive load
+// and returns how many interactive requests were dispatched between its
+// arrival and its answer, or -1 if it was still waiting after 40.
+func starved(t *testing.T, policy string) int {
+	sim := startSim(t, vllmsim.Config{Profile: vllmsim.Profile{MaxNumSeqs: 1}})
+	cfg := queueConfig(sim)
+	cfg.Queue.Policy = policy
+	g := startGateway(t, cfg, nil)
+	// Eight closed-loop clients keep an interactive backlog at all times
+	// (two fit in the engine): with fewer, the backlog can empty for a
+	// moment between a completion and the client's next request, and
+	// then even strict dispatches background, as it should.
+	l := startLoad(t, g.URL, 8, nil, "chat")
+	defer l.end()
+	interactive := map[string]string{"class": "interactive"}
+	eventually(t, 10*time.Second, func() bool { return queued(t, g, interactive) >= 2 }, "an interactive backlog")
+	before := counter(t, g.Registry(), "warmpath_queue_dispatches_total", interactive)
+	bg := asyncChat(t.Context(), g.URL, chatBody("batch", 0, 2), map[string]string{fairq.HeaderPriority: "background"})
+	for {
+		select {
+		case r := <-bg:
+			if r.Status != http.StatusOK || r.Header.Get("X-Warmpath-Class") != "background" {
+				t.Fatalf("background request: %d class %q %s", r.Status, r.Header.Get("X-Warmpath-Class"), r.Body)
+			}
+			return int(counter(t, g.Registry(), "warmpath_queue_dispatches_total", interactive) - before)
+		case <-time.After(5 * time.Millisecond):
+			if counter(t, g.Registry(), "warmpath_queue_dispatches_total", interactive)-before > 40 {
+				l.end()
+				if r := <-bg; r.Status != http.StatusOK {
+					t.Fatalf("background request after the load: %d", r.Status)
+				}
+				return -1
+			}
+		}
+	}
+}
+
+func TestQueueBackgroundNeverStarves(t *testing.T) {
+	// Fair: background earns 0.1 of the dispatches while both wait, so it
+	// leaves the queue after about 10 interactive dispatches; until its
+	// answer more are counted: those admitted at once before the backlog
+	// formed again, and those dispatched while it waits in the engine
+	// behind the running one and runs. Twice the share's bound leaves
+	// room for those and is still far from strict's starvation.
+	if n := starved(t, fairq.PolicyFair); n < 0 || n > 20 {
+		t.Errorf("fair: %d interactive dispatches passed the background request; want at most 20", n)
+	}
+	// Strict is the control: there it waits for as long as interactive
+	// requests do.
+	if n := starved(t, fairq.PolicyStrict); n != -1 {
+		t.Errorf("strict: background dispatched after %d interactive; want it starved", n)
+	}
+}
+
+// shareOfHeavy runs two tenants of weights 1 and 3 with six closed-loop
+// clients each, each client's requests alternating over the gateways, and returns the heavy tenant's
+// share of the queued completions after a warm-up.
+func shareOfHeavy(t *testing.T, gws []*testGateway, light, heavy string) float64 {
+	var mu sync.Mutex
+	var seq []bool // heavy?, in completion order, queued requests only
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	for i := range 12 {
+		key, isHeavy := light, false
+		if i%2 == 1 {
+			key, isHeavy = heavy, true
+		}
+		wg.Go(func() {
+			for j := 0; !stop.Load(); j++ {
+				// Requests alternate over the gateways, as behind a
+				// round-robin load balancer.
+				url := gws[(i/2+j)%len(gws)].URL
+				r := chat(t, url, chatBody(fmt.Sprintf("c%d-%d", i, j), 0, 4), bearer(key))
+				if r.Status != http.StatusOK {
+					t.Errorf("client %d: %d %s", i, r.Status, r.Body)
+					return
+				}
+				if w, _ := strconv.ParseFloat(r.Header.Get("X-Warmpath-Queue-Ms"), 64); w > 0 {
+					mu.Lock()
+					seq = append(seq, isHeavy)
+					if len(seq) >= 260 {
+						stop.Store(true)
+					}
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	n := 0
+	for _, h := range seq[60:] {
+		if h {
+			n++
+		}
+	}
+	return float64(n) / float64(len(seq)-60)
+}
+
+// weightedTenants creates the two tenants on g and returns their keys.
+func weightedTenants(t *testing.T, g *testGateway) (light, heavy string) {
+	return newTenant(t, g.URL, "light", `,"weight":1`), newTenant(t, g.URL, "heavy", `,"weight":3`)
+}
+
+func sharesConfig(sim *vllmsim.Fleet) Config {
+	cfg := tenantConfig(sim)
+	cfg.Queue.Saturation = QueueSaturation{EngineWaiting: 1, MaxRunning: 2}
+	cfg.Queue.RecheckInterval = 20 * time.Millisecond
+	cfg.Queue.SyncInterval = 20 * time.Millisecond
+	return cfg
+}
+
+func TestQueueWeightedSharesOneGateway(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{})
+	cfg := sharesConfig(sim)
+	rdb := redisFor(t, &cfg)
+	g := startGateway(t, cfg, rdb)
+	light, heavy := weightedTenants(t, g)
+	s := shareOfHeavy(t, []*testGateway{g}, light, heavy)
+	t.Logf("weights 1:3, one gateway: the weight-3 tenant got %.3f of the queued dispatches", s)
+	if s < 0.65 || s > 0.85 {
+		t.Errorf("weight-3 tenant's share of queued dispatches = %.3f; want 0.75 ± 0.10", s)
+	}
+}
+
+func TestQueueWeightedSharesTwoGateways(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{})
+	cfg := sharesConfig(sim)
+	rdb := redisFor(t, &cfg)
+	g1 := startGateway(t, cfg, rdb)
+	light, heavy := weightedTenants(t, g1)
+	g2 := startGateway(t, cfg, rdb)
+	s := shareOfHeavy(t, []*testGateway{g1, g2}, light, heavy)
+	t.Logf("weights 1:3, two gateways: the weight-3 tenant got %.3f of the queued dispatches", s)
+	if s < 0.65 || s > 0.85 {
+		t.Errorf("weight-3 tenant's share of queued dispatches over two gateways = %.3f; want 0.75 ± 0.10", s)
+	}
+}
+
+func TestQueueClassDerivation(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{})
+	cfg := tenantConfig(sim)
+	rdb := redisFor(t, &cfg)
+	g := startGateway(t, cfg, rdb)
+	open := newTenant(t, g.URL, "open", "")
+	batch := newTenant(t, g.URL, "batch", `,"default_class":"background"`)
+	capped := newTenant(t, g.URL, "capped", `,"class_ceiling":"background"`)
+	var k struct {
+		APIKey string `json:"api_key"`
+	}
+	if code := admin(t, g.URL, "POST", "/admin/tenants/open/keys", `{"name":"cron","class_ceiling":"background"}`, &k); code != http.StatusCreated {
+		t.Fatalf("issue capped key: %d", code)
+	}
+	cappedKey := k.APIKey
+
+	tests := []struct {
+		name   string
+		key    string
+		tier   any
+		header string
+		want   string // class, or "400 <param>"
+	}{
+		{"default", open, nil, "", "interactive"},
+		{"flex tier", open, "flex", "", "background"},
+		{"priority tier over header", open, "priority", "background", "interactive"},
+		{"auto tier says nothing", open, "auto", "background", "background"},
+		{"header", open, nil, "background", "background"},
+		{"tenant default", batch, nil, "", "background"},
+		{"header over tenant default", batch, nil, "interactive", "interactive"},
+		{"tenant ceiling caps header", capped, nil, "interactive", "background"},
+		{"tenant ceiling caps tier", capped, "priority", "", "background"},
+		{"key ceiling", cappedKey, nil, "", "background"},
+		{"key ceiling caps tier", cappedKey, "priority", "interactive", "background"},
+		{"bad header", open, nil, "urgent", "400 " + fairq.HeaderPriority},
+		{"bad tier", open, "gold", "", "400 service_tier"},
+		{"tier not a string", open, 3, "", "400 service_tier"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			body := chatBody("class", 0, 2)
+			if tt.tier != nil {
+				body["service_tier"] = tt.tier
+			}
+			h := bearer(tt.key)
+			if tt.header != "" {
+				h[fairq.HeaderPriority] = tt.header
+			}
+			r := chat(t, g.URL, body, h)
+			if param, ok := strings.CutPrefix(tt.want, "400 "); ok {
+				var env struct {
+					Error struct{ Param, Type string } `json:"error"`
+				}
+				_ = json.Unmarshal(r.Body, &env)
+				if r.Status != http.StatusBadRequest || env.Error.Param != param || env.Error.Type != "invalid_request_error" {
+					t.Fatalf("status %d %s; want 400 naming %s", r.Status, r.Body, param)
+				}
+				return
+			}
+			if r.Status != http.StatusOK {
+				t.Fatalf("status %d: %s", r.Status, r.Body)
+			}
+			if got := r.Header.Get("X-Warmpath-Class"); got != tt.want {
+				t.Errorf("class %q; want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestQueueVLLMPriority(t *testing.T) {
+	bg := map[string]string{fairq.HeaderPriority: "background"}
+	withPriority := func(b map[string]any) map[string]any { b["priority"] = 3; return b }
+	tests := []struct {
+		name       string
+		scheduling string
+		send       bool
+		body       map[string]any
+		header     map[string]string
+		want       int
+	}{
+		// An fcfs engine rejects any non-zero priority: a 400 proves the
+		// field was sent, a 200 that it was not.
+		{"client priority dropped", "fcfs", false, withPriority(chatBody("p", 0, 2)), nil, 200},
+		{"client priority dropped with vllm_priority", "fcfs", true, withPriority(chatBody("p", 0, 2)), nil, 200},
+		{"class not sent without vllm_priority", "fcfs", false, chatBody("p", 0, 2), bg, 200},
+		{"background sent as priority 1", "fcfs", true, chatBody("p", 0, 2), bg, 400},
+		{"priority engine takes it", "priority", true, chatBody("p", 0, 2), bg, 200},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			sim := startSim(t, vllmsim.Config{SchedulingPolicy: tt.scheduling})
+			cfg := fleetConfig(sim)
+			cfg.Queue.VLLMPriority = tt.send
+			g := startGateway(t, cfg, nil)
+			r := chat(t, g.URL, tt.body, tt.header)
+			if r.Status != tt.want {
+				t.Errorf("status %d (%s); want %d", r.Status, r.Body, tt.want)
+			}
+		})
+	}
+}
+
+func TestQueueSkipsUnservedModels(t *testing.T) {
+	clock := newGatedClock()
+	sim := queueSim(t, clock, "")
+	g := startGateway(t, queueConfig(sim), nil)
+	blocker := saturate(t, g, clock)
+	defer func() { clock.resume(); <-blocker }()
+	// The model is saturated, but a model nobody serves is answered at
+	// once, and leaves no queue state behind.
+	body := chatBody("x", 0, 2)
+	body["model"] = "no-such-model"
+	if r := chat(t, g.URL, body, nil); r.Status != http.StatusNotFound {
+		t.Errorf("unknown model: %d; want 404", r.Status)
+	}
+	if n := counter(t, g.Registry(), "warmpath_queue_inflight", map[string]string{"model": "no-such-model"}); n != 0 {
+		t.Errorf("queue state for an unknown model: %v", n)
+	}
+}
+
+func TestQueueConfigValidation(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		edit func(*QueueConfig)
+		want string
+	}{
+		{"policy", func(q *QueueConfig) { q.Policy = "lottery" }, "queue.policy"},
+		{"share", func(q *QueueConfig) { q.BackgroundShare = 1.5 }, "queue.background_share"},
+		{"max queued", func(q *QueueConfig) { q.MaxQueued = -1 }, "queue.max_queued"},
+		{"timeout", func(q *QueueConfig) { q.Timeout = -time.Second }, "queue.timeout"},
+		{"engine waiting", func(q *QueueConfig) { q.Saturation.EngineWaiting = -2 }, "queue.saturation.engine_waiting"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			q := QueueConfig{}
+			tt.edit(&q)
+			q = q.withDefaults()
+			errs := q.validate()
+			if len(errs) == 0 || !strings.Contains(errs[0].Error(), tt.want) {
+				t.Errorf("errors %v; want one naming %s", errs, tt.want)
+			}
+		})
+	}
+	if d := (QueueConfig{}).withDefaults(); len(d.validate()) != 0 {
+		t.Errorf("defaults invalid: %v", d.validate())
+	}
+}
+
+// FuzzRequestClass feeds client bodies and X-Warmpath-Priority headers to
+// the parser: an accepted request has a valid class, an upstream body
+// that is JSON and carries no client priority, and a sane ticket.
+func FuzzRequestClass(f *testing.F) {
+	for _, seed := range []struct{ body, header string }{
+		{`{"model":"m","messages":[{"role":"user","content":"hi"}]}`, ""},
+		{`{"model":"m","service_tier":"flex","priority":7,"messages":[{"role":"user","content":"hi"}]}`, ""},
+		{`{"model":"m","service_tier":"priority","messages":[{"role":"system","content":"s"},{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":"c"}]}`, "background"},
+		{`{"model":"m","service_tier":null,"messages":[{"role":"assistant","content":null}]}`, " Interactive "},
+		{`{"model":"m","service_tier":1,"messages":[{"role":"user","content":"hi"}]}`, "urgent"},
+	} {
+		f.Add(seed.body, seed.header, false)
+		f.Add(seed.body, seed.header, true)
+	}
+	f.Fuzz(func(t *testing.T, body, header string, vllm bool) {
+		p := &tenancy.Principal{TenantID: "t", TenantName: "t", DefaultClass: "interactive", ClassCeiling: "interactive", Weight: 2}
+		r, err := ParseRequest(APIChat, http.Header{fairq.HeaderPriority: {header}}, []byte(body), p)
+		if err != nil {
+			return
+		}
+		if c := r.Class(); c != fairq.Interactive && c != fairq.Background {
+			t.Fatalf("class %v", c)
+		}
+		g := &Gateway{cfg: Config{Queue: QueueConfig{VLLMPriority: vllm}}}
+		ub, err := r.upstreamBody()
+		if err == nil {
+			ub, err = g.classBody(ub, r)
+		}
+		if err != nil || !json.Valid(ub) {
+			t.Fatalf("upstream body %q: %v", ub, err)
+		}
+		var fields struct {
+			Priority *int `json:"priority"`
+		}
+		_ = json.Unmarshal(ub, &fields)
+		if want := vllm && r.Class() == fairq.Background; (fields.Priority != nil) != want || (want && *fields.Priority != 1) {
+			t.Fatalf("upstream priority %v for class %v, vllm_priority %v", fields.Priority, r.Class(), vllm)
+		}
+		tk := r.ticket()
+		if tk.Cost < 0 || tk.Attained < 0 || tk.Turn < 0 || tk.Weight != 2 {
+			t.Fatalf("ticket %+v", tk)
+		}
+	})
+}
+
+// BenchmarkAdmission measures the gateway's admission below saturation:
+// the fair queue's fast path (a capacity check over the fleet's published
+// state, the grant, and its release with usage) against admitting at
+// once. It never blocks, sleeps or calls Redis, so the difference is the
+// latency the queue adds to a request while the fleet has room.
+func BenchmarkAdmission(b *testing.B) {
+	sim, err := vllmsim.NewFleet(vllmsim.Config{Replicas: 8, Speed: 50})
+	if err != nil {
+		b.Fatal(err)
+	}
+	testrun.Start(b, "vllmsim", sim.Run)
+	cfg := fleetConfig(sim)
+	g, err := New(cfg, Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	testrun.Start(b, "gateway", g.Run)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		ready := 0
+		for _, rep := range g.fleet.Snapshot().Replicas {
+			if st := rep.State(); st.Healthy && !st.ScrapedAt.IsZero() {
+				ready++
+			}
+		}
+		if ready == 8 {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatal("fleet not ready")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	p := &tenancy.Principal{TenantID: "acme", TenantName: "acme", DefaultClass: "interactive", ClassCeiling: "interactive", Weight: 1}
+	body := []byte(`{"model":"qwen3-32b","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hello"},{"role":"assistant","content":"hi"},{"role":"user","content":"more"}]}`)
+	r, err := ParseRequest(APIChat, http.Header{}, body, p)
+	if err != nil {
+		b.Fatal(err)
+	}
+	u := Usage{PromptTokens: 40, CompletionTokens: 10, CachedTokens: 32}
+	for _, bb := range []struct {
+		name string
+		a    Admitter
+	}{{"queue", g.queue}, {"none", admitAll{}}} {
+		b.Run(bb.name, func(b *testing.B) {
+			b.ReportAllocs()
+			ctx := context.Background()
+			for b.Loop() {
+				release, err := bb.a.Admit(ctx, r)
+				if err != nil {
+					b.Fatal(err)
+				}
+				release(u)
+			}
+			if n := queuedDispatches(b, g); n != 0 {
+				b.Fatalf("%v requests waited: the benchmark left the fast path", n)
+			}
+		})
+	}
+}
+
+// queuedDispatches counts the requests the gateway's queue made wait.
+func queuedDispatches(tb testing.TB, g *Gateway) float64 {
+	mfs, err := g.Registry().Gather()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() != "warmpath_queue_dispatches_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "path" && lp.GetValue() == "queued" {
+					n += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return n
+}
+
+// The example configuration's queue block states the defaults.
+func TestExampleQueueConfig(t *testing.T) {
+	c, err := LoadConfig("../deploy/warmpath.example.yaml", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := c.Queue.withDefaults(), (QueueConfig{}).withDefaults(); got != want {
+		t.Errorf("example queue block %+v; defaults %+v", got, want)
+	}
+}
+
+func TestFleetCapacityRoom(t *testing.T) {
+	sat := (QueueConfig{}).withDefaults().Saturation
+	sat.MaxRunning = 10
+	rep := &fleet.Replica{}
+	for _, tt := range []struct {
+		name     string
+		priority bool
+		st       fleet.State
+		inflight int
+		pending  int64 // interactive not started
+		class    fairq.Class
+		want     int
+	}{
+		{"idle", false, fleet.State{}, 0, 0, fairq.Interactive, 4},
+		{"queue counts", false, fleet.State{Waiting: 3}, 0, 0, fairq.Interactive, 1},
+		{"sent since the scrape counts", false, fleet.State{Waiting: 1, InflightAtScrape: 5}, 7, 0, fairq.Interactive, 1},
+		{"finished since the scrape give room", false, fleet.State{Waiting: 5, InflightAtScrape: 9}, 6, 0, fairq.Interactive, 2},
+		{"not started count whatever the scrape", false, fleet.State{InflightAtScrape: 3}, 3, 3, fairq.Interactive, 1},
+		{"batch full", false, fleet.State{Running: 9, InflightAtScrape: 3}, 4, 0, fairq.Interactive, 0},
+		{"priority: only interactive ahead", true, fleet.State{Waiting: 30}, 0, 1, fairq.Interactive, 3},
+		{"background: short queue", false, fleet.State{Waiting: 0, KVUsage: 0.5}, 0, 0, fairq.Background, 1},
+		{"background: queue", false, fleet.State{Waiting: 1, KVUsage: 0.5}, 0, 0, fairq.Background, 0},
+		{"background: headroom", true, fleet.State{KVUsage: 0.9}, 0, 0, fairq.Background, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := &fleetCapacity{sat: sat, priority: tt.priority}
+			c.pendingFor(rep)[fairq.Interactive].Store(tt.pending)
+			if got := c.room(rep, &tt.st, tt.inflight, tt.class); got != tt.want {
+				t.Errorf("room = %d; want %d", got, tt.want)
+			}
+		})
+	}
+}
+
+// The queue's series reach GET /metrics, and their tenant label is
+// bounded by auth.metrics_top_n: past the busiest tenants it is "other".
+func TestQueueMetricsOnEndpoint(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{})
+	cfg := tenantConfig(sim)
+	cfg.Auth.MetricsTopN = 1
+	rdb := redisFor(t, &cfg)
+	g := startGateway(t, cfg, rdb)
+	for _, id := range []string{"first", "second"} {
+		key := newTenant(t, g.URL, id, "")
+		if r := chat(t, g.URL, chatBody(id, 0, 2), bearer(key)); r.Status != http.StatusOK {
+			t.Fatalf("%s: status %d: %s", id, r.Status, r.Body)
+		}
+	}
+	resp, err := http.Get("http://" + g.MetricsAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	tenants := map[string]float64{}
+	for line := range strings.Lines(string(raw)) {
+		if !strings.HasPrefix(line, "warmpath_queue_dispatches_total{") {
+			continue
+		}
+		labels, value, _ := strings.Cut(strings.TrimPrefix(line, "warmpath_queue_dispatches_total"), " ")
+		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+		if err != nil {
+			t.Fatalf("bad sample %q", line)
+		}
+		if v == 0 {
+			continue // series are created at zero for the tenant's classes
+		}
+		if !strings.Contains(labels, `class="interactive"`) || !strings.Contains(labels, `path="fast"`) {
+			t.Errorf("unexpected dispatch %s", line)
+		}
+		_, after, _ := strings.Cut(labels, `tenant="`)
+		name, _, _ := strings.Cut(after, `"`)
+		tenants[name] += v
+	}
+	if want := map[string]float64{"first": 1, tenancy.Other: 1}; fmt.Sprint(tenants) != fmt.Sprint(want) {
+		t.Errorf("warmpath_queue_dispatches_total by tenant on /metrics = %v; want %v\n%s", tenants, want, raw)
+	}
+}
