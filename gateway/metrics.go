@@ -94,7 +94,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "warmpath_tokenizer_unseen_total", Help: "Scored turns routed on load without tokenizing: no replica was sent their opening (routing.tokenize_unseen off).",
 		}),
 		tips: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "warmpath_session_tips_total", Help: "Session tips filled in off the request path, by result: filled, stale (the session moved or already had one), failed (tokenizer), dropped (the workers' backlog was full).",
+			Name: "warmpath_session_tips_total", Help: "Prompts routed without the tokenizer, tokenized off the request path (blocks speculated, session tip filled), by result: filled, stale (no session, or it moved or already had one), failed (tokenizer or Redis), dropped (the workers' backlog was full).",
 		}, []string{"result"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "warmpath_upstream_retries_total", Help: "Requests retried on the next-best replica after a failure before the first byte.",

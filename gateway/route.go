@@ -269,10 +269,12 @@ func (g *Gateway) commit(ctx context.Context, r *Request, rt *route, bind sessio
 			g.m.redisErrors.WithLabelValues("remember").Inc()
 		}
 	}
-	if p.Reason == scoring.ReasonSticky && rt.binding.TipDepth == 0 && g.policy.UsesPrecise {
-		// A session whose first turn was routed without the tokenizer (an
-		// unseen opening, a failed tokenization) has come back: give it
-		// its tip now, off the request path. One-shot prompts never pay.
+	sticky := p.Reason == scoring.ReasonSticky
+	if g.policy.UsesPrecise && (!sticky && keys == nil || sticky && rt.binding.TipDepth == 0) {
+		// A prompt routed without the tokenizer (an unseen opening, a
+		// failed tokenization), or a session that came back without a
+		// tip: tokenize it off the request path, so the chosen replica is
+		// known to hold its blocks before their events arrive.
 		g.tipLater(tipJob{req: r, reps: rt.reps, eps: rt.eps, replica: rt.eps[p.Chosen()].ID, session: rt.session, binding: rt.binding})
 	}
 	if p.Rebind != "" {

@@ -67,26 +67,36 @@ func TestSessionSticks(t *testing.T) {
 	}
 }
 
-// A one-shot prompt with an opening no replica was sent is never
-// tokenized, before or after it is served.
-func TestOneShotUnseenNeverTokenized(t *testing.T) {
-	sim := startSim(t, vllmsim.Config{Replicas: 2})
+// Prompts whose opening no replica was sent skip the tokenizer on the
+// request path; the tip workers tokenize them afterwards, so the replica
+// each went to is known to hold its blocks before any KV event says so: a
+// second conversation sharing the prompt follows it. The fleet here
+// publishes no events, so every index entry is that speculation.
+func TestUnseenPromptsTokenizedOffThePath(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{Replicas: 4})
 	cfg := fleetConfig(sim)
+	for i := range cfg.Replicas {
+		cfg.Replicas[i].KVEndpoint, cfg.Replicas[i].ReplayEndpoint = "", ""
+	}
+	cfg.Debug = true
 	rdb := redisFor(t, &cfg)
 	gw := startGateway(t, cfg, rdb)
-	for i := range 5 {
-		chat(t, gw.URL, map[string]any{"model": "qwen3-32b", "max_tokens": 2,
-			"messages": []msg{{"user", words(fmt.Sprintf("oneshot%d", i), 300)}}}, nil)
+	shared := words("handbook", 400)
+	first := chat(t, gw.URL, map[string]any{"model": "qwen3-32b", "max_tokens": 2,
+		"messages": []msg{{"system", shared}, {"user", "alice asks"}}}, nil)
+	if got := counter(t, gw.reg, "warmpath_tokenizer_unseen_total", nil); got != 1 {
+		t.Fatalf("unseen prompts = %v; want 1", got)
 	}
-	if got := counter(t, gw.reg, "warmpath_tokenizer_unseen_total", nil); got != 5 {
-		t.Errorf("unseen prompts = %v; want 5", got)
+	eventually(t, 5*time.Second, func() bool {
+		return counter(t, gw.reg, "warmpath_session_tips_total", map[string]string{"result": "filled"}) == 1
+	}, "the first prompt tokenized off the request path")
+	second := chat(t, gw.URL, map[string]any{"model": "qwen3-32b", "max_tokens": 2,
+		"messages": []msg{{"system", shared}, {"user", "bob asks something else"}}}, nil)
+	if second.replica() != first.replica() {
+		t.Errorf("the second conversation went to %s, the first to %s (scores %s)", second.replica(), first.replica(), second.Header.Get("X-Warmpath-Scores"))
 	}
-	// A sixth prompt sharing the first's opening is tokenized: a replica
-	// may hold it. Its tokenization is the only one.
-	chat(t, gw.URL, map[string]any{"model": "qwen3-32b", "max_tokens": 2,
-		"messages": []msg{{"user", words("oneshot0", 300) + " and more"}}}, nil)
-	if got := counter(t, gw.reg, "warmpath_tokenizer_calls_total", map[string]string{"result": "ok"}); got != 1 {
-		t.Errorf("tokenizations = %v; want 1 (the prompt whose opening was sent)", got)
+	if p := second.Header.Get("X-Warmpath-Predicted-Cached"); p == "" || p == "0" {
+		t.Errorf("predicted cached = %q; want the shared system prompt's blocks", p)
 	}
 }
 

@@ -10,15 +10,17 @@ import (
 )
 
 // A prompt routed without the tokenizer (its opening was never sent, see
-// routing.tokenize_unseen) leaves a session binding without a tip block,
-// and with no tip the gateway cannot see the replica evict or lose the
-// session's prefix. Most such prompts are one-shot and never need one; a
-// session that comes back (a sticky turn on a binding without a tip) gets
-// its tip off the request path: the turn's prompt is tokenized by a small
-// pool of workers, its blocks speculated on the session's replica, and the
-// binding given its tip if it still names that replica. When the pool is
-// busy the work is dropped (and counted): the session then trusts its
-// replica until a later turn finds the pool free.
+// routing.tokenize_unseen) has no block keys: nothing is speculated on the
+// replica it went to, and its session binding has no tip block, so the
+// gateway could see neither where its blocks are before their events
+// arrive nor the replica evicting them. A small pool of workers tokenizes
+// such prompts off the request path: their blocks are speculated on the
+// chosen replica (so a second request sharing the prompt, arriving while
+// the first is still in prefill, follows it instead of computing it again
+// elsewhere) and the binding is given its tip if it still names that
+// replica. A sticky turn that finds its binding without a tip is queued
+// the same way. When the pool is busy the work is dropped (and counted):
+// the request pays nothing either way.
 
 // tipJob is one routed request whose tip is wanted.
 type tipJob struct {
