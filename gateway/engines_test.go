@@ -82,7 +82,6 @@ func engineConfig(policy string, specs ...fleet.ReplicaSpec) Config {
 	c := fleetConfig(&vllmsim.Fleet{})
 	c.Replicas = specs
 	c.Routing.Policy = policy
-	c.Routing.TokenizeUnseen = true
 	c.Debug = true
 	c.Server.PreStop = time.Millisecond // nothing to drain for at the end of a test
 	return c

@@ -87,7 +87,6 @@ func TestReplicaRestartClearsIndex(t *testing.T) {
 	sim := startSim(t, vllmsim.Config{Replicas: 2})
 	cfg := fleetConfig(sim)
 	cfg.Debug = true
-	cfg.Routing.TokenizeUnseen = true // the first turn's binding has its tip at once
 	cfg.Routing.SpeculativeTTL = -1
 	rdb := redisFor(t, &cfg)
 	gw := startGateway(t, cfg, rdb)
@@ -550,7 +549,6 @@ func TestIdleRestartForgetsCache(t *testing.T) {
 	sim := startSim(t, vllmsim.Config{Replicas: 2})
 	cfg := fleetConfig(sim)
 	cfg.Debug = true
-	cfg.Routing.TokenizeUnseen = true // the first turn's binding has its tip at once
 	cfg.Routing.SpeculativeTTL = -1
 	rdb := redisFor(t, &cfg)
 	gw := startGateway(t, cfg, rdb)

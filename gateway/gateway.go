@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -65,6 +66,7 @@ type Gateway struct {
 	tenants     *tenants
 	activity    *activity          // what the status page shows
 	tips        *workers           // fill session tips off the request path (tips.go)
+	tipPending  sync.Map           // sessions with a tip job queued or running
 	writes      *workers           // write completed turns' bindings to Redis off the response path
 	responses   *responses.Service // nil without Redis
 	messages    *anthropic.Service

@@ -19,33 +19,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warmpath/warmpath/internal/nodeclients"
+
 	"github.com/tidwall/gjson"
 
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/vllmsim"
 )
 
-// nodeClients finds node and the installed clients (clients/node_modules);
-// it skips the test when either is missing, except under CI=true, where it
-// fails.
-func nodeClients(t *testing.T) (node, dir string) {
-	t.Helper()
-	missing := func(format string, args ...any) {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf(format+" (CI=true: the real-client tests must run; see .ci/run)", args...)
-		}
-		t.Skipf(format, args...)
-	}
-	node, err := exec.LookPath("node")
-	if err != nil {
-		missing("node is not on PATH")
-	}
-	dir, _ = filepath.Abs(filepath.Join("..", "clients"))
-	if _, err := os.Stat(filepath.Join(dir, "node_modules")); err != nil {
-		missing("clients/node_modules is missing: run npm ci --prefix clients")
-	}
-	return node, dir
-}
+// nodeClients finds node and the installed npm clients.
+func nodeClients(t *testing.T) (node, dir string) { return nodeclients.Find(t, "..") }
 
 // The @anthropic-ai/sdk client (clients/anthropic.mjs) against the full
 // gateway with API keys: create, a raw stream's event sequence, a tool-use

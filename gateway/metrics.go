@@ -91,7 +91,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "warmpath_tokenizer_avoided_total", Help: "Turns routed without tokenizing (sticky sessions whose replica still holds their prefix).",
 		}),
 		tokenizeUnseen: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "warmpath_tokenizer_unseen_total", Help: "Scored turns routed on load without tokenizing: no replica was sent their opening (routing.tokenize_unseen off).",
+			Name: "warmpath_tokenizer_unseen_total", Help: "Scored turns routed on load without tokenizing: no replica was sent their opening (routing.skip_unseen on).",
 		}),
 		tips: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "warmpath_session_tips_total", Help: "Prompts routed without the tokenizer, tokenized off the request path (blocks speculated, session tip filled), by result: filled, stale (no session, or it moved or already had one), failed (tokenizer or Redis), dropped (the workers' backlog was full).",

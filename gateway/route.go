@@ -184,7 +184,7 @@ func (g *Gateway) matchPrefix(ctx context.Context, r *Request, reps []*fleet.Rep
 	}
 	switch {
 	case g.policy.UsesPrecise:
-		if !g.cfg.Routing.TokenizeUnseen {
+		if g.cfg.Routing.SkipUnseen {
 			// A prompt whose opening no replica was sent (as far as this
 			// gateway's record of sent text tells) has nothing to match:
 			// route it on load without the tokenizer round trip.

@@ -10,7 +10,7 @@ import (
 )
 
 // A prompt routed without the tokenizer (its opening was never sent, see
-// routing.tokenize_unseen) has no block keys: nothing is speculated on the
+// routing.skip_unseen) has no block keys: nothing is speculated on the
 // replica it went to, and its session binding has no tip block, so the
 // gateway could see neither where its blocks are before their events
 // arrive nor the replica evicting them. A small pool of workers tokenizes
@@ -37,9 +37,22 @@ const (
 	tipBacklog = 256
 )
 
-// tipLater queues the job, or drops it when the backlog is full.
+// tipLater queues the job, or drops it when the backlog is full. A
+// session with a job already queued or running gets no second one: its
+// next turn, arriving before the first job landed, would tokenize again
+// for the tip the first is about to fill.
 func (g *Gateway) tipLater(j tipJob) {
-	if !g.tips.try(func(ctx context.Context) { g.tip(ctx, j) }) {
+	if j.session != "" {
+		if _, pending := g.tipPending.LoadOrStore(j.session, struct{}{}); pending {
+			return
+		}
+	}
+	job := func(ctx context.Context) {
+		defer g.tipPending.Delete(j.session)
+		g.tip(ctx, j)
+	}
+	if !g.tips.try(job) {
+		g.tipPending.Delete(j.session)
 		g.m.tips.WithLabelValues("dropped").Inc()
 	}
 }

@@ -7,11 +7,12 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/warmpath/warmpath/internal/nodeclients"
 
 	"github.com/tidwall/gjson"
 
@@ -51,26 +52,8 @@ func (rc *recorder) sent(path string) bool {
 	return false
 }
 
-// nodeClients finds node and the installed clients; it skips the test when
-// either is missing, except under CI=true, where it fails.
-func nodeClients(t *testing.T) (node, dir string) {
-	t.Helper()
-	missing := func(format string, args ...any) {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf(format+" (CI=true: the real-client tests must run; see .ci/run)", args...)
-		}
-		t.Skipf(format, args...)
-	}
-	node, err := exec.LookPath("node")
-	if err != nil {
-		missing("node is not on PATH")
-	}
-	dir, _ = filepath.Abs(filepath.Join("..", "clients"))
-	if _, err := os.Stat(filepath.Join(dir, "node_modules")); err != nil {
-		missing("clients/node_modules is missing: run npm ci --prefix clients")
-	}
-	return node, dir
-}
+// nodeClients finds node and the installed npm clients.
+func nodeClients(t *testing.T) (node, dir string) { return nodeclients.Find(t, "..") }
 
 // TestNodeClients runs each real Node client against the Responses API
 // served over HTTP in front of a two-replica simulated fleet, then checks
