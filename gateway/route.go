@@ -265,9 +265,14 @@ func (g *Gateway) commit(ctx context.Context, r *Request, rt *route, bind sessio
 	if fam := r.session.Family; fam != "" && fam != rt.session && (p.Bind == scoring.BindNew || p.Bind == scoring.BindReplace) {
 		// Publish where the family's conversation now runs, for its
 		// relatives' first turns (scored turns only: sticky ones stay put).
-		if _, err := g.sessions.Remember(ctx, fam, session.Binding{Binding: scoring.Binding{Replica: rt.eps[p.Chosen()].ID}}, false); err != nil {
-			g.m.redisErrors.WithLabelValues("remember").Inc()
-		}
+		// It is advice, not a binding, so it goes through the write pool
+		// and no turn waits for it; a full backlog drops it.
+		fb := session.Binding{Binding: scoring.Binding{Replica: rt.eps[p.Chosen()].ID}}
+		g.writes.try(func(ctx context.Context) {
+			if _, err := g.sessions.Remember(ctx, fam, fb, false); err != nil {
+				g.m.redisErrors.WithLabelValues("remember").Inc()
+			}
+		})
 	}
 	sticky := p.Reason == scoring.ReasonSticky
 	if g.policy.UsesPrecise && (!sticky && keys == nil || sticky && rt.binding.TipDepth == 0) {
