@@ -258,7 +258,8 @@ func TestTwoGatewaysShareSessions(t *testing.T) {
 			if turn == 0 {
 				home = r.replica()
 			} else if r.replica() != home {
-				t.Fatalf("session %d turn %d via gateway %d went to %s; bound to %s", s, turn, turn%2, r.replica(), home)
+				t.Fatalf("session %d turn %d via gateway %d went to %s; bound to %s (reason %q, rebind %q, attempts %s, scores %s)", s, turn, turn%2, r.replica(), home,
+					r.Header.Get("X-Warmpath-Reason"), r.Header.Get("X-Warmpath-Rebind"), r.Header.Get("X-Warmpath-Attempts"), r.Header.Get("X-Warmpath-Scores"))
 			}
 		}
 	}
