@@ -158,11 +158,7 @@ func (ah *AgenticHarness) Plan(env Env) (*Plan, error) {
 	if env.Replicas < 1 {
 		return nil, fmt.Errorf("bench: agentic-harness: %d replicas", env.Replicas)
 	}
-	kvFull := vllmsim.DefaultProfile().KVBlocks * vllmsim.DefaultProfile().BlockSize
-	if env.KVTokens > 0 && env.Scale > 0 {
-		kvFull = int(math.Round(float64(env.KVTokens) / env.Scale))
-	}
-	sz := a.sizing(env.Replicas, kvFull)
+	sz := a.sizing(env.Replicas, env.fullKVTokens())
 	window := a.Window
 	if window == 0 {
 		window = sz.runLength * 3 / 2
@@ -225,27 +221,47 @@ type harnessRun struct {
 	id   string
 	seed uint64
 
+	harnessConv
+	subs int // sub-agents spawned so far
+}
+
+// harnessConv is the part a run and a sub-agent share: a conversation
+// that opens with the harness and a first message, then appends each
+// reply and a tool result until its turns are done.
+type harnessConv struct {
 	rng   *rand.Rand
 	turns int
 	turn  int
 	msgs  []vllmsim.Message
-	subs  int // sub-agents spawned so far
+}
+
+// open starts the conversation: about meanTurns turns (half to one and a
+// half times), the harness, and a first message of first tokens.
+func (c *harnessConv) open(rng *rand.Rand, h *harness, env Env, meanTurns, first int) {
+	c.rng = rng
+	c.turns = uniformInt(rng, max(1, meanTurns/2), meanTurns*3/2)
+	c.msgs = []vllmsim.Message{{Role: "system", Content: h.system},
+		{Role: "user", Content: randomWords(rng, env.scaled(first))}}
+}
+
+// reply appends prev's reply and a tool result; false once the
+// conversation has had its turns.
+func (c *harnessConv) reply(prev *Outcome, a AgenticHarness, env Env) bool {
+	if c.turn >= c.turns {
+		return false
+	}
+	c.msgs = append(c.msgs,
+		vllmsim.Message{Role: "assistant", Content: prev.Reply},
+		vllmsim.Message{Role: "user", Content: randomWords(c.rng, uniformInt(c.rng, env.scaled(a.ToolMin), env.scaled(a.ToolMax)))})
+	return true
 }
 
 // Next implements Script.
 func (r *harnessRun) Next(prev *Outcome) (Turn, bool) {
 	if prev == nil {
-		r.rng = rand.New(rand.NewPCG(uint64(r.env.Seed), 0x68617273<<16|r.seed))
-		r.turns = uniformInt(r.rng, max(1, r.a.Turns/2), r.a.Turns*3/2)
-		r.msgs = []vllmsim.Message{{Role: "system", Content: r.h.system},
-			{Role: "user", Content: randomWords(r.rng, r.env.scaled(r.a.TaskTokens))}}
-	} else {
-		if r.turn >= r.turns {
-			return Turn{}, false
-		}
-		r.msgs = append(r.msgs,
-			vllmsim.Message{Role: "assistant", Content: prev.Reply},
-			vllmsim.Message{Role: "user", Content: randomWords(r.rng, uniformInt(r.rng, r.env.scaled(r.a.ToolMin), r.env.scaled(r.a.ToolMax)))})
+		r.open(rand.New(rand.NewPCG(uint64(r.env.Seed), 0x68617273<<16|r.seed)), r.h, r.env, r.a.Turns, r.a.TaskTokens)
+	} else if !r.reply(prev, r.a, r.env) {
+		return Turn{}, false
 	}
 	t := r.a.turn(r.rng, r.env, r.h, r.msgs)
 	if r.turn > 0 {
@@ -283,26 +299,15 @@ type subAgent struct {
 	id   string
 	seed uint64
 
-	rng   *rand.Rand
-	turns int
-	turn  int
-	msgs  []vllmsim.Message
+	harnessConv
 }
 
 // Next implements Script.
 func (s *subAgent) Next(prev *Outcome) (Turn, bool) {
 	if prev == nil {
-		s.rng = rand.New(rand.NewPCG(uint64(s.env.Seed), 0x737562<<32|s.seed))
-		s.turns = uniformInt(s.rng, max(1, s.a.SubTurns/2), s.a.SubTurns*3/2)
-		s.msgs = []vllmsim.Message{{Role: "system", Content: s.h.system},
-			{Role: "user", Content: randomWords(s.rng, s.env.scaled(s.a.BriefTokens))}}
-	} else {
-		if s.turn >= s.turns {
-			return Turn{}, false
-		}
-		s.msgs = append(s.msgs,
-			vllmsim.Message{Role: "assistant", Content: prev.Reply},
-			vllmsim.Message{Role: "user", Content: randomWords(s.rng, uniformInt(s.rng, s.env.scaled(s.a.ToolMin), s.env.scaled(s.a.ToolMax)))})
+		s.open(rand.New(rand.NewPCG(uint64(s.env.Seed), 0x737562<<32|s.seed)), s.h, s.env, s.a.SubTurns, s.a.BriefTokens)
+	} else if !s.reply(prev, s.a, s.env) {
+		return Turn{}, false
 	}
 	t := s.a.turn(s.rng, s.env, s.h, s.msgs)
 	t.Header = http.Header{"X-Claude-Code-Agent-Id": {s.id}}
