@@ -125,11 +125,7 @@ func (ag *Agentic) Plan(env Env) (*Plan, error) {
 	if env.Replicas < 1 {
 		return nil, fmt.Errorf("bench: agentic: %d replicas", env.Replicas)
 	}
-	kvFull := vllmsim.DefaultProfile().KVBlocks * vllmsim.DefaultProfile().BlockSize
-	if env.KVTokens > 0 && env.Scale > 0 {
-		kvFull = int(math.Round(float64(env.KVTokens) / env.Scale))
-	}
-	sz := a.sizing(env.Replicas, kvFull)
+	sz := a.sizing(env.Replicas, env.fullKVTokens())
 	window := a.Window
 	if window == 0 {
 		window = sz.runLength * 3 / 2

@@ -56,6 +56,15 @@ type Env struct {
 // scaled returns n tokens at the environment's scale, at least 1.
 func (e Env) scaled(n int) int { return max(1, int(math.Round(float64(n)*e.Scale))) }
 
+// fullKVTokens is one replica's KV cache in full-size tokens: the
+// simulator profile's, or KVTokens scaled back up when the run sets it.
+func (e Env) fullKVTokens() int {
+	if e.KVTokens > 0 && e.Scale > 0 {
+		return int(math.Round(float64(e.KVTokens) / e.Scale))
+	}
+	return vllmsim.DefaultProfile().KVBlocks * vllmsim.DefaultProfile().BlockSize
+}
+
 // Plan is a workload laid out for one run.
 type Plan struct {
 	// Sessions are the run's sessions in order of Start.
@@ -127,6 +136,10 @@ type Turn struct {
 	// WantReply makes the driver collect the reply text into
 	// Outcome.Reply.
 	WantReply bool
+	// Spawn are scripts (sub-agents) the driver plays concurrently once
+	// this turn completes, with the session's headers; the session's
+	// next turn waits until they have all ended.
+	Spawn []Script
 }
 
 // Outcome is what the driver learned from a turn.
@@ -153,6 +166,7 @@ func registry() []Workload {
 	return []Workload{
 		&SharedPrefix{},
 		&Agentic{},
+		&AgenticHarness{},
 		&Replay{},
 		&MixedTenants{},
 	}
