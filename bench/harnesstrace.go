@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/rand/v2"
 	"slices"
 
 	"github.com/cespare/xxhash/v2"
@@ -108,35 +109,24 @@ type convGen struct {
 // ends.
 func (g *convGen) run(t float64, seed uint64) float64 {
 	rng := workloadRand(int64(seed)+g.env.Seed<<20, "harness-trace/run")
-	turns := uniformInt(rng, max(1, g.a.Turns/2), g.a.Turns*3/2)
-	length := g.a.HarnessTokens + g.a.TaskTokens
-	for turn := range turns {
-		if turn > 0 {
-			length += uniformInt(rng, g.a.ToolMin, g.a.ToolMax)
-			t += ClaudePause(rng).Seconds()
-		}
-		out := uniformInt(rng, g.a.ReplyMin, g.a.ReplyMax)
-		g.emit(g.id, t, length, out)
-		t += 1 + 0.015*float64(out)
-		length += out
-		if turn+1 < turns && rng.Float64() < g.a.FanOutProb {
-			end := t
-			for range uniformInt(rng, 1, g.a.FanOut) {
-				g.subs++
-				end = max(end, g.sub(t, g.id<<32|g.subs))
-			}
-			t = end
-		}
-	}
-	return t
+	return g.play(t, g.id, rng, g.a.Turns, g.a.TaskTokens, true)
 }
 
 // sub plays a sub-agent conversation id starting at t and returns when it
 // ends.
 func (g *convGen) sub(t float64, id uint64) float64 {
 	rng := workloadRand(int64(id), "harness-trace/sub")
-	turns := uniformInt(rng, max(1, g.a.SubTurns/2), g.a.SubTurns*3/2)
-	length := g.a.HarnessTokens + g.a.BriefTokens
+	return g.play(t, id, rng, g.a.SubTurns, g.a.BriefTokens, false)
+}
+
+// play emits conversation id's turns from t: about meanTurns of them (half
+// to one and a half times) over the harness and a first message of first
+// tokens, each after a tool result and a pause; with fanOut, a turn may
+// spawn sub-agents, which the conversation waits for. It returns when the
+// last turn ends.
+func (g *convGen) play(t float64, id uint64, rng *rand.Rand, meanTurns, first int, fanOut bool) float64 {
+	turns := uniformInt(rng, max(1, meanTurns/2), meanTurns*3/2)
+	length := g.a.HarnessTokens + first
 	for turn := range turns {
 		if turn > 0 {
 			length += uniformInt(rng, g.a.ToolMin, g.a.ToolMax)
@@ -146,6 +136,14 @@ func (g *convGen) sub(t float64, id uint64) float64 {
 		g.emit(id, t, length, out)
 		t += 1 + 0.015*float64(out)
 		length += out
+		if fanOut && turn+1 < turns && rng.Float64() < g.a.FanOutProb {
+			end := t
+			for range uniformInt(rng, 1, g.a.FanOut) {
+				g.subs++
+				end = max(end, g.sub(t, g.id<<32|g.subs))
+			}
+			t = end
+		}
 	}
 	return t
 }
