@@ -328,7 +328,6 @@ func TestRedisOutageBreaker(t *testing.T) {
 	t.Cleanup(func() { rdb.Close() })
 	cfg := fleetConfig(sim)
 	cfg.Debug = true
-	cfg.Routing.SessionLocalTrust = -1 // every turn asks Redis, so its outage is felt
 	gw := startGateway(t, cfg, rdb)
 	convs := make([]*conversation, 4)
 	homes := make([]string, len(convs))

@@ -271,9 +271,14 @@ func (g *Gateway) commit(ctx context.Context, r *Request, rt *route, bind sessio
 			g.log.Debug("session remember degraded", "err", err)
 		}
 	case scoring.BindNew:
-		if won := g.claim(ctx, rt.session, rt.binding); won.Replica != chosen {
-			// A concurrent first turn bound the session first: follow it,
-			// so both turns share one replica.
+		won, err := g.sessions.Remember(ctx, rt.session, rt.binding, true)
+		switch {
+		case err != nil:
+			g.m.redisErrors.WithLabelValues("remember").Inc()
+			g.log.Debug("session remember degraded", "err", err)
+		case won.Replica != chosen:
+			// A concurrent first turn on another gateway bound the session
+			// first: follow it, so both turns share one replica.
 			if i := slices.IndexFunc(rt.eps, func(e scoring.Endpoint) bool { return e.ID == won.Replica }); i >= 0 && p.Follow(i) {
 				rt.binding = won
 			}
@@ -308,31 +313,6 @@ func (g *Gateway) commit(ctx context.Context, r *Request, rt *route, bind sessio
 	}
 	g.activity.decided(decision{Time: time.Now(), RequestID: r.id, Tenant: r.tenantID(), Replica: rt.eps[p.Chosen()].ID,
 		Reason: p.Reason, Rebind: p.Rebind, Prompt: p.PromptTokens, Predicted: p.Predicted[0], Scores: scoreSummary(rt.eps, p)})
-}
-
-// claim binds a new session: in this process at once (following a
-// concurrent first turn here that bound it first), in Redis by the write
-// workers, so the turn waits for no round trip. A concurrent first turn
-// on another gateway that lands its binding first wins from the next turn
-// on (the write keeps Redis's binding locally). A full backlog writes
-// inline.
-func (g *Gateway) claim(ctx context.Context, key string, b session.Binding) session.Binding {
-	won, claimed := g.sessions.Claim(key, b)
-	if !claimed {
-		return won
-	}
-	publish := func(ctx context.Context) {
-		ctx, cancel := context.WithTimeout(ctx, g.cfg.Redis.Timeout)
-		defer cancel()
-		if err := g.sessions.Flush(ctx, key); err != nil {
-			g.m.redisErrors.WithLabelValues("remember").Inc()
-			g.log.Debug("session remember degraded", "err", err)
-		}
-	}
-	if !g.writes.try(publish) {
-		publish(ctx)
-	}
-	return won
 }
 
 // newBinding is the session binding after this turn: the plan's, plus

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/warmpath/warmpath/scoring"
-	"github.com/warmpath/warmpath/session"
 	"github.com/warmpath/warmpath/vllmsim"
 )
 
@@ -266,12 +265,7 @@ func TestTwoGatewaysShareSessions(t *testing.T) {
 	}
 }
 
-// Concurrent first turns of one session on two gateways may start on
-// different replicas (each gateway binds a first turn in memory and writes
-// it to Redis off the request path), but the first binding to land wins:
-// once one has landed, both gateways send the session's next turns to one
-// replica (a gateway whose own write has not landed yet asks Redis, its
-// copy unconfirmed).
+// Concurrent first turns of one session on two gateways agree on a replica.
 func TestTwoGatewaysRaceFirstTurn(t *testing.T) {
 	sim := startSim(t, vllmsim.Config{Replicas: 4})
 	cfg := fleetConfig(sim)
@@ -279,22 +273,17 @@ func TestTwoGatewaysRaceFirstTurn(t *testing.T) {
 	rdb := redisFor(t, &cfg)
 	gws := []*testGateway{startGateway(t, cfg, rdb), startGateway(t, cfg, rdb)}
 	for s := range 8 {
-		hdr := map[string]string{"X-Session-ID": fmt.Sprintf("race-%d", s)}
-		h := http.Header{}
-		h.Set("X-Session-ID", hdr["X-Session-ID"])
-		key := session.Identify("anonymous", h, session.Body{}).Value
-		first := map[string]any{"model": "qwen3-32b", "max_tokens": 4, "messages": []msg{{"user", words("race", 100)}}}
-		parallel(4, func(i int) { chat(t, gws[i%2].URL, first, hdr) })
-		eventually(t, 5*time.Second, func() bool {
-			return rdb.Exists(t.Context(), cfg.Redis.KeyPrefix+"sess:"+key).Val() == 1
-		}, "a first turn's binding to land in Redis")
 		reps := make([]string, 4)
+		why := make([]string, 4)
 		parallel(len(reps), func(i int) {
-			reps[i] = chat(t, gws[i%2].URL, first, hdr).replica()
+			r := chat(t, gws[i%2].URL, map[string]any{"model": "qwen3-32b", "max_tokens": 4,
+				"messages": []msg{{"user", words("race", 100)}}}, map[string]string{"X-Session-ID": fmt.Sprintf("race-%d", s)})
+			reps[i] = r.replica()
+			why[i] = r.Header.Get("X-Warmpath-Reason") + "/" + r.Header.Get("X-Warmpath-Rebind")
 		})
 		for _, r := range reps {
 			if r != reps[0] {
-				t.Fatalf("session %d: second turns went to %v; redis errors %v %v", s, reps,
+				t.Fatalf("session %d: concurrent first turns went to %v (%v); redis errors %v %v", s, reps, why,
 					counter(t, gws[0].reg, "warmpath_redis_errors_total", nil), counter(t, gws[1].reg, "warmpath_redis_errors_total", nil))
 			}
 		}

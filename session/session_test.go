@@ -453,48 +453,48 @@ func (countGets) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proce
 	return next
 }
 
-// A first turn claimed in memory reaches Redis with Flush; of two
-// gateways' claims the first to land wins, and the other gateway's copy
-// follows it. A local change to the winning claim before its flush lands
-// is written.
-func TestStoreClaimThenFlush(t *testing.T) {
-	rdb, prefix := redistest.Client(t)
+// A binding whose write failed (Redis down) reaches Redis with Flush only
+// if no other gateway bound the session meanwhile; otherwise the other
+// gateway's binding replaces the local copy. A later local change to a
+// confirmed binding is a plain write.
+func TestStoreFlushUnconfirmed(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	defer rdb.Close()
 	ctx := context.Background()
-	a := NewStore(rdb, Options{Prefix: prefix})
-	b := NewStore(rdb, Options{Prefix: prefix})
-	if won, claimed := a.Claim("k", bind("r1", 2)); !claimed || won.Replica != "r1" {
-		t.Fatalf("first claim = %+v, %v", won, claimed)
+	a := NewStore(rdb, Options{TTL: time.Minute})
+	b := NewStore(rdb, Options{TTL: time.Minute})
+	srv.Stop()
+	if _, err := a.Remember(ctx, "k", bind("r1", 2), true); err == nil {
+		t.Fatal("remember with Redis down reported no error")
 	}
-	if won, claimed := a.Claim("k", bind("r9", 0)); claimed || won.Replica != "r1" {
-		t.Errorf("second claim in one process = %+v, %v; want r1, false", won, claimed)
+	if _, err := a.Remember(ctx, "lone", bind("r3", 1), true); err == nil {
+		t.Fatal("remember with Redis down reported no error")
 	}
-	if n := rdb.Exists(ctx, prefix+"sess:k").Val(); n != 0 {
-		t.Fatal("Claim wrote to Redis")
+	srv.Restart(t)
+	eventually := func(f func() error) {
+		deadline := time.Now().Add(5 * time.Second)
+		for f() != nil && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
 	}
-	b.Claim("k", bind("r2", 1))
+	eventually(func() error { _, err := b.Remember(ctx, "k", bind("r2", 1), true); return err })
 	a.UpdateLocal("k", Binding{}, func(x *Binding) bool { x.CachedTokens = 700; return true })
 	if err := a.Flush(ctx, "k"); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Flush(ctx, "k"); err != nil {
+	if l, _ := a.Local("k"); l.Replica != "r2" {
+		t.Errorf("after the flush the local copy is %q; want the other gateway's r2", l.Replica)
+	}
+	if stored, _ := decode(rdb.Get(ctx, "sess:k").Val()); stored.Replica != "r2" {
+		t.Errorf("Redis holds %q; want r2 kept", stored.Replica)
+	}
+	a.UpdateLocal("lone", Binding{}, func(x *Binding) bool { x.CachedTokens = 900; return true })
+	if err := a.Flush(ctx, "lone"); err != nil {
 		t.Fatal(err)
 	}
-	for name, s := range map[string]*Store{"a": a, "b": b} {
-		if l, ok := s.Local("k"); !ok || l.Replica != "r1" {
-			t.Errorf("%s's copy after both flushes = %+v; want r1", name, l)
-		}
-	}
-	stored, err := decode(rdb.Get(ctx, prefix+"sess:k").Val())
-	if err != nil || stored.Replica != "r1" || stored.CachedTokens != 700 {
-		t.Errorf("Redis holds %+v (%v); want r1 with 700 cached", stored, err)
-	}
-	// A later local change to a confirmed binding is a plain write.
-	a.UpdateLocal("k", Binding{}, func(x *Binding) bool { x.CachedTokens = 900; return true })
-	if err := a.Flush(ctx, "k"); err != nil {
-		t.Fatal(err)
-	}
-	if stored, _ := decode(rdb.Get(ctx, prefix+"sess:k").Val()); stored.CachedTokens != 900 {
-		t.Errorf("Redis holds %d cached after the second flush; want 900", stored.CachedTokens)
+	if stored, _ := decode(rdb.Get(ctx, "sess:lone").Val()); stored.Replica != "r3" || stored.CachedTokens != 900 {
+		t.Errorf("Redis holds %+v for the unconfirmed binding; want r3 with 900 cached", stored)
 	}
 }
 

@@ -46,9 +46,10 @@ type Options struct {
 	LocalSize int
 	// LocalTrust is how long after this process last read a binding from
 	// Redis or wrote it there Lookup answers from the in-process copy
-	// without asking Redis again: how stale a binding another gateway
-	// changed (a rebind) may be seen here. Default 1s; negative asks Redis
-	// on every lookup. Local changes (UpdateLocal) do not extend it.
+	// without asking Redis again: how stale a binding another process
+	// changed (a rebind, a completed turn's cached tokens) may be seen
+	// here. Local changes (UpdateLocal) do not extend it. Default 0 (or
+	// negative): every lookup asks Redis.
 	LocalTrust time.Duration
 	// Now returns the current time; nil means time.Now.
 	Now func() time.Time
@@ -87,9 +88,6 @@ func NewStore(rdb redis.UniversalClient, o Options) *Store {
 	}
 	if o.LocalSize <= 0 {
 		o.LocalSize = 100_000
-	}
-	if o.LocalTrust == 0 {
-		o.LocalTrust = time.Second
 	}
 	if o.Now == nil {
 		o.Now = time.Now
@@ -164,27 +162,6 @@ func (s *Store) Remember(ctx context.Context, key string, b Binding, onlyIfNew b
 	}
 	s.rememberUnchecked(key, b)
 	return b, s.write(ctx, key, b)
-}
-
-// Claim binds a new session in this process at once and returns the
-// binding in force: b, or the fresh binding this process already holds (a
-// concurrent first turn here bound it first); claimed reports the first
-// case. Nothing is written to Redis: Flush does that, off the request
-// path. Until it lands, another gateway may bind the session elsewhere;
-// Flush then keeps that binding, and this process's next turn follows it.
-func (s *Store) Claim(key string, b Binding) (won Binding, claimed bool) {
-	if key == "" {
-		return b, true
-	}
-	mu := &s.updates[stripe(key)]
-	mu.Lock()
-	defer mu.Unlock()
-	if l, ok := s.fresh(key); ok {
-		return l, false
-	}
-	b.Updated = s.opts.Now()
-	s.rememberUnchecked(key, b)
-	return b, true
 }
 
 // setIfAbsent writes b unless Redis already holds a binding, and returns the
@@ -333,7 +310,7 @@ func (s *Store) UpdateLocal(key string, base Binding, fn func(*Binding) bool) (B
 
 // Flush writes this process's latest copy of the session's binding to
 // Redis, refreshing its TTL; nothing when it has none. A copy Redis never
-// confirmed (a Claim, or a write that failed) is written only if Redis
+// confirmed (a write that failed) is written only if Redis
 // holds no binding for the session, or holds this one (SET NX GET first):
 // when another gateway bound the session first, its binding replaces the
 // local copy instead. Flushes of one key are serialised and each writes
@@ -392,7 +369,7 @@ func (s *Store) fresh(key string) (Binding, bool) {
 // LocalTrust ago (and has not outlived the TTL). Without Redis there is
 // nothing to agree with, and the local copy is the truth.
 func (s *Store) trusted(key string) (Binding, bool) {
-	if s.rdb != nil && s.opts.LocalTrust < 0 {
+	if s.rdb != nil && s.opts.LocalTrust <= 0 {
 		return Binding{}, false
 	}
 	e, ok := s.local.Get(key)
