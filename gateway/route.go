@@ -73,6 +73,7 @@ func (g *Gateway) gather(ctx context.Context, r *Request) ([]*fleet.Replica, *sc
 		PromptTokens: r.estimatedTokens(), TextBytes: r.textBytes, BlockSize: g.cfg.Routing.BlockSize,
 		RefreshAfter: g.cfg.Routing.SessionTTL / 8, Continues: true, BoundHolds: true,
 	}
+	g.keepReserve(r, reps, in.Endpoints)
 	var bind session.Binding
 	if in.SessionKey == "" || !g.policy.TracksSessions() {
 		return reps, in, bind, nil
