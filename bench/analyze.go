@@ -162,11 +162,49 @@ type AnalyzeResult struct {
 	// PredictedTokens is Σ of what the router believed the chosen replica
 	// held (for policies that predict), to compare with CachedTokens.
 	PredictedTokens int64 `json:"predicted_tokens"`
+	// TTFTP50Seconds, TTFTP90Seconds and TTFTP99Seconds describe each
+	// request's simulated time to first token: its wait before prefill
+	// plus its own uncached prefill.
+	TTFTP50Seconds float64 `json:"ttft_p50_s"`
+	TTFTP90Seconds float64 `json:"ttft_p90_s"`
+	TTFTP99Seconds float64 `json:"ttft_p99_s"`
+	// EstimateErrorP50 and EstimateErrorP90 are the median and 90th
+	// percentile of |estimated − simulated| ÷ simulated TTFT over the
+	// decisions that carried an estimate (Estimated of them); 0 without.
+	EstimateErrorP50 float64 `json:"estimate_error_p50"`
+	EstimateErrorP90 float64 `json:"estimate_error_p90"`
+	Estimated        int64   `json:"estimated"`
+	// Predictions samples decisions with their estimate: predicted against
+	// simulated TTFT.
+	Predictions []Prediction `json:"predictions,omitempty"`
 	// CPUCachedTokens is the part of CachedTokens loaded from the CPU
 	// tier, and CPUFraction its share of prompt tokens (0 without a tier).
 	CPUCachedTokens int64   `json:"cpu_cached_tokens,omitempty"`
 	CPUFraction     float64 `json:"cpu_fraction,omitempty"`
 }
+
+// Prediction is one routing decision's estimated and simulated time to
+// first token on the chosen replica.
+type Prediction struct {
+	// Request is the request's index in the trace; Replica and Reason the
+	// decision.
+	Request int    `json:"request"`
+	Replica string `json:"replica"`
+	Reason  string `json:"reason"`
+	// QueuedTokens and UncachedTokens are the estimate's inputs (prefill
+	// ahead, own uncached prompt as predicted) and CachedTokens the
+	// simulated hit.
+	QueuedTokens   int64 `json:"queued_tokens"`
+	UncachedTokens int64 `json:"uncached_tokens"`
+	CachedTokens   int   `json:"cached_tokens"`
+	// EstimatedSeconds and SimulatedSeconds are the TTFTs.
+	EstimatedSeconds float64 `json:"estimated_s"`
+	SimulatedSeconds float64 `json:"simulated_s"`
+}
+
+// predictionSamples is how many decisions per result Predictions keeps,
+// evenly spaced over the trace.
+const predictionSamples = 8
 
 // Analyze replays cfg.Trace offline through the gateway's own routing code
 // against simulated replicas, once per (policy, cache size), each on a
@@ -187,18 +225,21 @@ type AnalyzeResult struct {
 //
 // Each replica is a FIFO queue of uncached prompt tokens drained at
 // PrefillTokensPerSec, followed by a decode phase of OutputTokens × 15 ms
-// that overlaps other requests (decode costs no prefill capacity). The
-// scorers see, per replica: Waiting = routed requests whose prefill has not
-// started (vLLM's waiting queue); Running = those prefilling or decoding;
-// InflightRequests = all unfinished; InflightPrefillTokens = the gateway's
-// estimate (prompt minus predicted hit) of the prefill work routed there
-// that has no first token yet, as gateway/proxy.go counts it; KVUsage =
-// the blocks referenced by running requests (distinct prompt blocks plus
-// each one's output blocks) ÷ CacheBlocks, which is what vLLM and vllmsim
+// that overlaps other requests (decode costs no prefill capacity). A
+// request's TTFT is its wait before prefill plus its own prefill. The
+// policies see, per replica: Waiting = routed requests whose prefill has
+// not started (vLLM's waiting queue); Running = those prefilling or
+// decoding; InflightRequests = all unfinished; InflightPrefillTokens = the
+// gateway's estimate (prompt minus predicted hit) of the prefill work
+// routed there that has no first token yet, as gateway/proxy.go counts it,
+// with the head of that line and how long it has prefilled; KVUsage = the
+// blocks referenced by running requests (distinct prompt blocks plus each
+// one's output blocks) ÷ CacheBlocks, which is what vLLM and vllmsim
 // report (an LRU prefix cache is always nearly full, so its occupancy
-// would tell replicas apart only during warm-up);
-// Saturated = Waiting ≥ 8, KVUsage ≥ 0.95 or InflightPrefillTokens ≥ 65,536,
-// the gateway's defaults.
+// would tell replicas apart only during warm-up); ArrivalRate,
+// UncachedRate and RequestTokens from a scoring.Meter counting requests as
+// their prefill starts (vLLM's queue-time histogram); CacheTokens the
+// LRU's size; Saturated = the gateway's default thresholds.
 //
 // Routing is the gateway's own decision, scoring.Decide, given the
 // simulated replicas as endpoints and the session's binding: precise
@@ -208,16 +249,22 @@ type AnalyzeResult struct {
 // decision (trace block keys stand in for its text chunks); sticky
 // sessions keep the binding's tip (the last full block of the session's
 // last scored turn; sticky turns do not move it) as the evidence the
-// replica still holds the conversation. Session keys come from the
+// replica still holds the conversation, and, as the gateway does after
+// each completed turn, the turn's full blocks as its cached tokens. The
+// TTFT model's cost is a FIFO's (PrefillTokensPerSec, no step cost),
+// calibrated as the gateway calibrates it, by each decision's simulated
+// TTFT once its first token is due; the conversation statistics it reads
+// (gaps, turns) are the trace's sessions'. Session keys come from the
 // gateway's request parser for chat logs; a Mooncake request carries no
-// session, so its key is its block-1 key, the chain over the common system
-// prompt and the conversation's first block. Every request asks for the
-// same model and PromptTokens is exact (the gateway estimates it from text
+// session, so its key is the key of its opening's last block (ReadTrace):
+// the chain over the prefix its conversation shares with others and the
+// first block where it parts from them. Every request asks for the same
+// model and PromptTokens is exact (the gateway estimates it from text
 // before tokenizing; a trace has no text to estimate from).
 //
 // Not simulated: decode interference with prefill, chunked-prefill
-// batching, preemption, failures and retries, several gateways, metric
-// staleness and KV-event lag.
+// batching, KV-bound admission, preemption, failures and retries, several
+// gateways, metric staleness and KV-event lag.
 func Analyze(ctx context.Context, cfg AnalyzeConfig) (*AnalyzeReport, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
@@ -365,6 +412,11 @@ type simInput struct {
 }
 
 func newSimInput(t *Trace, cfg AnalyzeConfig) (*simInput, error) {
+	if t.Format == FormatMooncake && slices.ContainsFunc(t.Requests, func(r TraceRequest) bool { return r.Opening == 0 }) {
+		// A trace built in memory rather than read: derive its openings.
+		t = &Trace{Format: t.Format, BlockTokens: t.BlockTokens, Requests: slices.Clone(t.Requests)}
+		setOpenings(t.Requests)
+	}
 	n := len(t.Requests)
 	in := &simInput{
 		blockTokens: t.BlockTokens,
@@ -413,15 +465,17 @@ func newSimInput(t *Trace, cfg AnalyzeConfig) (*simInput, error) {
 // sessionKey derives a request's session key as the gateway does: by
 // parsing a chat request's body with the gateway's own parser (an
 // unparseable body has no session), and, for a Mooncake record (no body,
-// no roles), from its block-1 key: the chain over the shared system prompt
-// and the conversation's first block, which every later turn of the
-// conversation repeats. A one-block Mooncake request has no session.
+// no roles), from the key of the last block of its opening (see
+// ReadTrace): the chain over the blocks it shares with other
+// conversations and the first where it parts from them, which every later
+// turn of the conversation repeats. A one-block Mooncake request has no
+// session.
 func sessionKey(format string, r *TraceRequest) string {
 	if format != FormatOpenAI {
 		if len(r.Blocks) < 2 {
 			return ""
 		}
-		return "m:" + strconv.FormatUint(r.Blocks[1], 16)
+		return "m:" + strconv.FormatUint(r.Blocks[max(1, r.Opening)-1], 16)
 	}
 	req, err := gateway.ParseRequest(gateway.APIChat, http.Header{}, r.Body, nil)
 	if err != nil {
@@ -448,6 +502,8 @@ func pooledLRU(in *simInput, capacity int, prompt int64) float64 {
 type binding struct {
 	scoring.Binding
 	tip int32
+	// done is when the session's last turn finished, simulated seconds.
+	done float64
 }
 
 // epoch anchors the simulated clock for scoring.Input.Now.
@@ -475,11 +531,15 @@ func simulate(ctx context.Context, pol *scoring.Policy, cacheBlocks int, in *sim
 		approx = a
 	}
 	sat := scoring.Saturation{}.WithDefaults()
+	cal := scoring.NewCalibrator(analyzeCost(fl.reps[0].rate))
+	var pending observationHeap
 	bindings := map[string]binding{}
 	eps := make([]scoring.Endpoint, n)
 	matched, matchedCPU := make([]int, n), make([]int, n)
 	var hits []blockindex.Hit
 	delays := make([]float64, len(in.reqs))
+	ttfts := make([]float64, len(in.reqs))
+	var errs []float64
 	bt := in.blockTokens
 	var sticky, saturated int64
 	for i := range in.reqs {
@@ -491,21 +551,34 @@ func simulate(ctx context.Context, pol *scoring.Policy, cacheBlocks int, in *sim
 		r := &in.reqs[i]
 		now := in.arrival[i]
 		ids := in.ids[i]
+		for len(pending) > 0 && pending[0].at <= now {
+			o := heap.Pop(&pending).(observation)
+			cal.Observe(analyzeModel, o.est, o.ttft)
+		}
 		for j, rp := range fl.reps {
 			rp.advance(now)
-			eps[j] = rp.endpoint(names[j], sat)
+			eps[j] = rp.endpoint(names[j], sat, now, bt)
 		}
 		key := in.sessions[i]
 		din := scoring.Input{
 			Now: epoch.Add(time.Duration(now * float64(time.Second))), Model: analyzeModel, SessionKey: key,
 			Endpoints: eps, PromptTokens: r.InputTokens, BlockSize: bt, RefreshAfter: sessionTTL / 8,
-			Continues: true, BoundHolds: true, Rand: rng,
+			Continues: true, BoundHolds: true, Rand: rng, Cost: cal.Cost(analyzeModel),
 		}
 		b, bound := lookup(bindings, pol, key, din.Now)
 		if bound {
 			din.Binding = &b.Binding
 			j := slices.Index(names, b.Replica)
 			din.BoundHolds = b.TipDepth == 0 || fl.reps[j].holds(b.tip)
+		}
+		if pol.Estimated && key != "" {
+			turn := 1
+			if bound {
+				turn = b.Turns + 1
+			}
+			cal.ObserveTurn(analyzeModel, turn, now-b.done)
+			st := cal.Sessions(analyzeModel)
+			din.Sessions = &st
 		}
 		plan, err := pol.Decide(&din)
 		if err == nil && plan.NeedsPrefix {
@@ -517,6 +590,7 @@ func simulate(ctx context.Context, pol *scoring.Policy, cacheBlocks int, in *sim
 			return res, fmt.Errorf("bench: analyze: route request %d: %w", i, err)
 		}
 		chosen, predicted := plan.Chosen(), plan.Predicted[0]
+
 		if approx != nil && plan.Reason == scoring.ReasonScored {
 			approx.Record(names[chosen], in.approxKeys[i])
 		}
@@ -526,18 +600,34 @@ func simulate(ctx context.Context, pol *scoring.Policy, cacheBlocks int, in *sim
 		if plan.Rebind != "" {
 			res.addRebind(plan.Rebind)
 		}
-		remember(bindings, key, &plan, b, ids, r.InputTokens/bt, din.Now)
+		remember(bindings, key, &plan, b, ids, r.InputTokens/bt, bt, din.Now, now+ttfts[i]+float64(r.OutputTokens)*decodeTokenTime.Seconds())
 		if eps[chosen].Saturated {
 			saturated++
 		}
 		rp := fl.reps[chosen]
 		cached, cpu := rp.hit(ids, r.InputTokens, bt)
 		rp.touch(ids)
-		delays[i] = rp.admit(now, ids, r.InputTokens-cached+loadCost(cpu), max(0, r.InputTokens-predicted), (r.OutputTokens+bt-1)/bt, float64(r.OutputTokens)*decodeTokenTime.Seconds())
+		work := r.InputTokens - cached + loadCost(cpu)
+		delays[i] = rp.admit(now, ids, work, max(0, r.InputTokens-predicted), (r.OutputTokens+bt-1)/bt, float64(r.OutputTokens)*decodeTokenTime.Seconds())
+		ttfts[i] = delays[i] + float64(work)/rp.rate
+
 		rp.advance(now)
 		res.CachedTokens += int64(cached)
 		res.CPUCachedTokens += int64(cpu)
 		res.PredictedTokens += int64(predicted)
+		if plan.Estimates != nil {
+			est := plan.Estimates[0]
+			// The gateway learns a request's TTFT when its first token
+			// arrives.
+			heap.Push(&pending, observation{at: now + ttfts[i], est: est, ttft: ttfts[i]})
+			errs = append(errs, math.Abs(est.TTFT-ttfts[i])/max(ttfts[i], 1e-3))
+
+			if k := len(in.reqs) / predictionSamples; k > 0 && i%k == k/2 && len(res.Predictions) < predictionSamples {
+				res.Predictions = append(res.Predictions, Prediction{Request: i, Replica: names[chosen], Reason: plan.Reason,
+					QueuedTokens: est.QueuedTokens, UncachedTokens: est.UncachedTokens, CachedTokens: cached,
+					EstimatedSeconds: est.TTFT, SimulatedSeconds: ttfts[i]})
+			}
+		}
 	}
 
 	var prompt int64
@@ -565,9 +655,23 @@ func simulate(ctx context.Context, pol *scoring.Policy, cacheBlocks int, in *sim
 	res.MeanQueueSeconds = total / float64(len(delays))
 	res.P99QueueSeconds = delays[int(math.Ceil(0.99*float64(len(delays))))-1]
 	res.MaxQueueSeconds = delays[len(delays)-1]
+	slices.Sort(ttfts)
+	res.TTFTP50Seconds, res.TTFTP90Seconds, res.TTFTP99Seconds = percentile(ttfts, 50), percentile(ttfts, 90), percentile(ttfts, 99)
+	if len(errs) > 0 {
+		slices.Sort(errs)
+		res.Estimated = int64(len(errs))
+		res.EstimateErrorP50, res.EstimateErrorP90 = percentile(errs, 50), percentile(errs, 90)
+	}
 	res.SaturatedShare = float64(saturated) / float64(len(in.reqs))
 	res.StickyShare = float64(sticky) / float64(len(in.reqs))
 	return res, nil
+}
+
+// analyzeCost is the TTFT model of a simulated replica: a FIFO of prefill
+// at rate tokens per second, with no step overhead and no decode
+// interference.
+func analyzeCost(rate float64) scoring.Cost {
+	return scoring.Cost{PrefillPerToken: 1 / rate, StepTokens: math.MaxInt32, TokenScale: 1, StepScale: 1}
 }
 
 // lookup returns the session's live binding, as the gateway's session
@@ -609,7 +713,7 @@ func matchPrefix(pol *scoring.Policy, fl *simFleet, approx *blockindex.Approx, i
 // commit step does. A scored turn's tip is its last full block: the
 // gateway's keys cover full blocks only, so a partial last block
 // (Mooncake) is not repeated by the conversation's next turn.
-func remember(bindings map[string]binding, key string, plan *scoring.Plan, b binding, ids []int32, fullBlocks int, now time.Time) {
+func remember(bindings map[string]binding, key string, plan *scoring.Plan, b binding, ids []int32, fullBlocks, bt int, now time.Time, done float64) {
 	switch plan.Bind {
 	case scoring.BindRefresh:
 		b.Binding = plan.Binding
@@ -619,9 +723,18 @@ func remember(bindings map[string]binding, key string, plan *scoring.Plan, b bin
 			b.tip, b.TipDepth = ids[full-1], full
 		}
 	default:
+		if plan.Reason == scoring.ReasonSticky {
+			// The gateway records what the replica holds after each
+			// completed turn (rememberCompleted).
+			b.Binding = plan.Binding
+			b.CachedTokens = fullBlocks * bt
+			b.done = done
+			bindings[key] = b
+		}
 		return
 	}
 	b.Updated = now
+	b.done = done
 	bindings[key] = b
 }
 
@@ -688,12 +801,17 @@ type simReplica struct {
 	outBlocks int
 	// computed is the prefill tokens computed so far.
 	computed int64
+	// meter measures the replica's arrivals and their uncached prompt
+	// tokens, as the gateway does from the engine's counters; meterAt is
+	// the time it was last advanced to.
+	meter   scoring.Meter
+	meterAt float64
 }
 
 // prefillEntry is a request queued or prefilling on a replica.
 type prefillEntry struct {
 	start, end, decode float64
-	est                int64
+	est, work          int64
 	ids                []int32
 	out                int
 }
@@ -703,6 +821,27 @@ type decodeEntry struct {
 	finish float64
 	ids    []int32
 	out    int
+}
+
+// observation is a decision's estimate and simulated TTFT, due to the
+// calibrator when its first token is.
+type observation struct {
+	at, ttft float64
+	est      scoring.Estimate
+}
+
+// observationHeap is a min-heap of observations by due time.
+type observationHeap []observation
+
+func (h observationHeap) Len() int           { return len(h) }
+func (h observationHeap) Less(i, j int) bool { return h[i].at < h[j].at }
+func (h observationHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *observationHeap) Push(x any)        { *h = append(*h, x.(observation)) }
+func (h *observationHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
 }
 
 // decodeHeap is a min-heap of decodeEntry by finish time.
@@ -726,6 +865,7 @@ func (rp *simReplica) reset(capacity int) {
 	}
 	clear(rp.refs)
 	rp.busyUntil, rp.head, rp.headStarted, rp.estPrefill, rp.computed = 0, 0, false, 0, 0
+	rp.meter, rp.meterAt = scoring.Meter{}, 0
 	rp.used, rp.outBlocks = 0, 0
 	rp.prefill = rp.prefill[:0]
 	rp.decoding = rp.decoding[:0]
@@ -740,6 +880,11 @@ func (rp *simReplica) advance(now float64) {
 		if !rp.headStarted {
 			rp.hold(e.ids, e.out)
 			rp.headStarted = true
+			// The engine counts a request when it schedules it (vLLM's
+			// queue-time histogram), with its uncached prompt.
+			rp.meter.Advance(e.start - rp.meterAt)
+			rp.meterAt = max(rp.meterAt, e.start)
+			rp.meter.Add(1, float64(e.work))
 		}
 		if e.end > now {
 			break
@@ -791,15 +936,27 @@ func (rp *simReplica) queued(now float64) float64 {
 	return max(0, rp.busyUntil-now) * rp.rate
 }
 
+// headOf returns the gateway's estimate of the prefill at the head of the
+// queue and how long it has been there (0, 0 when none has started).
+func (rp *simReplica) headOf(now float64) (int64, float64) {
+	if !rp.headStarted {
+		return 0, 0
+	}
+	e := &rp.prefill[rp.head]
+	return e.est, now - e.start
+}
+
 // kvUsage returns the fraction of the replica's cache referenced by
 // running requests, at most 1.
 func (rp *simReplica) kvUsage() float64 {
 	return min(1, float64(rp.used+rp.outBlocks)/float64(rp.cache.capacity))
 }
 
-// endpoint describes the replica (after advance) as the gateway would see
-// it.
-func (rp *simReplica) endpoint(id string, sat scoring.Saturation) scoring.Endpoint {
+// endpoint describes the replica (after advance) at now as the gateway
+// would see it; bt is the block size in tokens.
+func (rp *simReplica) endpoint(id string, sat scoring.Saturation, now float64, bt int) scoring.Endpoint {
+	rp.meter.Advance(now - rp.meterAt)
+	rp.meterAt = max(rp.meterAt, now)
 	pending := len(rp.prefill) - rp.head
 	waiting, running := pending, len(rp.decoding)
 	if rp.headStarted {
@@ -808,14 +965,22 @@ func (rp *simReplica) endpoint(id string, sat scoring.Saturation) scoring.Endpoi
 	}
 	kv := rp.kvUsage()
 	saturated, _ := sat.Judge(waiting, kv, rp.estPrefill)
+	headTokens, headElapsed := rp.headOf(now)
 	return scoring.Endpoint{
-		ID:                    id,
-		Waiting:               waiting,
-		Running:               running,
-		KVUsage:               kv,
-		InflightRequests:      int64(pending + len(rp.decoding)),
-		InflightPrefillTokens: rp.estPrefill,
-		Saturated:             saturated,
+		ID:                      id,
+		Waiting:                 waiting,
+		Running:                 running,
+		KVUsage:                 kv,
+		InflightRequests:        int64(pending + len(rp.decoding)),
+		InflightPrefillTokens:   rp.estPrefill,
+		HeadPrefillTokens:       headTokens,
+		HeadElapsed:             headElapsed,
+		InflightPrefillRequests: pending,
+		ArrivalRate:             rp.meter.Requests,
+		UncachedRate:            rp.meter.Tokens,
+		CacheTokens:             rp.cache.capacity * bt,
+		RequestTokens:           rp.meter.PerRequest(),
+		Saturated:               saturated,
 	}
 }
 
@@ -828,7 +993,7 @@ func (rp *simReplica) admit(now float64, ids []int32, work, est, out int, decode
 	start := max(now, rp.busyUntil)
 	end := start + float64(work)/rp.rate
 	rp.busyUntil = end
-	rp.prefill = append(rp.prefill, prefillEntry{start: start, end: end, decode: decode, est: int64(est), ids: ids, out: out})
+	rp.prefill = append(rp.prefill, prefillEntry{start: start, end: end, decode: decode, est: int64(est), work: int64(work), ids: ids, out: out})
 	rp.estPrefill += int64(est)
 	rp.computed += int64(work)
 	return start - now
@@ -1083,6 +1248,18 @@ func (r *AnalyzeReport) WriteTable(w io.Writer) error {
 	table("prefill queue wait, mean / p99 (s)", false, func(res AnalyzeResult) string {
 		return fmt.Sprintf("%.2f / %.2f", res.MeanQueueSeconds, res.P99QueueSeconds)
 	})
+	table("TTFT p50 / p90 / p99 (s): wait + own uncached prefill", false, func(res AnalyzeResult) string {
+		return fmt.Sprintf("%.2f / %.2f / %.2f", res.TTFTP50Seconds, res.TTFTP90Seconds, res.TTFTP99Seconds)
+	})
+	if slices.ContainsFunc(r.Results, func(res AnalyzeResult) bool { return res.Estimated > 0 }) {
+		table("TTFT estimate error |estimated − simulated| ÷ simulated, p50 / p90 (policies that estimate)", false, func(res AnalyzeResult) string {
+			if res.Estimated == 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%.1f%% / %.1f%%", 100*res.EstimateErrorP50, 100*res.EstimateErrorP90)
+		})
+		r.writePredictions(ew, sizes)
+	}
 	if slices.ContainsFunc(r.Results, func(res AnalyzeResult) bool { return res.StickyShare > 0 || len(res.Rebinds) > 0 }) {
 		table("sticky share, rebinds evicted/saturated/rescored (sticky policies); sat = share of requests routed to a saturated replica", false, func(res AnalyzeResult) string {
 			if res.StickyShare == 0 && len(res.Rebinds) == 0 {
@@ -1093,6 +1270,26 @@ func (r *AnalyzeReport) WriteTable(w io.Writer) error {
 		})
 	}
 	return ew.err
+}
+
+// writePredictions prints warmpath's sampled decisions, predicted against
+// simulated TTFT, at the median cache size.
+func (r *AnalyzeReport) writePredictions(ew *errWriter, sizes []int) {
+	res, ok := r.result(scoring.PolicyWarmpath, sizes[len(sizes)/2])
+	if !ok || len(res.Predictions) == 0 {
+		return
+	}
+	ew.printf("warmpath at %d cache blocks, sampled decisions: estimated vs simulated TTFT\n", res.CacheBlocks)
+	tw := tabwriter.NewWriter(ew, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "request\treplica\treason\tqueued tok\tuncached tok\tcached tok\testimated s\tsimulated s\t")
+	for _, p := range res.Predictions {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%d\t%.3f\t%.3f\t\n", p.Request, p.Replica, p.Reason,
+			p.QueuedTokens, p.UncachedTokens, p.CachedTokens, p.EstimatedSeconds, p.SimulatedSeconds)
+	}
+	if err := tw.Flush(); err != nil && ew.err == nil {
+		ew.err = err
+	}
+	ew.printf("\n")
 }
 
 // errWriter remembers the first write error.

@@ -92,7 +92,7 @@ func TestSimReplicaDrains(t *testing.T) {
 	}
 	for _, s := range steps {
 		rp.advance(s.at)
-		e := rp.endpoint("r", scoring.Saturation{}.WithDefaults())
+		e := rp.endpoint("r", scoring.Saturation{}.WithDefaults(), s.at, 16)
 		got := state{e.Waiting, e.Running, e.InflightRequests, e.InflightPrefillTokens, rp.queued(s.at), e.KVUsage}
 		if math.Abs(got.kv-s.want.kv) < 1e-9 {
 			got.kv = s.want.kv
@@ -133,8 +133,8 @@ func TestSimReplicaSaturation(t *testing.T) {
 				rp.admit(0, ids, 100, tt.est, 0, 1)
 			}
 			rp.advance(0)
-			if got := rp.endpoint("r", scoring.Saturation{}.WithDefaults()).Saturated; got != tt.want {
-				t.Errorf("Saturated = %v; want %v (endpoint %+v)", got, tt.want, rp.endpoint("r", scoring.Saturation{}.WithDefaults()))
+			if got := rp.endpoint("r", scoring.Saturation{}.WithDefaults(), 0, 16).Saturated; got != tt.want {
+				t.Errorf("Saturated = %v; want %v (endpoint %+v)", got, tt.want, rp.endpoint("r", scoring.Saturation{}.WithDefaults(), 0, 16))
 			}
 		})
 	}
@@ -271,8 +271,10 @@ func TestAnalyzeHotPrefix(t *testing.T) {
 	if wp.MeanQueueSeconds > pp.MeanQueueSeconds/5 {
 		t.Errorf("warmpath mean queue %.2fs; want far below precise-prefix's %.2fs", wp.MeanQueueSeconds, pp.MeanQueueSeconds)
 	}
-	if wp.Rebinds[scoring.RebindSaturated] == 0 {
-		t.Error("warmpath never left a saturated replica")
+	// It spreads just enough: the queue stays short while most requests
+	// still find the shared prefix.
+	if wp.CachedFraction < (rr.CachedFraction+pp.CachedFraction)/2 {
+		t.Errorf("warmpath cached %.3f; want nearer precise-prefix's %.3f than round-robin's %.3f", wp.CachedFraction, pp.CachedFraction, rr.CachedFraction)
 	}
 }
 

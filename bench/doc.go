@@ -6,14 +6,14 @@
 //
 // # Live benchmark
 //
-// Run plans a Workload (shared-prefix, agentic, trace or mixed-tenants; see
-// Workloads) and,
-// for each policy in turn, builds a fresh simulated fleet (vllmsim, same
-// configuration and seed), a fresh in-process Redis (miniredis) and a fresh
-// gateway with that policy, drives the workload through the gateway with
-// streamed chat completions, collects the figures and tears everything
-// down. Every policy faces the same requests at the same times. Instead of
-// the simulated fleet, Run can route to external OpenAI-compatible replicas
+// Run plans a Workload (shared-prefix, agentic, agentic-harness, trace or
+// mixed-tenants; see Workloads) and, for each policy in turn, builds a fresh simulated
+// fleet (vllmsim, same configuration and seed), a fresh in-process Redis
+// (miniredis) and a fresh gateway with that policy, drives the workload
+// through the gateway with streamed chat completions, collects the
+// figures and tears everything down. Every policy faces the same requests
+// at the same times. Instead of the simulated fleet, Run can route to
+// external OpenAI-compatible replicas
 // (Config.Fleet, their prefix caches reset between policies) or benchmark
 // one running endpoint (Config.Target). Config.Gateways > 1 puts several
 // gateways sharing the one Redis in front of the fleet, as a highly
@@ -52,14 +52,14 @@
 // lengths are left at full size and every simulated time is a full-size
 // time; only the number of engine steps and streamed tokens drops by s.
 // The gateway's one token-denominated threshold
-// (routing.max_inflight_prefill_tokens) is scaled by s as well. Two things
-// do not scale: a dilated step is 1/s times longer, so a request that
+// (routing.max_inflight_prefill_tokens) is scaled by s as well. One thing
+// does not scale: a dilated step is 1/s times longer, so a request that
 // arrives mid-step waits 1/s times longer for it (this adds roughly half a
-// scaled step, ~50 ms at s = 0.25, to every TTFT), and the warmpath
-// prefill-cost scorer's constants (1,024 tokens per waiting request, 256
-// tokens of smoothing) are in tokens and so weigh 1/s times more. The
-// latter visibly changes warmpath's behaviour under load at s = 0.1 but not
-// at 0.25, whose results match full size; hence DefaultScale.
+// scaled step, ~50 ms at s = 0.25, to every TTFT). warmpath's TTFT model
+// has no token-denominated constants left: its prior is per token of the
+// default profile, which a run at scale s and speed v sees as 1/(s·v)
+// slower per scaled token in wall-clock time, and its calibration fits the
+// difference from the first answered requests.
 //
 // Config.Speed runs simulated time that many times faster than real time.
 // All reported times are simulated: wall-clock durations multiplied by

@@ -44,7 +44,11 @@ type sample struct {
 	// (or the simulator's X-Sim-Replica).
 	replica, reason string
 	predicted       int
-	err             string
+	// estimate is the gateway's TTFT estimate for the replica that
+	// answered (X-Warmpath-Estimate-TTFT, wall-clock, × speed), -1 when
+	// none.
+	estimate time.Duration
+	err      string
 
 	// The prompt, for the ceiling.
 	messages  []vllmsim.Message
@@ -137,10 +141,16 @@ func (d *driver) run(ctx context.Context, sessions []Session) ([]sample, error) 
 
 // session plays one session's turns.
 func (d *driver) session(ctx context.Context, idx int, s *Session, t0 time.Time) {
-	due := t0.Add(d.wall(s.Start))
+	d.play(ctx, idx, s, s.Script, t0, t0.Add(d.wall(s.Start)))
+}
+
+// play plays script's turns for session s, the first due at due (before
+// its Delay). A turn that spawns scripts has them played concurrently
+// once it completes, and the script goes on when they all have ended.
+func (d *driver) play(ctx context.Context, idx int, s *Session, script Script, t0, due time.Time) {
 	var prev *Outcome
 	for turn := 0; ; turn++ {
-		t, ok := s.Script.Next(prev)
+		t, ok := script.Next(prev)
 		if !ok {
 			return
 		}
@@ -155,6 +165,13 @@ func (d *driver) session(ctx context.Context, idx int, s *Session, t0 time.Time)
 		d.mu.Unlock()
 		if !smp.ok() {
 			return
+		}
+		if len(t.Spawn) > 0 {
+			var wg sync.WaitGroup
+			for _, sub := range t.Spawn {
+				wg.Go(func() { d.play(ctx, idx, s, sub, t0, time.Now()) })
+			}
+			wg.Wait()
 		}
 		prev = &out
 		due = time.Now()
@@ -193,7 +210,7 @@ type chatBody struct {
 
 // send performs one turn: a streamed chat completion, read chunk by chunk.
 func (d *driver) send(ctx context.Context, s *Session, t *Turn, t0 time.Time) (smp sample, out Outcome) {
-	smp = sample{class: s.Class, tenant: s.Tenant, warmup: s.Warmup, ttft: -1, e2e: -1, engineTTFT: -1,
+	smp = sample{class: s.Class, tenant: s.Tenant, warmup: s.Warmup, ttft: -1, e2e: -1, engineTTFT: -1, estimate: -1,
 		messages: t.Messages, tools: t.Tools, promptKey: t.PromptKey}
 	cb := chatBody{Model: d.model, Messages: t.Messages, Tools: t.Tools, ToolChoice: t.ToolChoice,
 		MaxTokens: t.MaxTokens, IgnoreEOS: t.IgnoreEOS, Stream: true}
@@ -253,6 +270,9 @@ func (d *driver) send(ctx context.Context, s *Session, t *Turn, t0 time.Time) (s
 	}
 	smp.reason = h.Get("X-Warmpath-Reason")
 	smp.predicted, _ = strconv.Atoi(h.Get("X-Warmpath-Predicted-Cached"))
+	if v, err := strconv.ParseFloat(h.Get("X-Warmpath-Estimate-TTFT"), 64); err == nil && v >= 0 {
+		smp.estimate = time.Duration(v * d.speed * float64(time.Second))
+	}
 	if ms, err := strconv.ParseFloat(h.Get("X-Warmpath-Queue-Ms"), 64); err == nil && ms > 0 {
 		smp.queueWait = d.sim(time.Duration(ms * float64(time.Millisecond)))
 	}

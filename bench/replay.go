@@ -27,17 +27,19 @@ import (
 // a request round(input_length × s), the last block truncated.
 //
 // The prompt is sent as a chat request, not a completion, split into
-// messages at block boundaries: the system message is block 0 (the
-// service's common system prompt), the first user message is block 1 and a
-// second user message holds the rest. The gateway keys sessions on a
-// conversation's opening (system messages, tools and first user message);
-// a completion has no session key unless a header names one, and a chat
-// request whose single user message held the whole prompt would make every
-// request its own session. Split this way, the turns of one Mooncake
-// conversation, which extend each other's hash ids, share their opening
-// and hence their session, as a chat client's turns do; requests that only
-// share block 0 do not. The chat template adds 13–18 tokens to the
-// input_length content tokens.
+// messages at block boundaries: the system message holds the blocks the
+// conversation shares with others (block 0, the service's common system
+// prompt, in Mooncake's own trace; a coding agent's whole harness in
+// others), the first user message the first block where it parts from
+// them (TraceRequest.Opening), and a second user message the rest. The
+// gateway keys sessions on a conversation's opening (system messages,
+// tools and first user message); a completion has no session key unless a
+// header names one, and a chat request whose single user message held the
+// whole prompt would make every request its own session. Split this way,
+// the turns of one Mooncake conversation, which extend each other's hash
+// ids, share their opening and hence their session, as a chat client's
+// turns do; requests that only share the harness do not. The chat template
+// adds 13–18 tokens to the input_length content tokens.
 //
 // Chat-log traces (FormatOpenAI) are sent as recorded, with the model
 // replaced and streaming on; Scale does not apply to them.
@@ -128,24 +130,26 @@ func (m *mooncakeTurn) Next(prev *Outcome) (Turn, bool) {
 		s = 1
 	}
 	return Turn{
-		Messages:  mooncakeMessages(m.req.HashIDs, m.req.InputTokens, s),
+		Messages:  mooncakeMessages(m.req.HashIDs, m.req.InputTokens, m.req.Opening, s),
 		MaxTokens: max(1, int(math.Round(float64(m.req.OutputTokens)*s))),
 		IgnoreEOS: true,
 	}, true
 }
 
 // mooncakeMessages renders a Mooncake prompt of input tokens (before
-// scaling) over hash ids as system (block 0), user (block 1) and user (the
-// rest) messages.
-func mooncakeMessages(ids []int64, input int, scale float64) []vllmsim.Message {
+// scaling) over hash ids, whose opening is the first opening blocks, as
+// system (the opening but its last block; at least block 0), user (the
+// next block) and user (the rest) messages.
+func mooncakeMessages(ids []int64, input, opening int, scale float64) []vllmsim.Message {
 	bt := mooncakeBlock(scale)
 	n := min(max(1, int(math.Round(float64(input)*scale))), bt*len(ids))
-	parts := []string{blockWords(ids, 0, 1, bt, n)}
-	if len(ids) > 1 {
-		parts = append(parts, blockWords(ids, 1, 2, bt, n))
+	split := min(max(1, opening-1), len(ids))
+	parts := []string{blockWords(ids, 0, split, bt, n)}
+	if len(ids) > split {
+		parts = append(parts, blockWords(ids, split, split+1, bt, n))
 	}
-	if len(ids) > 2 {
-		parts = append(parts, blockWords(ids, 2, len(ids), bt, n))
+	if len(ids) > split+1 {
+		parts = append(parts, blockWords(ids, split+1, len(ids), bt, n))
 	}
 	msgs := make([]vllmsim.Message, 0, 3)
 	for i, p := range parts {

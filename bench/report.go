@@ -69,6 +69,18 @@ type Result struct {
 	TTFTP90Ms  float64 `json:"ttft_p90_ms"`
 	TTFTP99Ms  float64 `json:"ttft_p99_ms"`
 	TTFTMeanMs float64 `json:"ttft_mean_ms"`
+	// EstimateErrorP50 and EstimateErrorP90 are the median and 90th
+	// percentile of |estimated − measured| ÷ measured TTFT over the
+	// measured requests the gateway estimated (Estimated of them): its
+	// X-Warmpath-Estimate-TTFT against the client's TTFT; 0 without.
+	EstimateErrorP50 float64 `json:"estimate_error_p50"`
+	EstimateErrorP90 float64 `json:"estimate_error_p90"`
+	Estimated        int     `json:"estimated"`
+	// EngineEstimateErrorP50 and EngineEstimateErrorP90 are the same
+	// against the engine's own TTFT (X-Sim-TTFT-Ms): the model's error
+	// without the gateway's and the host's delays.
+	EngineEstimateErrorP50 float64 `json:"engine_estimate_error_p50"`
+	EngineEstimateErrorP90 float64 `json:"engine_estimate_error_p90"`
 	// EngineTTFT is the replicas' own X-Sim-TTFT-Ms (from when the engine
 	// saw the request, on its simulated clock): TTFT without the gateway
 	// and the host's scheduling delays.
@@ -217,7 +229,7 @@ func msOf(d time.Duration) float64 { return float64(d) / float64(time.Millisecon
 func summarize(policy string, samples []sample, scale float64) *Result {
 	slices.SortFunc(samples, func(a, b sample) int { return cmp.Compare(a.start, b.start) })
 	r := &Result{Policy: policy, samples: samples, Reasons: map[string]int{}}
-	var ttft, eng, e2e []float64
+	var ttft, eng, e2e, errs, engErrs []float64
 	var first, last time.Duration = -1, 0
 	completed := 0
 	byClass := map[string][]float64{}
@@ -250,14 +262,23 @@ func summarize(policy string, samples []sample, scale float64) *Result {
 			eng = append(eng, msOf(s.engineTTFT))
 		}
 		e2e = append(e2e, msOf(s.e2e))
+		if s.estimate >= 0 && s.ttft > 0 {
+			errs = append(errs, math.Abs(float64(s.estimate-s.ttft))/float64(s.ttft))
+		}
+		if s.estimate >= 0 && s.engineTTFT > 0 {
+			engErrs = append(engErrs, math.Abs(float64(s.estimate-s.engineTTFT))/float64(s.engineTTFT))
+		}
 		if first < 0 || s.start < first {
 			first = s.start
 		}
 		last = max(last, s.end)
 	}
-	for _, v := range [][]float64{ttft, eng, e2e} {
+	for _, v := range [][]float64{ttft, eng, e2e, errs, engErrs} {
 		slices.Sort(v)
 	}
+	r.Estimated = len(errs)
+	r.EstimateErrorP50, r.EstimateErrorP90 = finiteOr0(percentile(errs, 50)), finiteOr0(percentile(errs, 90))
+	r.EngineEstimateErrorP50, r.EngineEstimateErrorP90 = finiteOr0(percentile(engErrs, 50)), finiteOr0(percentile(engErrs, 90))
 	r.TTFTP50Ms, r.TTFTP90Ms, r.TTFTP99Ms = finiteOr0(percentile(ttft, 50)), finiteOr0(percentile(ttft, 90)), finiteOr0(percentile(ttft, 99))
 	r.EngineTTFTP50Ms, r.EngineTTFTP90Ms = finiteOr0(percentile(eng, 50)), finiteOr0(percentile(eng, 90))
 	r.E2EP50Ms, r.E2EP90Ms = finiteOr0(percentile(e2e, 50)), finiteOr0(percentile(e2e, 90))
@@ -571,6 +592,12 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	for _, r := range rep.Results {
+		if r.Estimated > 0 {
+			fmt.Fprintf(&b, "%s: TTFT estimate error |estimated − measured| ÷ measured p50 %.1f%%, p90 %.1f%% (%d requests); against the engine's own TTFT p50 %.1f%%, p90 %.1f%%\n",
+				r.Policy, 100*r.EstimateErrorP50, 100*r.EstimateErrorP90, r.Estimated, 100*r.EngineEstimateErrorP50, 100*r.EngineEstimateErrorP90)
+		}
 	}
 	for _, r := range rep.Results {
 		if r.Errors > 0 {

@@ -517,6 +517,11 @@ func runGateway(ctx context.Context, cfg Config, policy string, urls, kv, replay
 	gc.Health = gateway.HealthConfig{Interval: wall(time.Second), Timeout: 2 * time.Second, Failures: 3,
 		ScrapeInterval: wall(250 * time.Millisecond), StaleAfter: 2 * time.Second}
 	gc.Routing.SpeculativeTTL = wall(2 * time.Second)
+	// The in-process Redis answers in microseconds unless the host stalls;
+	// a stall is a wall-clock event, so its calls get a generous bound
+	// rather than failing over to in-process state (which only the
+	// session-keeping policy would pay for).
+	gc.Redis.Timeout = 2 * time.Second
 	if cfg.tweak != nil {
 		cfg.tweak(&gc)
 	}
@@ -645,7 +650,8 @@ func waitFleet(ctx context.Context, reg *prometheus.Registry, n int) error {
 
 // gatherMetrics sums each counter and each gauge of reg by name, and also
 // by name and label value for series with one label besides "policy",
-// keyed like name{label="value"}.
+// keyed like name{label="value"}; a histogram's sum and count become the
+// counters name_sum and name_count.
 func gatherMetrics(reg *prometheus.Registry) (counters, gauges map[string]float64) {
 	counters, gauges = map[string]float64{}, map[string]float64{}
 	mfs, err := reg.Gather()
@@ -665,6 +671,11 @@ func gatherMetrics(reg *prometheus.Registry) (counters, gauges map[string]float6
 				v = m.Counter.GetValue()
 			case m.Gauge != nil:
 				v, out = m.Gauge.GetValue(), gauges
+			case m.Histogram != nil:
+				// A histogram's sum and count, as counters.
+				counters[name+"_sum"] += m.Histogram.GetSampleSum()
+				counters[name+"_count"] += float64(m.Histogram.GetSampleCount())
+				continue
 			default:
 				continue
 			}

@@ -39,7 +39,8 @@ const ChatBlockTokens = 16
 
 // TraceRequest is one request of a trace.
 type TraceRequest struct {
-	// Arrival is the request's arrival time from the start of the trace.
+	// Arrival is the request's arrival time from the trace's first
+	// request.
 	Arrival time.Duration
 	// InputTokens and OutputTokens are the prompt and generation lengths.
 	InputTokens, OutputTokens int
@@ -53,6 +54,11 @@ type TraceRequest struct {
 	HashIDs []int64
 	// Body is the original chat request (nil for Mooncake).
 	Body json.RawMessage
+	// Opening is, for Mooncake records, how many leading blocks make the
+	// conversation's opening: the blocks it shares with other
+	// conversations plus the first where it parts from them (see
+	// ReadTrace); 0 for chat logs.
+	Opening int
 }
 
 // Trace is a parsed request log.
@@ -78,19 +84,39 @@ func ReadTraceFile(path string) (*Trace, error) {
 // maxTraceLine bounds one JSONL line (a chat request with a long history).
 const maxTraceLine = 64 << 20
 
-// maxTraceTimestamp bounds arrival times: a year in milliseconds, far
-// beyond any trace and far inside time.Duration.
-const maxTraceTimestamp = 365 * 24 * 3600 * 1000
+// maxTraceSpan bounds a trace's span, last arrival minus first: a year in
+// milliseconds, far beyond any trace and far inside time.Duration.
+const maxTraceSpan = 365 * 24 * 3600 * 1000
+
+// maxTraceTimestamp bounds timestamps themselves: 2^53 ms, beyond which a
+// float64 no longer counts milliseconds exactly (epoch milliseconds are
+// about 2^40).
+const maxTraceTimestamp = 1 << 53
 
 // ReadTrace reads a JSONL trace in either format, telling them apart by the
 // first line: a hash_ids field means Mooncake, a messages field a chat
-// log. Requests are sorted by arrival. A malformed line is an error naming
-// its line number.
+// log. Requests are sorted by arrival, and arrivals count from the first
+// request: a log of epoch milliseconds, or the second half of a trace,
+// starts at 0 like any other. A malformed line is an error naming its line
+// number.
+//
+// A Mooncake record carries no conversation identity, so ReadTrace derives
+// each one's opening (TraceRequest.Opening) from the prefix tree of the
+// whole trace: a block "branches" when at least two of its children lead
+// to two or more distinct requests (conversations that went on), and a
+// request's opening ends with the first block after the deepest branching
+// block on its path (after the deepest block it shares with another
+// request, when none on its path branches). Behind a shared multi-block
+// harness the opening thus reaches the first block where conversations
+// part, and sub-agents that share a parent's harness and context get
+// openings of their own.
 func ReadTrace(r io.Reader) (*Trace, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), maxTraceLine)
 	t := &Trace{}
 	line := 0
+	var first, last float64
+	var stamps []float64
 	for sc.Scan() {
 		line++
 		raw := bytes.TrimSpace(sc.Bytes())
@@ -121,12 +147,18 @@ func ReadTrace(r io.Reader) (*Trace, error) {
 			}
 		}
 		if probe.Timestamp == nil || !(*probe.Timestamp >= 0 && *probe.Timestamp <= maxTraceTimestamp) {
-			return nil, fmt.Errorf("bench: trace line %d: missing timestamp, or not within 0…%g ms", line, float64(maxTraceTimestamp))
+			return nil, fmt.Errorf("bench: trace line %d: missing timestamp, or not within 0…2^53 ms", line)
 		}
 		if probe.OutputLength < 0 || probe.MaxTokens < 0 || probe.MaxComplete < 0 {
 			return nil, fmt.Errorf("bench: trace line %d: negative output length", line)
 		}
-		req := TraceRequest{Arrival: time.Duration(*probe.Timestamp * float64(time.Millisecond))}
+		ts := *probe.Timestamp
+		if len(t.Requests) == 0 || ts < first {
+			first = ts
+		}
+		last = max(last, ts)
+		stamps = append(stamps, ts)
+		var req TraceRequest
 		switch t.Format {
 		case FormatMooncake:
 			if probe.InputLength == nil || *probe.InputLength <= 0 || len(probe.HashIDs) == 0 {
@@ -166,8 +198,74 @@ func ReadTrace(r io.Reader) (*Trace, error) {
 	if len(t.Requests) == 0 {
 		return nil, errors.New("bench: trace is empty")
 	}
+	if last-first > maxTraceSpan {
+		return nil, fmt.Errorf("bench: trace spans %.0f ms; want at most a year", last-first)
+	}
+	for i := range t.Requests {
+		t.Requests[i].Arrival = time.Duration((stamps[i] - first) * float64(time.Millisecond))
+	}
 	slices.SortStableFunc(t.Requests, func(a, b TraceRequest) int { return cmp.Compare(a.Arrival, b.Arrival) })
+	if t.Format == FormatMooncake {
+		setOpenings(t.Requests)
+	}
 	return t, nil
+}
+
+// setOpenings sets each Mooncake request's Opening from the trace's
+// prefix tree (see ReadTrace).
+func setOpenings(reqs []TraceRequest) {
+	// below[k] is what the subtree of block key k leads to: the first
+	// distinct request end seen under it, and whether there was another.
+	type subtree struct {
+		end   uint64
+		multi bool
+	}
+	below := map[uint64]*subtree{}
+	for i := range reqs {
+		b := reqs[i].Blocks
+		end := b[len(b)-1]
+		for _, k := range b {
+			st := below[k]
+			switch {
+			case st == nil:
+				below[k] = &subtree{end: end}
+			case st.end != end:
+				st.multi = true
+			}
+		}
+	}
+	// branches[k] counts k's children that lead to several requests,
+	// up to two.
+	branches := map[uint64]int{}
+	counted := map[uint64]bool{}
+	for i := range reqs {
+		b := reqs[i].Blocks
+		for d := 0; d+1 < len(b); d++ {
+			child := b[d+1]
+			if below[child].multi && !counted[child] {
+				counted[child] = true
+				branches[b[d]] = min(branches[b[d]]+1, 2)
+			}
+		}
+	}
+	for i := range reqs {
+		b := reqs[i].Blocks
+		deepest, shared := -1, -1
+		for d := range b {
+			if branches[b[d]] >= 2 {
+				deepest = d
+			}
+			if below[b[d]].multi {
+				shared = d
+			}
+		}
+		if deepest < 0 {
+			// No conversation on the path goes on: the request parts from
+			// the others at its first block of its own.
+			deepest = shared
+		}
+		reqs[i].Opening = min(deepest+2, len(b))
+	}
 }
 
 // chainIDs turns Mooncake hash ids into chained block keys.

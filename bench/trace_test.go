@@ -94,6 +94,7 @@ func FuzzReadTrace(f *testing.F) {
 	f.Add(`{"timestamp": 0, "model":"m", "messages":[{"role":"user","content":"hello"}], "max_tokens": 7}` + "\n" +
 		`{"timestamp": 9, "messages":[{"role":"user","content":"hello"},{"role":"assistant","content":"hi"},{"role":"user","content":"more"}], "tools":[{"type":"function","function":{"name":"f"}}]}`)
 	f.Add(`{"timestamp": 5, "input_length": 513, "output_length": 1, "hash_ids": [0, 7]}` + "\n" + `{"timestamp": 1, "input_length": 1, "hash_ids": [0]}`)
+	f.Add(`{"timestamp": 1750000000000, "input_length": 1025, "hash_ids": [0, 1, 2]}` + "\n" + `{"timestamp": 1750000001500, "input_length": 1537, "hash_ids": [0, 1, 5, 6]}`)
 	f.Fuzz(func(t *testing.T, log string) {
 		tr, err := ReadTrace(strings.NewReader(log))
 		if err != nil {
@@ -113,6 +114,9 @@ func FuzzReadTrace(f *testing.F) {
 			case FormatMooncake:
 				if len(r.Blocks) != len(r.HashIDs) || len(r.Blocks) != (r.InputTokens+MooncakeBlockTokens-1)/MooncakeBlockTokens {
 					t.Fatalf("request %d: %d blocks, %d hash ids for %d tokens", i, len(r.Blocks), len(r.HashIDs), r.InputTokens)
+				}
+				if r.Opening < 1 || r.Opening > len(r.Blocks) {
+					t.Fatalf("request %d: opening %d of %d blocks", i, r.Opening, len(r.Blocks))
 				}
 			case FormatOpenAI:
 				if len(r.Blocks) != r.InputTokens/ChatBlockTokens || r.Body == nil {

@@ -127,6 +127,10 @@ type Turn struct {
 	// WantReply makes the driver collect the reply text into
 	// Outcome.Reply.
 	WantReply bool
+	// Spawn are scripts (sub-agents) the driver plays concurrently once
+	// this turn completes, with the session's headers; the session's
+	// next turn waits until they have all ended.
+	Spawn []Script
 }
 
 // Outcome is what the driver learned from a turn.
@@ -153,6 +157,7 @@ func registry() []Workload {
 	return []Workload{
 		&SharedPrefix{},
 		&Agentic{},
+		&AgenticHarness{},
 		&Replay{},
 		&MixedTenants{},
 	}

@@ -11,7 +11,7 @@ import (
 )
 
 func TestRegistry(t *testing.T) {
-	want := []string{"shared-prefix", "agentic", "trace", "mixed-tenants"}
+	want := []string{"shared-prefix", "agentic", "agentic-harness", "trace", "mixed-tenants"}
 	if got := Workloads(); !slices.Equal(got, want) {
 		t.Fatalf("Workloads() = %v; want %v", got, want)
 	}
@@ -238,9 +238,9 @@ func TestAgenticSizing(t *testing.T) {
 }
 
 func TestMooncakeMessages(t *testing.T) {
-	a := mooncakeMessages([]int64{0, 1, 2, 3}, 1800, 0.1) // 52-token blocks, 180 tokens
-	b := mooncakeMessages([]int64{0, 1, 2, 9, 10}, 2400, 0.1)
-	c := mooncakeMessages([]int64{0, 5}, 600, 0.1)
+	a := mooncakeMessages([]int64{0, 1, 2, 3}, 1800, 2, 0.1) // 52-token blocks, 180 tokens
+	b := mooncakeMessages([]int64{0, 1, 2, 9, 10}, 2400, 2, 0.1)
+	c := mooncakeMessages([]int64{0, 5}, 600, 2, 0.1)
 	if len(a) != 3 || a[0].Role != "system" || a[1].Role != "user" || a[2].Role != "user" {
 		t.Fatalf("messages = %+v", a)
 	}
@@ -263,7 +263,7 @@ func TestMooncakeMessages(t *testing.T) {
 		t.Errorf("c = %+v", c)
 	}
 	// A prompt shorter than a block is a truncated block 0.
-	d := mooncakeMessages([]int64{0}, 200, 0.1)
+	d := mooncakeMessages([]int64{0}, 200, 2, 0.1)
 	if len(d) != 1 || tokens(d[0].Content) != 20 || !strings.HasPrefix(a[0].Content, d[0].Content) {
 		t.Errorf("short prompt = %+v", d)
 	}

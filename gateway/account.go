@@ -41,6 +41,7 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 			if x.req.stream {
 				g.m.ttft.WithLabelValues(x.req.model).Observe(time.Since(x.start).Seconds())
 			}
+			g.checkEstimate(x)
 		},
 		usage: func(u Usage) { got, have = u, true },
 		done: func(err error) {
@@ -82,6 +83,20 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 		resp.Body = &jsonTap{src: resp.Body, obs: obs}
 	}
 	return resp, nil
+}
+
+// checkEstimate compares the answering replica's TTFT estimate with the
+// time from the routing decision to the first byte: the error goes to the
+// per-replica histogram and the observation to the model's calibration.
+// Retried requests are left out (their time includes the failed attempt).
+func (g *Gateway) checkEstimate(x *exchange) {
+	e, ok := x.route.estimate(x.replica.Spec.Name)
+	if !ok || x.attempts != 1 {
+		return
+	}
+	observed := time.Since(x.route.at).Seconds()
+	g.m.ttftError.WithLabelValues(x.replica.Spec.Name).Observe(e.TTFT - observed)
+	g.cal.Observe(x.req.model, e, observed)
 }
 
 // upstreamError reads a replica's error answer (bounded) and rewrites it

@@ -129,7 +129,8 @@ type RoutingConfig struct {
 	// approx-prefix, precise-prefix, warmpath (default).
 	Policy string `yaml:"policy"`
 	// Weights overrides scorer weights by name: prefix, session, queue,
-	// kv, inflight, prefill-cost.
+	// kv, inflight. warmpath, which routes by estimated time to first
+	// token, takes none.
 	Weights map[string]float64 `yaml:"weights"`
 	// BlockSize is the prefix index's block size in tokens; default 16.
 	// It need not equal the engines' block size.
@@ -142,8 +143,8 @@ type RoutingConfig struct {
 	// negative disables speculative entries.
 	SpeculativeTTL time.Duration `yaml:"speculative_ttl"`
 	// Saturation (max_waiting, max_kv_usage, max_inflight_prefill_tokens)
-	// marks a replica saturated: a sticky session moves off it and
-	// affinity scores on it are zeroed, unless every replica is saturated.
+	// marks a replica saturated (reported in metrics and debug output;
+	// warmpath weighs the load itself instead).
 	// Defaults 32 waiting, KV use 1.0 (a completely full cache) and
 	// 262,144 in-flight prefill tokens from this gateway (about 17 s of
 	// prefill at 15,000 tokens/s); negative disables a threshold. See

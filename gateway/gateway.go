@@ -54,6 +54,7 @@ type Gateway struct {
 	kvm         *kvevents.Metrics
 	fleet       *fleet.Fleet
 	policy      *scoring.Policy
+	cal         *scoring.Calibrator // the TTFT model's per-model calibration
 	sessions    *session.Store
 	rdb         redis.UniversalClient
 	ownsRedis   bool
@@ -117,6 +118,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	g.writes = newWorkers(writeWorkers, writeBacklog, time.Second)
 	g.tokenizeWarn.period = 10 * time.Second
 	var err error
+	g.cal = scoring.NewCalibrator(scoring.DefaultCost())
 	if g.policy, err = scoring.NewPolicy(cfg.Routing.Policy, cfg.Routing.Weights); err != nil {
 		return nil, fmt.Errorf("config: routing: %w", err)
 	}

@@ -12,6 +12,7 @@ type metrics struct {
 	requests        *prometheus.CounterVec   // route, code
 	duration        *prometheus.HistogramVec // route
 	ttft            *prometheus.HistogramVec // model
+	ttftError       *prometheus.HistogramVec // replica
 	promptTokens    *prometheus.CounterVec   // tenant, model
 	cachedTokens    *prometheus.CounterVec   // tenant, model
 	predictedTokens *prometheus.CounterVec   // tenant, model
@@ -51,6 +52,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "warmpath_ttft_seconds", Help: "Time from request arrival to the first streamed event (streaming requests).",
 			Buckets: ttftBuckets,
 		}, []string{"model"}),
+		ttftError: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "warmpath_ttft_estimate_error_seconds",
+			Help:    "Estimated minus observed time to first token (routing decision to first byte), by the replica that answered; policies that estimate.",
+			Buckets: []float64{-30, -10, -5, -2, -1, -.5, -.25, -.1, -.05, 0, .05, .1, .25, .5, 1, 2, 5, 10, 30},
+		}, []string{"replica"}),
 		promptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "warmpath_prompt_tokens_total", Help: "Prompt tokens of completed requests, as the replicas reported them.",
 		}, []string{"tenant", "model"}),
@@ -113,7 +119,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		fracs: map[[2]string]*[2]float64{},
 	}
-	reg.MustRegister(m.requests, m.duration, m.ttft, m.promptTokens, m.cachedTokens, m.predictedTokens,
+	reg.MustRegister(m.requests, m.duration, m.ttft, m.ttftError, m.promptTokens, m.cachedTokens, m.predictedTokens,
 		m.cachedFraction, m.mispredicted, m.mispredictedTok, m.decisions, m.rebinds, m.tokenizer, m.tokBackoff,
 		m.tokenizeAvoided, m.tokenizeUnseen, m.tips, m.retries, m.upstreamErrors, m.redisErrors, m.streamsCut, m.connsRejected,
 		m.replicaRestarts, m.inflight)

@@ -29,6 +29,20 @@ type route struct {
 	// after routing ("" and zero when the policy keeps no bindings).
 	session string
 	binding session.Binding
+	// at is when the plan was made: the first candidate's estimate is
+	// checked against the time from here to its first byte.
+	at time.Time
+}
+
+// estimate returns the plan's TTFT estimate for the named replica, if it
+// has one.
+func (rt *route) estimate(replica string) (scoring.Estimate, bool) {
+	for k, i := range rt.plan.Order {
+		if rt.eps[i].ID == replica && k < len(rt.plan.Estimates) {
+			return rt.plan.Estimates[k], true
+		}
+	}
+	return scoring.Estimate{}, false
 }
 
 // candidate returns the k-th replica of the plan and its predicted cached
@@ -57,6 +71,7 @@ func (g *Gateway) route(ctx context.Context, r *Request) (*route, error) {
 	}
 	rt := &route{plan: plan, reps: reps, eps: in.Endpoints}
 	g.commit(ctx, r, rt, bind, keys, chunks)
+	rt.at = time.Now()
 	return rt, nil
 }
 
@@ -72,6 +87,7 @@ func (g *Gateway) gather(ctx context.Context, r *Request) ([]*fleet.Replica, *sc
 		Now: now, Model: r.model, SessionKey: r.session.Value, Endpoints: endpoints(reps, now),
 		PromptTokens: r.estimatedTokens(), TextBytes: r.textBytes, BlockSize: g.cfg.Routing.BlockSize,
 		RefreshAfter: g.cfg.Routing.SessionTTL / 8, Continues: true, BoundHolds: true,
+		Cost: g.cal.Cost(r.model),
 	}
 	g.keepReserve(r, reps, in.Endpoints)
 	var bind session.Binding
@@ -83,6 +99,17 @@ func (g *Gateway) gather(ctx context.Context, r *Request) ([]*fleet.Replica, *sc
 		g.m.redisErrors.WithLabelValues("lookup").Inc()
 		g.log.Debug("session lookup degraded", "err", err)
 	}
+	if g.policy.Estimated {
+		// What conversations look like: how far they go, how long they
+		// pause (the binding is rewritten as each turn completes).
+		turn := 1
+		if ok {
+			turn = bind.Turns + 1
+		}
+		g.cal.ObserveTurn(r.model, turn, now.Sub(bind.Updated).Seconds())
+		st := g.cal.Sessions(r.model)
+		in.Sessions = &st
+	}
 	if ok {
 		in.Binding = &bind.Binding
 		if g.policy.Sticky {
@@ -91,6 +118,11 @@ func (g *Gateway) gather(ctx context.Context, r *Request) ([]*fleet.Replica, *sc
 		if i := slices.IndexFunc(reps, func(rep *fleet.Replica) bool { return rep.Spec.Name == bind.Replica }); i >= 0 {
 			in.BoundHolds = g.stillHolds(reps[i], bind)
 			in.Endpoints[i].PromptBlocksOnly = !g.index.cachesGenerated(bind.Replica)
+		}
+	} else if rel := r.session.Relatives(); rel != "" && err == nil {
+		// A conversation's first turn: where do its relatives run?
+		if fam, ok, _ := g.sessions.Lookup(ctx, rel); ok {
+			in.Parent = fam.Replica
 		}
 	}
 	return reps, in, bind, nil
@@ -116,16 +148,25 @@ func endpoints(reps []*fleet.Replica, now time.Time) []scoring.Endpoint {
 	for i, rep := range reps {
 		st := rep.State()
 		sat, _ := rep.Saturated(now)
+		line, headTokens, headFor := rep.PrefillLine(now)
 		eps[i] = scoring.Endpoint{
-			ID:                    rep.Spec.Name,
-			Waiting:               st.Waiting,
-			Running:               st.Running,
-			KVUsage:               st.KVUsage,
-			InflightRequests:      rep.InflightRequests(),
-			InflightPrefillTokens: rep.InflightPrefillTokens(),
-			Saturated:             sat,
-			Unhealthy:             !st.Healthy,
-			BlockSize:             st.BlockSize,
+			ID:                      rep.Spec.Name,
+			Waiting:                 st.Waiting,
+			Running:                 st.Running,
+			KVUsage:                 st.KVUsage,
+			InflightRequests:        rep.InflightRequests(),
+			InflightPrefillTokens:   rep.InflightPrefillTokens(),
+			InflightPrefillRequests: line,
+			HeadPrefillTokens:       headTokens,
+			HeadElapsed:             headFor.Seconds(),
+			KVTokens:                st.NumGPUBlocks * st.BlockSize,
+			CacheTokens:             st.NumGPUBlocks * st.BlockSize,
+			ArrivalRate:             st.Rates.Requests,
+			UncachedRate:            st.Rates.Tokens,
+			RequestTokens:           st.Rates.PerRequest(),
+			Saturated:               sat,
+			Unhealthy:               !st.Healthy,
+			BlockSize:               st.BlockSize,
 		}
 	}
 	return eps
@@ -221,6 +262,18 @@ func (g *Gateway) commit(ctx context.Context, r *Request, rt *route, bind sessio
 				rt.binding = won
 			}
 		}
+	}
+	if fam := r.session.Family; fam != "" && fam != rt.session && (p.Bind == scoring.BindNew || p.Bind == scoring.BindReplace) {
+		// Publish where the family's conversation now runs, for its
+		// relatives' first turns (scored turns only: sticky ones stay put).
+		// It is advice, not a binding, so it goes through the write pool
+		// and no turn waits for it; a full backlog drops it.
+		fb := session.Binding{Binding: scoring.Binding{Replica: rt.eps[p.Chosen()].ID}}
+		g.writes.try(func(ctx context.Context) {
+			if _, err := g.sessions.Remember(ctx, fam, fb, false); err != nil {
+				g.m.redisErrors.WithLabelValues("remember").Inc()
+			}
+		})
 	}
 	sticky := p.Reason == scoring.ReasonSticky
 	if g.policy.UsesPrecise && (!sticky && keys == nil || sticky && rt.binding.TipDepth == 0) {
@@ -348,6 +401,13 @@ func (g *Gateway) debugHeaders(h interface{ Set(string, string) }, x *exchange) 
 	if p.Rebind != "" {
 		h.Set("X-Warmpath-Rebind", p.Rebind)
 	}
+	if e, ok := x.route.estimate(x.replica.Spec.Name); ok {
+		h.Set("X-Warmpath-Estimate-TTFT", fmt.Sprintf("%.4f", e.TTFT))
+	}
+	if p.Estimates != nil {
+		h.Set("X-Warmpath-Scores", estimateScores(x.route.eps, p))
+		return
+	}
 	// Pure pickers (round-robin, session-hash) leave no scores.
 	d := p.Decision
 	if d == nil || d.Totals == nil {
@@ -373,4 +433,17 @@ func (g *Gateway) debugHeaders(h interface{ Set(string, string) }, x *exchange) 
 		k++
 	}
 	h.Set("X-Warmpath-Scores", strings.Join(parts, "; "))
+}
+
+// estimateScores renders each candidate's TTFT estimate, in the plan's
+// order: replica=cost(ttft:s,others:s,future:s,queued:tokens,
+// uncached:tokens), in seconds and tokens.
+func estimateScores(eps []scoring.Endpoint, p *scoring.Plan) string {
+	parts := make([]string, len(p.Order))
+	for k, i := range p.Order {
+		e := p.Estimates[k]
+		parts[k] = fmt.Sprintf("%s=%.3f(ttft:%.3f,others:%.3f,future:%.3f,queued:%d,uncached:%d)",
+			eps[i].ID, e.Cost(), e.TTFT, e.Others, e.Future, e.QueuedTokens, e.UncachedTokens)
+	}
+	return strings.Join(parts, "; ")
 }

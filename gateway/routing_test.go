@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -257,7 +258,8 @@ func TestTwoGatewaysShareSessions(t *testing.T) {
 			if turn == 0 {
 				home = r.replica()
 			} else if r.replica() != home {
-				t.Fatalf("session %d turn %d via gateway %d went to %s; bound to %s", s, turn, turn%2, r.replica(), home)
+				t.Fatalf("session %d turn %d via gateway %d went to %s; bound to %s (reason %q, rebind %q, attempts %s, scores %s)", s, turn, turn%2, r.replica(), home,
+					r.Header.Get("X-Warmpath-Reason"), r.Header.Get("X-Warmpath-Rebind"), r.Header.Get("X-Warmpath-Attempts"), r.Header.Get("X-Warmpath-Scores"))
 			}
 		}
 	}
@@ -289,9 +291,10 @@ func TestTwoGatewaysRaceFirstTurn(t *testing.T) {
 }
 
 // A session key that spans unrelated conversations (here `user`, which
-// names a person, not a chat) does not glue them together: a turn that does
-// not continue the bound conversation is scored on its own prefix.
-func TestDivergedConversationsSharingAKey(t *testing.T) {
+// names a person, not a chat) does not glue them together: each
+// conversation under it gets a binding of its own (the key joins the
+// conversation's opening), so neither rebinds the other's.
+func TestConversationsSharingAKey(t *testing.T) {
 	sim := startSim(t, vllmsim.Config{Replicas: 4})
 	cfg := fleetConfig(sim)
 	cfg.Debug = true
@@ -304,17 +307,59 @@ func TestDivergedConversationsSharingAKey(t *testing.T) {
 	b.extra = map[string]any{"user": "alice"}
 	a.turn(t, gw.URL, "more")
 	rb := b.turn(t, gw.URL, "more")
-	if got := rb.Header.Get("X-Warmpath-Rebind"); got != scoring.RebindDiverged {
-		t.Errorf("b's first turn: rebind %q; want %q (it does not continue a)", got, scoring.RebindDiverged)
+	if got := rb.Header.Get("X-Warmpath-Rebind"); got != "" {
+		t.Errorf("b's first turn: rebind %q; want none (it is a conversation of its own)", got)
 	}
 	if got := rb.Header.Get("X-Warmpath-Reason"); got == scoring.ReasonSticky {
 		t.Errorf("b's first turn went sticky on a's binding")
 	}
-	// The key now fingerprints b: b continues sticky, a is rescored.
-	if r := b.turn(t, gw.URL, "again"); r.Header.Get("X-Warmpath-Reason") != scoring.ReasonSticky || r.Usage.CachedTokens < 600 {
-		t.Errorf("b's next turn: reason %q, cached %d; want sticky and cached", r.Header.Get("X-Warmpath-Reason"), r.Usage.CachedTokens)
+	for name, c := range map[string]*conversation{"a": a, "b": b} {
+		if r := c.turn(t, gw.URL, "again"); r.Header.Get("X-Warmpath-Reason") != scoring.ReasonSticky || r.Usage.CachedTokens < 600 {
+			t.Errorf("%s's next turn: reason %q rebind %q, cached %d; want sticky and cached", name,
+				r.Header.Get("X-Warmpath-Reason"), r.Header.Get("X-Warmpath-Rebind"), r.Usage.CachedTokens)
+		}
 	}
-	if r := a.turn(t, gw.URL, "again"); r.Header.Get("X-Warmpath-Rebind") != scoring.RebindDiverged || r.Usage.CachedTokens < 600 {
-		t.Errorf("a's next turn: rebind %q, cached %d; want diverged, and its prefix still found", r.Header.Get("X-Warmpath-Rebind"), r.Usage.CachedTokens)
+}
+
+// warmpath shows each candidate's TTFT estimate, and checks the chosen
+// one against the first byte: the error histogram gets one sample per
+// answered request, by replica, and the calibration learns from it.
+func TestEstimateHeadersAndError(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{Replicas: 2})
+	cfg := fleetConfig(sim)
+	cfg.Debug = true
+	rdb := redisFor(t, &cfg)
+	gw := startGateway(t, cfg, rdb)
+	c := newConversation(words("estimate", 400), "first")
+	var last chatResult
+	for i := range 3 {
+		last = c.turn(t, gw.URL, fmt.Sprintf("next %d", i))
+		est, err := strconv.ParseFloat(last.Header.Get("X-Warmpath-Estimate-TTFT"), 64)
+		if err != nil || est <= 0 {
+			t.Fatalf("turn %d: X-Warmpath-Estimate-TTFT %q", i, last.Header.Get("X-Warmpath-Estimate-TTFT"))
+		}
+		scores := last.Header.Get("X-Warmpath-Scores")
+		if strings.Count(scores, "ttft:") != 2 || !strings.HasPrefix(scores, last.replica()+"=") {
+			t.Errorf("turn %d: scores %q; want both candidates, the chosen first", i, scores)
+		}
+	}
+	mfs, err := gw.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, mf := range mfs {
+		if mf.GetName() != "warmpath_ttft_estimate_error_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			n += m.GetHistogram().GetSampleCount()
+		}
+	}
+	if n != 3 {
+		t.Errorf("estimate error histogram has %d samples; want 3", n)
+	}
+	if got := gw.cal.Observations("qwen3-32b"); got < 2.9 {
+		t.Errorf("calibration saw %.1f observations; want 3", got)
 	}
 }

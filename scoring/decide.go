@@ -3,6 +3,7 @@ package scoring
 import (
 	"cmp"
 	"context"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"time"
@@ -77,6 +78,18 @@ type Input struct {
 	// RefreshAfter is how old a sticky session's binding may grow before
 	// the turn rewrites it (renewing its TTL).
 	RefreshAfter time.Duration
+	// Cost is the model's timing model, calibrated (see Calibrator); the
+	// zero value is DefaultCost.
+	Cost Cost
+	// Sessions describes the model's conversations (inter-turn gaps, turns
+	// reached), for the cache-placement term; nil knows nothing.
+	Sessions *SessionStats
+	// Parent is the replica the request's parent conversation is bound to
+	// (a sub-agent's, or another conversation under the same session id),
+	// "" when none: estimated policies prefer it among equal costs, so a
+	// family's first turns land together where nothing tells replicas
+	// apart.
+	Parent string
 	// Rand breaks ties; nil uses the goroutine-safe top-level generator.
 	Rand *rand.Rand
 }
@@ -108,7 +121,7 @@ const (
 const (
 	RebindGone      = "gone"      // the bound replica is no longer a member
 	RebindUnhealthy = "unhealthy" // it is a member but down
-	RebindSaturated = "saturated" // it is saturated while another is not
+	RebindSaturated = "saturated" // staying costs more than moving (estimated policies), or it is saturated while another is not
 	RebindEvicted   = "evicted"   // it no longer holds the session's prefix
 	RebindDiverged  = "diverged"  // the turn does not continue the bound conversation
 	RebindRescored  = "rescored"  // a non-sticky policy scored the session elsewhere
@@ -126,6 +139,10 @@ type Plan struct {
 	// Predicted holds, aligned with Order, how many prompt tokens each
 	// candidate is predicted to serve from its cache.
 	Predicted []int
+	// Estimates holds, aligned with Order, each candidate's TTFT estimate,
+	// for policies that know what each candidate holds (prefix policies
+	// once matched, sticky turns); nil otherwise.
+	Estimates []Estimate
 	// PromptTokens is the prompt length the plan assumed.
 	PromptTokens int
 	// Reason is ReasonSticky or ReasonScored (ReasonRaced after Follow).
@@ -161,11 +178,13 @@ func (p *Policy) NeedsPrefix() bool { return p.UsesPrecise || p.UsesApprox }
 // prompt against its index and calls Decide again with Input.Matched.
 //
 // Availability is judged here and only here: an endpoint takes traffic
-// when it is healthy; it takes affinity traffic (sticky turns, prefix and
-// session scores) when it is also unsaturated, or when every available
-// endpoint is saturated (moving work then only trades a warm queue for a
-// cold one); a sticky session stays while its replica also still holds its
-// prefix.
+// when it is healthy. A sticky session stays on its replica while the
+// replica also still holds its prefix and, for estimated policies,
+// staying costs no more than moving to the cheapest other replica (taken
+// to hold nothing of the prompt; otherwise the turn is scored with its
+// prefix known); for other sticky policies, while the
+// replica is unsaturated or every available endpoint is saturated (moving
+// work then only trades a warm queue for a cold one).
 func (p *Policy) Decide(in *Input) (Plan, error) {
 	avail := available(in.Endpoints)
 	if len(avail) == 0 {
@@ -178,22 +197,38 @@ func (p *Policy) Decide(in *Input) (Plan, error) {
 		plan.Rebind, bound = RebindDiverged, false
 	}
 	if p.Sticky && bound {
-		i, why := stick(in, b.Replica, allSaturated(pick(in.Endpoints, avail)))
-		if i >= 0 {
-			return p.sticky(in, i, avail), nil
+		sp, why := p.stay(in, avail)
+		if why == "" && (in.Matched == nil || !p.Estimated) {
+			return sp, nil
 		}
 		plan.Rebind = why
 	}
 	if p.NeedsPrefix() && in.Matched == nil {
 		return Plan{NeedsPrefix: true}, nil
 	}
-	if err := p.score(in, avail, bound, &plan); err != nil {
+	if p.Estimated {
+		p.cheapest(in, avail, &plan)
+	} else if err := p.score(in, avail, bound, &plan); err != nil {
 		return Plan{}, err
 	}
 	if in.SessionKey != "" && p.TracksSessions() {
 		p.rebind(in, bound, &plan)
 	}
 	return plan, nil
+}
+
+// stay decides whether a bound session stays on its replica: it returns
+// the sticky plan, or why the session must leave.
+func (p *Policy) stay(in *Input, avail []int) (Plan, string) {
+	i, why := stick(in, in.Binding.Replica, !p.Estimated && allSaturated(pick(in.Endpoints, avail)), !p.Estimated)
+	if i < 0 {
+		return Plan{}, why
+	}
+	sp := p.sticky(in, i, avail)
+	if p.Estimated && len(sp.Order) > 1 && sp.Estimates[0].Cost() > sp.Estimates[1].Cost() {
+		return Plan{}, RebindSaturated
+	}
+	return sp, ""
 }
 
 // available returns the indexes of the endpoints that may take traffic.
@@ -216,17 +251,18 @@ func pick(eps []Endpoint, idx []int) []Endpoint {
 	return out
 }
 
-// stick decides whether the session stays on its bound replica: it
+// stick decides whether the session may stay on its bound replica: it
 // returns the replica's index, or -1 and why the session must be rebound.
-// allSat reports whether every available endpoint is saturated.
-func stick(in *Input, bound string, allSat bool) (int, string) {
+// With checkSat, a saturated replica must leave unless allSat (every
+// available endpoint is saturated).
+func stick(in *Input, bound string, allSat, checkSat bool) (int, string) {
 	i := slices.IndexFunc(in.Endpoints, func(e Endpoint) bool { return e.ID == bound })
 	switch {
 	case i < 0:
 		return -1, RebindGone
 	case in.Endpoints[i].Unhealthy:
 		return -1, RebindUnhealthy
-	case in.Endpoints[i].Saturated && !allSat:
+	case checkSat && in.Endpoints[i].Saturated && !allSat:
 		return -1, RebindSaturated
 	case !in.BoundHolds:
 		return -1, RebindEvicted
@@ -237,7 +273,9 @@ func stick(in *Input, bound string, allSat bool) (int, string) {
 // sticky plans a turn for its bound replica i without prefix information:
 // the prompt is estimated from the session's measured tokens per byte and
 // the prediction from what the replica is known to hold; the other
-// available replicas follow as retry targets, least loaded first.
+// available replicas follow as retry targets, cheapest first (least
+// backlog first for policies without estimates), each taken to hold
+// nothing of the prompt.
 func (p *Policy) sticky(in *Input, i int, avail []int) Plan {
 	b := *in.Binding
 	prompt := in.PromptTokens
@@ -267,24 +305,113 @@ func (p *Policy) sticky(in *Input, i int, avail []int) Plan {
 		Binding:      b,
 	}
 	rest := slices.DeleteFunc(slices.Clone(avail), func(j int) bool { return j == i })
-	slices.SortStableFunc(rest, func(x, y int) int {
-		return cmp.Compare(backlog(&in.Endpoints[x]), backlog(&in.Endpoints[y]))
-	})
-	for _, j := range rest {
-		plan.Order = append(plan.Order, j)
-		plan.Predicted = append(plan.Predicted, 0)
+	if p.Estimated || p.NeedsPrefix() {
+		all := append([]int{i}, rest...)
+		est := p.estimates(in, all, prompt, func(j int) int {
+			if j == i {
+				return predicted
+			}
+			return 0
+		})
+		others := est[1:]
+		ord := make([]int, len(rest))
+		for k := range ord {
+			ord[k] = k
+		}
+		slices.SortStableFunc(ord, func(x, y int) int { return cmp.Compare(others[x].Cost(), others[y].Cost()) })
+		plan.Estimates = []Estimate{est[0]}
+		for _, k := range ord {
+			plan.Order = append(plan.Order, rest[k])
+			plan.Predicted = append(plan.Predicted, 0)
+			plan.Estimates = append(plan.Estimates, others[k])
+		}
+	} else {
+		slices.SortStableFunc(rest, func(x, y int) int {
+			return cmp.Compare(in.Endpoints[x].InflightPrefillTokens, in.Endpoints[y].InflightPrefillTokens)
+		})
+		for _, j := range rest {
+			plan.Order = append(plan.Order, j)
+			plan.Predicted = append(plan.Predicted, 0)
+		}
 	}
+	plan.Binding.Turns++ // written with the turn's cached tokens once it completes, or now on a refresh
 	if in.Now.Sub(b.Updated) > in.RefreshAfter {
 		plan.Bind = BindRefresh
-		plan.Binding.Turns++
 	}
 	return plan
 }
 
-// backlog is the prefill work queued on an endpoint, in tokens, counting a
-// request waiting in the engine at 1,024 tokens.
-func backlog(e *Endpoint) int64 {
-	return max(e.InflightPrefillTokens, int64(e.Waiting)*1024)
+// estimates returns the TTFT model's estimate for each endpoint of idx,
+// for a prompt of prompt tokens of which endpoint j holds cached(j)
+// (clamped to the prompt). Estimated policies add the placement term.
+func (p *Policy) estimates(in *Input, idx []int, prompt int, cached func(j int) int) []Estimate {
+	c := in.Cost.WithDefaults()
+	price := queuePrice(in.Endpoints, float64(prompt))
+	turn := 1
+	if in.Binding != nil {
+		turn = in.Binding.Turns + 1
+	}
+	out := make([]Estimate, len(idx))
+	for k, j := range idx {
+		l := c.loadOf(&in.Endpoints[j], price)
+		m := float64(min(max(cached(j), 0), prompt))
+		e := c.estimate(l, float64(prompt)-m, m)
+		if p.Estimated {
+			e.Others = c.others(l, e)
+			if in.SessionKey != "" {
+				e.Future = c.future(l, in.Sessions, turn, float64(prompt))
+			}
+		}
+		out[k] = e
+	}
+	return out
+}
+
+// effectiveHit is endpoint j's prompt tokens the model counts as cached:
+// its GPU hit, plus the CPU tier's less the transfer each of those tokens
+// still costs (CPUHitCost of a prefill), so that
+//
+//	uncached = P − Matched − (1 − CPUHitCost) × MatchedCPU
+//
+// in the estimate's own-prefill, steps and Others terms.
+func (in *Input) effectiveHit(j int) int {
+	m := in.Matched[j]
+	if in.MatchedCPU != nil {
+		m += int(math.Round((1 - CPUHitCost) * float64(in.MatchedCPU[j])))
+	}
+	return m
+}
+
+// cheapest orders the available endpoints by estimated cost, cheapest
+// first: exact ties go to the parent's replica, then at random.
+func (p *Policy) cheapest(in *Input, avail []int, plan *Plan) {
+	est := p.estimates(in, avail, in.PromptTokens, in.effectiveHit)
+	ord := make([]int, len(avail))
+	for k := range ord {
+		ord[k] = k
+	}
+	shuffle(ord, in.Rand)
+	parent := func(k int) int {
+		if in.Parent != "" && in.Endpoints[avail[k]].ID == in.Parent {
+			return 0
+		}
+		return 1
+	}
+	slices.SortStableFunc(ord, func(x, y int) int {
+		if c := cmp.Compare(est[x].Cost(), est[y].Cost()); c != 0 {
+			return c
+		}
+		return cmp.Compare(parent(x), parent(y))
+	})
+	plan.Reason = ReasonScored
+	plan.Order = make([]int, len(ord))
+	plan.Predicted = make([]int, len(ord))
+	plan.Estimates = make([]Estimate, len(ord))
+	for n, k := range ord {
+		plan.Order[n] = avail[k]
+		plan.Predicted[n] = in.Matched[avail[k]]
+		plan.Estimates[n] = est[k]
+	}
 }
 
 // score runs the policy's scorers and picker over the available endpoints.
@@ -322,6 +449,9 @@ func (p *Policy) score(in *Input, avail []int, bound bool, plan *Plan) error {
 			plan.Predicted[k] += r.MatchedCPU[j]
 		}
 	}
+	if in.Matched != nil {
+		plan.Estimates = p.estimates(in, plan.Order, in.PromptTokens, in.effectiveHit)
+	}
 	return nil
 }
 
@@ -332,8 +462,11 @@ func (p *Policy) rebind(in *Input, bound bool, plan *Plan) {
 	if in.Binding != nil {
 		turns = in.Binding.Turns + 1
 	}
-	if plan.Rebind == "" && bound && in.Binding.Replica != chosen {
+	switch {
+	case plan.Rebind == "" && bound && in.Binding.Replica != chosen:
 		plan.Rebind = RebindRescored
+	case plan.Rebind == RebindSaturated && in.Binding.Replica == chosen:
+		plan.Rebind = "" // scored with its prefix known, the bound replica won after all
 	}
 	plan.Binding = Binding{Replica: chosen, PromptTokens: in.PromptTokens, PromptBytes: in.TextBytes, Turns: turns}
 	plan.Bind = BindReplace
@@ -355,6 +488,10 @@ func (p *Plan) Follow(i int) bool {
 		p.Order = slices.Insert(slices.Delete(p.Order, k, k+1), 0, i)
 		pr := p.Predicted[k]
 		p.Predicted = slices.Insert(slices.Delete(p.Predicted, k, k+1), 0, pr)
+		if p.Estimates != nil {
+			e := p.Estimates[k]
+			p.Estimates = slices.Insert(slices.Delete(p.Estimates, k, k+1), 0, e)
+		}
 		p.Reason = ReasonRaced
 	}
 	return true

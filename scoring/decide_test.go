@@ -20,11 +20,12 @@ func stickyInput(bound string, eps []Endpoint) *Input {
 }
 
 // The sticky check: a bound session stays while its replica is healthy,
-// unsaturated (or every replica is) and holds its prefix, and says why
-// when it moves.
+// holds its prefix and staying costs no more than moving, and says why
+// when it moves. The saturation flag alone does not move it.
 func TestDecideStick(t *testing.T) {
 	warm, _ := NewPolicy(PolicyWarmpath, nil)
-	e := []Endpoint{{ID: "a"}, {ID: "b", Saturated: true}, {ID: "c"}, {ID: "d", Unhealthy: true}}
+	e := []Endpoint{{ID: "a", Saturated: true}, {ID: "b", InflightPrefillTokens: 50000}, {ID: "c"}, {ID: "d", Unhealthy: true}}
+	allLoaded := []Endpoint{{ID: "a", InflightPrefillTokens: 50000}, {ID: "b", InflightPrefillTokens: 50000}}
 	tests := []struct {
 		name      string
 		bound     string
@@ -35,12 +36,12 @@ func TestDecideStick(t *testing.T) {
 		rebind    string
 	}{
 		{"stays", "a", e, true, true, true, ""},
-		{"saturated moves", "b", e, true, true, false, RebindSaturated},
+		{"costlier moves", "b", e, true, true, false, RebindSaturated},
 		{"evicted moves", "c", e, false, true, false, RebindEvicted},
 		{"gone", "zz", e, true, true, false, RebindGone},
 		{"unhealthy", "d", e, true, true, false, RebindUnhealthy},
 		{"diverged", "a", e, true, false, false, RebindDiverged},
-		{"all saturated stays", "a", []Endpoint{{ID: "a", Saturated: true}, {ID: "b", Saturated: true}}, true, true, true, ""},
+		{"all loaded stays", "a", allLoaded, true, true, true, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -77,21 +78,24 @@ func TestDecideStick(t *testing.T) {
 
 // A sticky turn estimates its prompt from the session's tokens per byte,
 // predicts what the replica is known to hold, orders the others by
-// backlog, and refreshes the binding only when it has aged.
+// estimated cost, and refreshes the binding only when it has aged.
 func TestDecideStickyPlan(t *testing.T) {
 	warm, _ := NewPolicy(PolicyWarmpath, nil)
-	eps := []Endpoint{{ID: "a", InflightPrefillTokens: 9000}, {ID: "b"}, {ID: "c", Waiting: 2}, {ID: "d", Unhealthy: true}}
+	eps := []Endpoint{{ID: "a", InflightPrefillTokens: 9000}, {ID: "b"}, {ID: "c"}, {ID: "d", Unhealthy: true}}
 	in := stickyInput("c", eps)
 	p, err := warm.Decide(in)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// 4,000 bytes at 500 tokens per 1,000 bytes; 10 blocks of 16 known.
-	if p.PromptTokens != 2000 || p.Predicted[0] != 160 {
-		t.Errorf("prompt %d predicted %d; want 2000, 160", p.PromptTokens, p.Predicted[0])
+	if p.PromptTokens != 2000 || p.Predicted[0] != 160 || p.Reason != ReasonSticky {
+		t.Fatalf("plan %+v; want sticky, prompt 2000, predicted 160", p)
 	}
 	if got := p.Order; !slices.Equal(got, []int{2, 1, 0}) {
-		t.Errorf("order = %v; want bound, then least backlog first", got)
+		t.Errorf("order = %v; want bound, then cheapest first", got)
+	}
+	if e := p.Estimates; len(e) != 3 || e[0].UncachedTokens != 1840 || e[1].UncachedTokens != 2000 || e[2].QueuedTokens != 9000 {
+		t.Errorf("estimates = %+v", e)
 	}
 	if p.Bind != BindKeep {
 		t.Errorf("fresh binding rewritten: %v", p.Bind)

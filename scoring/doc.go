@@ -1,28 +1,110 @@
 // Package scoring owns warmpath's routing math: what the router knows about
 // each replica at decision time ([Endpoint]), what it knows about a request
-// ([Request]), scorers that turn those into per-replica scores in [0,1],
-// pickers that choose among scored replicas, and the named policies built
-// from them ([Policy]): round-robin, least-load, session-hash,
-// approx-prefix, precise-prefix and warmpath.
+// ([Request], [Input]), the TTFT model that estimates each replica's time
+// to first token ([Cost], [Estimate]) and its calibration ([Calibrator],
+// [Meter], [SessionStats]), scorers and pickers for the baselines, and the
+// named policies built from them ([Policy]): round-robin, least-load,
+// session-hash, approx-prefix, precise-prefix and warmpath.
 //
 // The package does no I/O, reads no clock and imports nothing else from
 // warmpath. [Policy.Decide] is the whole routing decision: given an [Input]
 // (the replicas serving the model with their load and availability, the
-// session's [Binding], and, in a second phase, prefix matches) it returns a
-// [Plan]: candidates in order, the reason, why a session was rebound, the
-// predicted cached tokens per candidate, and the binding to remember. A
-// sticky turn whose replica is available, or a policy that needs no prefix
-// information, is decided in one call; otherwise the plan says
-// NeedsPrefix and the caller matches the prompt against its index and
-// calls again. Availability is judged in Decide alone: healthy to take
-// traffic; unsaturated (or every replica saturated) to take affinity
-// traffic; still holding its prefix to keep a sticky session. The
-// thresholds of saturation are [Saturation]'s.
+// session's [Binding], the calibrated [Cost] and, in a second phase, prefix
+// matches) it returns a [Plan]: candidates in order, the reason, why a
+// session was rebound, the predicted cached tokens and the TTFT estimate
+// per candidate, and the binding to remember. A sticky turn whose replica
+// is kept, or a policy that needs no prefix information, is decided in one
+// call; otherwise the plan says NeedsPrefix and the caller matches the
+// prompt against its index and calls again.
 //
 // The gateway gathers the inputs from its fleet and Redis, calls Decide,
-// then does the I/O (tokenize, match, write the binding); the offline
-// analyzer (bench) calls the same Decide with its simulated replicas, so
-// both measure one implementation.
+// then does the I/O (tokenize, match, write the binding), and feeds the
+// Calibrator with each answered request's observed TTFT; the offline
+// analyzer (bench) calls the same Decide with its simulated replicas and
+// feeds the same Calibrator, so both measure one implementation.
+//
+// # The TTFT model
+//
+// A replica is a continuous-batching engine whose step costs
+//
+//	step = StepBase + PrefillPerToken × prefill tokens
+//	       + DecodePerSeq × running sequences + DecodePerContextToken × their context
+//
+// with at most StepTokens tokens a step (the prior is vllmsim's default
+// profile, Qwen3-32B on 2×H100). For a request of P prompt tokens of which
+// the replica holds M (its GPU hit, plus its CPU offload tier's hit less
+// the transfer each such token still costs: M = Matched + (1 − CPUHitCost)
+// × MatchedCPU, a CPU hit being a load, not a prefill), the estimate is
+//
+//	queued = InflightPrefillTokens − what the head of this gateway's line has
+//	         computed since it got there (HeadElapsed ÷ perToken, at most its tokens)
+//	         + (Waiting − InflightPrefillRequests) × RequestTokens      requests others sent
+//	W      = queued + (P − M)                       prefill tokens before the first token
+//	o      = StepBase + Running × DecodePerSeq + KVUsage × KVTokens × DecodePerContextToken
+//	steps  = ⌈W ÷ max(StepTokens − Running, StepTokens ÷ 8)⌉, + ½ for the step in progress
+//	admit  = (Waiting + 1) ÷ ArrivalRate when the engine is not draining its queue
+//	         (fewer scheduled over the last MeterWindow than are waiting, and its KV
+//	         cache full or prefill under half its time); else 0
+//	TTFT   = max(QueueScale × queued × PrefillPerToken, admit)
+//	         + TokenScale × (P − M) × PrefillPerToken + StepScale × steps × o + Overhead
+//
+// RequestTokens (the engine's recent mean uncached prompt per request) is
+// what a waiting request costs; it replaces the fixed 1,024-token price
+// the prefill-cost scorer used, and defaults to the request's own prompt
+// until the engine's counters tell. perToken = TokenScale ×
+// PrefillPerToken + StepScale × o ÷ max(StepTokens − Running, StepTokens ÷
+// 8) is one more token's marginal cost.
+//
+// # The warmpath policy
+//
+// warmpath sends each request to the replica with the lowest
+//
+//	cost   = TTFT + Others + Future
+//	Others = (P − M) × perToken × (1 + ArrivalRate × (TTFT − Overhead))
+//	Future = remaining turns × P(gap > life) × P × perToken
+//	life   = (1 − KVUsage) × CacheTokens ÷ UncachedRate
+//
+// Others is what the request's own prefill costs everyone else: the
+// replica's time (paid once: the fleet can do nothing else with it) and
+// the wait of each request that arrives behind it before it is done. Future
+// is what the conversation's next turns pay for being placed there: an LRU
+// cache that admits UncachedRate tokens a second forgets an unused prefix
+// after life seconds, and each turn still to come
+// ([SessionStats.Remaining]) whose gap exceeds it ([SessionStats.Survival])
+// prefills the whole prompt again. Together they are the cache-placement
+// term: a cache hit shrinks both this request's prefill and what it costs
+// others, so at low load a conversation stays where its prefix is unless
+// another replica is faster by more than twice what the prefix costs to
+// recompute, and under load the queue's share of every miss grows with the
+// requests that would wait behind it; a replica whose cache churns is a
+// poor home for a conversation that pauses. Exact ties go to the replica
+// of the request's parent (Input.Parent), then at random.
+//
+// A sticky turn (one whose session is bound to a replica, continues the
+// bound conversation and whose replica still holds its prefix) is routed
+// without tokenizing while staying costs no more than moving to the
+// cheapest other replica, taken to hold nothing of the prompt: llm-d's
+// "sticky until saturated", with the penalty derived from the costs. When
+// staying costs more, the turn is scored with its prefix known, and
+// leaves (Plan.Rebind "saturated") only if another replica wins. (Scoring
+// every turn whose answer depends on what the other replicas hold, i.e.
+// comparing with another replica holding as much of the prompt, routed
+// almost no turn without the tokenizer: on a fleet with an idle replica
+// the bound one is never the cheapest at an equal hit.)
+// warmpath reads no saturation flag and has no weights.
+//
+// The other policies keep their scores (below) and report estimates for
+// their candidates when they know the prefix matches, without acting on
+// them.
+//
+// # Calibration
+//
+// A [Calibrator] fits, per model, QueueScale, TokenScale and StepScale
+// (prior 1, within [1/16, 16]) and a fixed Overhead (prior 0: what no
+// replica's load explains, the same everywhere) to observed TTFTs by
+// decayed least squares on relative error, each held at its prior until
+// observations excite it; it also keeps each model's [SessionStats]. A [Meter] turns an engine's
+// counters into ArrivalRate, UncachedRate and RequestTokens.
 //
 // # Scores
 //
@@ -31,14 +113,12 @@
 // the scorer's weight and sums; the picker takes the endpoint with the
 // highest total, breaking exact ties at random. Scorers are either affinity
 // scorers (prefix, session: "send it where its state is") or distribution
-// scorers (queue, KV use, in-flight tokens, prefill cost: "send it where
-// there is room"). A policy with GuardSaturated set zeroes affinity scores on
-// saturated endpoints, so one hot prefix cannot pile every request onto one
-// replica: a saturated replica competes on load alone, per request, while
-// unsaturated ones keep their affinity.
+// scorers (queue, KV use, in-flight requests: "send it where there is
+// room").
 //
 // # Concurrency
 //
 // A Policy is safe for concurrent use: scorers are stateless and the
-// round-robin picker uses an atomic counter.
+// round-robin picker uses an atomic counter. A Calibrator is safe for
+// concurrent use; Meter and SessionStats values are not.
 package scoring

@@ -22,18 +22,18 @@ func Policies() []string {
 }
 
 // Weights overrides scorer weights of a policy by scorer name ("prefix",
-// "session", "queue", "kv", "inflight", "prefill-cost"); a missing name keeps
-// the policy's default, a zero weight drops the scorer.
+// "session", "queue", "kv", "inflight"); a missing name keeps the policy's
+// default, a zero weight drops the scorer. warmpath has no weights: it
+// routes by estimated time to first token.
 type Weights map[string]float64
 
 // Scorer names, as used in Weights and in Decision.Breakdown.
 const (
-	ScorerPrefix      = "prefix"
-	ScorerSession     = "session"
-	ScorerQueue       = "queue"
-	ScorerKV          = "kv"
-	ScorerInflight    = "inflight"
-	ScorerPrefillCost = "prefill-cost"
+	ScorerPrefix   = "prefix"
+	ScorerSession  = "session"
+	ScorerQueue    = "queue"
+	ScorerKV       = "kv"
+	ScorerInflight = "inflight"
 )
 
 // NewPolicy returns the named policy with default weights, overridden by w.
@@ -48,9 +48,11 @@ const (
 //   - precise-prefix: precise prefix ×2 + KV ×1 + queue ×1 (llm-d's
 //     precise-prefix example configuration).
 //
-// warmpath adds session stickiness without tokenizing, a prefill-cost
-// scorer that prices cache hits and queued work in the same unit, and the
-// saturation guard: prefix ×2 + prefill-cost ×3 + session ×1 + KV ×1.
+// warmpath routes each request to the replica with the lowest estimated
+// time to first token plus the delay its prefill imposes on the requests
+// behind it (the package doc states the model), keeps sessions on their
+// replica without tokenizing while staying costs no more than moving, and
+// matches prefixes precisely.
 func NewPolicy(name string, w Weights) (*Policy, error) {
 	var p *Policy
 	switch name {
@@ -77,12 +79,7 @@ func NewPolicy(name string, w Weights) (*Policy, error) {
 			{ScorerQueue, 1, Distribution, Queue{}},
 		}}
 	case PolicyWarmpath:
-		p = &Policy{UsesPrecise: true, Sticky: true, GuardSaturated: true, Scorers: []Weighted{
-			{ScorerPrefix, 2, Affinity, Prefix{}},
-			{ScorerPrefillCost, 3, Distribution, PrefillCost{}},
-			{ScorerSession, 1, Affinity, Session{}},
-			{ScorerKV, 1, Distribution, KVUtil{}},
-		}}
+		p = &Policy{UsesPrecise: true, Sticky: true, Estimated: true}
 	default:
 		return nil, fmt.Errorf("scoring: unknown policy %q (want one of %s)", name, strings.Join(Policies(), ", "))
 	}
@@ -96,6 +93,12 @@ func NewPolicy(name string, w Weights) (*Policy, error) {
 // reweigh applies w to p's scorers; a weight for a scorer the policy lacks
 // adds it, so operators can extend a baseline.
 func (p *Policy) reweigh(w Weights) error {
+	if p.Estimated {
+		if len(w) > 0 {
+			return fmt.Errorf("scoring: policy %s routes by estimated TTFT and has no weights", p.Name)
+		}
+		return nil
+	}
 	for name, weight := range w {
 		if weight < 0 || weight != weight {
 			return fmt.Errorf("scoring: weight %q: %v is not a non-negative number", name, weight)
@@ -134,8 +137,6 @@ func scorerByName(name string) (Weighted, bool) {
 		return Weighted{Name: name, Category: Distribution, Scorer: KVUtil{}}, true
 	case ScorerInflight:
 		return Weighted{Name: name, Category: Distribution, Scorer: InflightRequests{}}, true
-	case ScorerPrefillCost:
-		return Weighted{Name: name, Category: Distribution, Scorer: PrefillCost{}}, true
 	}
 	return Weighted{}, false
 }

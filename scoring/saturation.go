@@ -20,9 +20,10 @@ const (
 )
 
 // Saturation holds the thresholds at or above which a replica counts as
-// saturated: it takes no more affinity traffic (see [Policy.Decide]). The
-// gateway judges its replicas with it, and the offline analyzer its
-// simulated ones.
+// saturated (Endpoint.Saturated): a sticky policy without estimates then
+// moves its sessions (see [Policy.Decide]); the estimated warmpath policy
+// reads load instead. The gateway judges its replicas with it (and reports
+// it), and the offline analyzer its simulated ones.
 type Saturation struct {
 	// MaxWaiting is the engine queue length at or above which a replica
 	// is saturated. Default DefaultMaxWaiting (32); negative disables.

@@ -83,59 +83,6 @@ func (KVUtil) Score(_ context.Context, _ *Request, eps []Endpoint) []float64 {
 	return out
 }
 
-// PrefillCost estimates, per endpoint, the prefill work a new request would
-// wait behind plus its own uncached prefill, in tokens:
-//
-//	cost = max(InflightPrefillTokens, Waiting × WaitingTokens)
-//	     + Running × RunningTokens
-//	     + (PromptTokens − Matched − (1 − CPUHitCost) × MatchedCPU)
-//
-// and scores (min cost + Smoothing) ÷ (cost + Smoothing), so the cheapest
-// endpoint scores 1 and one twice as costly about ½. It weighs cache hits
-// against load in one currency, the way a queue of prefill actually delays a
-// first token. Distribution (it also rewards prefix hits, but through cost,
-// so it stays active on saturated endpoints).
-type PrefillCost struct {
-	// WaitingTokens is the prefill assumed per request waiting in the
-	// engine, for queues this gateway did not fill; 0 means 1024.
-	WaitingTokens float64
-	// RunningTokens is a running sequence's decode load expressed in
-	// prefill tokens; 0 ignores decode load.
-	RunningTokens float64
-	// Smoothing keeps tiny costs from dominating; 0 means 256 tokens.
-	Smoothing float64
-}
-
-// Score implements Scorer.
-func (p PrefillCost) Score(_ context.Context, r *Request, eps []Endpoint) []float64 {
-	wt, sm := p.WaitingTokens, p.Smoothing
-	if wt == 0 {
-		wt = 1024
-	}
-	if sm == 0 {
-		sm = 256
-	}
-	out := make([]float64, len(eps))
-	minCost := -1.0
-	for i := range eps {
-		e := &eps[i]
-		queued := max(float64(e.InflightPrefillTokens), float64(e.Waiting)*wt)
-		uncached := float64(r.PromptTokens)
-		if r.Matched != nil {
-			uncached -= cachedValue(r, i)
-		}
-		c := queued + float64(e.Running)*p.RunningTokens + max(uncached, 0)
-		out[i] = c
-		if minCost < 0 || c < minCost {
-			minCost = c
-		}
-	}
-	for i := range out {
-		out[i] = (minCost + sm) / (out[i] + sm)
-	}
-	return out
-}
-
 // minMax scores (max − v) ÷ (max − min) per endpoint, 1 everywhere when all
 // values are equal.
 func minMax(eps []Endpoint, v func(*Endpoint) float64) []float64 {
@@ -165,5 +112,4 @@ var (
 	_ Scorer = Queue{}
 	_ Scorer = InflightRequests{}
 	_ Scorer = KVUtil{}
-	_ Scorer = PrefillCost{}
 )

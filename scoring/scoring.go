@@ -26,8 +26,40 @@ type Endpoint struct {
 	// that have not produced a first token yet: the prefill work queued in
 	// front of a new request.
 	InflightPrefillTokens int64
+	// InflightPrefillRequests counts the requests behind
+	// InflightPrefillTokens: the engine's waiting requests beyond them
+	// are other gateways' (or clients') and priced at RequestTokens.
+	InflightPrefillRequests int
+	// KVTokens is the engine's KV capacity in tokens (num_gpu_blocks ×
+	// block_size from cache_config_info); 0 when unknown. KVUsage × KVTokens
+	// is the context the running sequences hold, the decode interference
+	// of the TTFT model.
+	KVTokens int
+	// HeadPrefillTokens is the oldest of this gateway's requests counted
+	// in InflightPrefillTokens, and HeadElapsed how long, in seconds, it
+	// has been first in line: since it was sent or since the request
+	// before it produced its first token, whichever is later. The model
+	// takes the head's prefill to have progressed meanwhile.
+	HeadPrefillTokens int64
+	HeadElapsed       float64
+	// ArrivalRate is the engine's recent requests scheduled per second
+	// (its queue-time histogram's count; in steady state its arrivals),
+	// whichever gateway sent them; 0 when unknown.
+	ArrivalRate float64
+	// UncachedRate is the engine's recent uncached prompt tokens per second:
+	// the rate new blocks enter its prefix cache; 0 when unknown.
+	UncachedRate float64
+	// CacheTokens is the engine's prefix-cache capacity in tokens (vLLM's
+	// is its KV cache: KVTokens); 0 when unknown. With UncachedRate it
+	// sets how long an unused prefix survives there.
+	CacheTokens int
+	// RequestTokens is the engine's recent mean uncached prompt per
+	// request, in tokens: the price of a waiting request this gateway did
+	// not send; 0 when unknown.
+	RequestTokens float64
 	// Saturated reports that the replica should not take more affinity
 	// traffic (long queue, full cache, stale metrics); see [Saturation].
+	// Policies that route by estimate ignore it.
 	Saturated bool
 	// Unhealthy reports that the replica may take no traffic at all. Only
 	// Decide reads it: Route and the scorers are given available endpoints.
@@ -119,16 +151,17 @@ type Policy struct {
 	Scorers []Weighted
 	// Picker chooses among scored endpoints; nil means MaxScore.
 	Picker Picker
-	// GuardSaturated zeroes affinity scores on saturated endpoints, while
-	// at least one endpoint is not saturated: when every replica is, moving
-	// work only makes routing cache-blind.
-	GuardSaturated bool
+	// Estimated makes the policy route by the TTFT model instead of
+	// scores: the available endpoint with the lowest Estimate.Cost wins
+	// (see the package doc); Scorers and Picker are unused.
+	Estimated bool
 	// UsesPrecise and UsesApprox say which prefix index fills
 	// Request.Matched for this policy.
 	UsesPrecise, UsesApprox bool
 	// Sticky says the gateway keeps a session on its bound replica while
-	// that replica is healthy, unsaturated and still holds the session's
-	// prefix, without scoring.
+	// that replica is healthy and still holds the session's prefix, and
+	// (Estimated) staying costs no more than moving or (otherwise) it is
+	// unsaturated, without scoring.
 	Sticky bool
 }
 
@@ -139,7 +172,6 @@ func (p *Policy) Route(ctx context.Context, r *Request, eps []Endpoint, rng *ran
 		return Decision{}, ErrNoEndpoint
 	}
 	var d Decision
-	guard := p.GuardSaturated && !allSaturated(eps)
 	if len(p.Scorers) > 0 {
 		d.Totals = make([]float64, len(eps))
 		d.Breakdown = make(map[string][]float64, len(p.Scorers))
@@ -147,11 +179,7 @@ func (p *Policy) Route(ctx context.Context, r *Request, eps []Endpoint, rng *ran
 			scores := w.Scorer.Score(ctx, r, eps)
 			contrib := make([]float64, len(eps))
 			for i := range eps {
-				s := clamp01(scores[i])
-				if guard && w.Category == Affinity && eps[i].Saturated {
-					s = 0
-				}
-				contrib[i] = w.Weight * s
+				contrib[i] = w.Weight * clamp01(scores[i])
 				d.Totals[i] += contrib[i]
 			}
 			d.Breakdown[w.Name] = contrib

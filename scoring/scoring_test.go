@@ -51,17 +51,6 @@ func TestScorers(t *testing.T) {
 		{"queue all equal", Queue{}, Request{}, eps("a", "b"), []float64{1, 1}},
 		{"inflight minmax", InflightRequests{}, Request{}, loaded, []float64{1, 0.5, 0}},
 		{"kv", KVUtil{}, Request{}, loaded, []float64{0.8, 0.1, 0.5}},
-		{
-			// costs: a = 0+1000 = 1000, b = max(2000, 4096)+0 = 4096, c = max(1000, 2048)+1000 = 3048
-			"prefill cost", PrefillCost{},
-			Request{PromptTokens: 1000, Matched: []int{0, 1000, 0}}, loaded,
-			[]float64{1, 1256.0 / 4352, 1256.0 / 3304},
-		},
-		{
-			"prefill cost prefers the cached replica when idle", PrefillCost{},
-			Request{PromptTokens: 8000, Matched: []int{0, 7000}}, eps("a", "b"),
-			[]float64{1256.0 / 8256, 1},
-		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -73,9 +62,9 @@ func TestScorers(t *testing.T) {
 	}
 }
 
-func TestRouteWeightsAndGuard(t *testing.T) {
+func TestRouteWeights(t *testing.T) {
 	ctx := context.Background()
-	p := &Policy{Name: "t", GuardSaturated: true, Scorers: []Weighted{
+	p := &Policy{Name: "t", Scorers: []Weighted{
 		{"prefix", 2, Affinity, Prefix{}},
 		{"kv", 1, Distribution, KVUtil{}},
 	}}
@@ -85,25 +74,12 @@ func TestRouteWeightsAndGuard(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The saturated replica loses its prefix affinity: both score 0.5, so
-	// either may win, but the breakdown must show the zeroed affinity.
-	if got := d.Breakdown["prefix"]; !near(got, []float64{0, 0}) {
-		t.Errorf("prefix breakdown = %v; want [0 0]", got)
-	}
-	// When every endpoint is saturated, the guard stands down: moving work
-	// would only make routing cache-blind.
-	endpoints[1].Saturated = true
-	d, _ = p.Route(ctx, r, endpoints, nil)
+	// Saturation does not enter scores: the holder wins on its prefix.
 	if got := endpoints[d.Chosen()].ID; got != "hot" {
-		t.Errorf("all saturated: chose %s; want the holder", got)
+		t.Errorf("chose %s; want the holder", got)
 	}
-	endpoints[0].Saturated, endpoints[1].Saturated = false, false
-	d, _ = p.Route(ctx, r, endpoints, nil)
-	if got := endpoints[d.Chosen()].ID; got != "hot" {
-		t.Errorf("unsaturated holder: chose %s; want hot", got)
-	}
-	if !near(d.Totals, []float64{2.5, 0.5}) {
-		t.Errorf("totals = %v; want [2.5 0.5]", d.Totals)
+	if !near(d.Totals, []float64{2.5, 0.5}) || !near(d.Breakdown["prefix"], []float64{2, 0}) {
+		t.Errorf("totals = %v, prefix = %v; want [2.5 0.5], [2 0]", d.Totals, d.Breakdown["prefix"])
 	}
 	if _, err := p.Route(ctx, r, nil, nil); err != ErrNoEndpoint {
 		t.Errorf("no endpoints: err = %v; want ErrNoEndpoint", err)
@@ -217,7 +193,8 @@ func TestNewPolicy(t *testing.T) {
 	}{
 		{"nope", nil},
 		{PolicyWarmpath, Weights{"prefix": -1}},
-		{PolicyWarmpath, Weights{"nonsense": 1}},
+		{PolicyWarmpath, Weights{"prefix": 1}},
+		{PolicyPrecisePrefix, Weights{"nonsense": 1}},
 		{PolicyRoundRobin, Weights{"kv": 1}},
 		{PolicyLeastLoad, Weights{"queue": 0, "kv": 0, "inflight": 0}},
 	}
@@ -243,8 +220,8 @@ func TestNewPolicy(t *testing.T) {
 	}
 }
 
-func BenchmarkRouteWarmpath64(b *testing.B) {
-	p, _ := NewPolicy(PolicyWarmpath, nil)
+func BenchmarkRoutePrecisePrefix64(b *testing.B) {
+	p, _ := NewPolicy(PolicyPrecisePrefix, nil)
 	e := make([]Endpoint, 64)
 	matched := make([]int, 64)
 	for i := range e {
@@ -260,16 +237,30 @@ func BenchmarkRouteWarmpath64(b *testing.B) {
 }
 
 // A CPU-tier hit is worth almost a GPU hit (a load, not a prefill): the
-// prefix and prefill-cost scorers rank it between a GPU hit and a cold
-// endpoint, and a scored plan predicts it as cached.
+// prefix scorer and the TTFT model rank it between a GPU hit and a cold
+// endpoint (the model prefills only what neither tier holds and pays
+// CPUHitCost for each loaded token), and a scored plan predicts it as cached.
 func TestCPUTierHits(t *testing.T) {
 	eps := []Endpoint{{ID: "gpu"}, {ID: "cpu"}, {ID: "cold"}}
 	r := &Request{PromptTokens: 1000, Matched: []int{800, 200, 0}, MatchedCPU: []int{0, 600, 0}}
-	for _, s := range []Scorer{Prefix{}, PrefillCost{}} {
-		got := s.Score(context.Background(), r, eps)
-		if !(got[0] > got[1] && got[1] > got[2]) {
-			t.Errorf("%T: scores %v; want GPU hit > CPU hit > cold", s, got)
-		}
+	if got := (Prefix{}).Score(context.Background(), r, eps); !(got[0] > got[1] && got[1] > got[2]) {
+		t.Errorf("prefix scores %v; want GPU hit > CPU hit > cold", got)
+	}
+	wp, _ := NewPolicy(PolicyWarmpath, nil)
+	win := &Input{Model: "m", Endpoints: eps, PromptTokens: 1000, BlockSize: 16, Matched: r.Matched, MatchedCPU: r.MatchedCPU}
+	wplan, err := wp.Decide(win)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byID := map[string]Estimate{}
+	for k, i := range wplan.Order {
+		byID[eps[i].ID] = wplan.Estimates[k]
+	}
+	if g, c, z := byID["gpu"].TTFT, byID["cpu"].TTFT, byID["cold"].TTFT; !(g < c && c < z) {
+		t.Errorf("estimated TTFT gpu %v, cpu %v, cold %v; want GPU hit < CPU hit < cold", g, c, z)
+	}
+	if got, want := byID["cpu"].UncachedTokens, int64(1000-200-576); got != want {
+		t.Errorf("CPU hit's uncached prefill = %d tokens; want %d (1000 − 200 − 0.96 × 600)", got, want)
 	}
 	if got := (Prefix{}).Score(context.Background(), r, eps)[1]; math.Abs(got-(200+0.96*600)/1000.) > 1e-9 {
 		t.Errorf("prefix score of the CPU hit = %v; want (200 + 0.96×600) ÷ 1000", got)

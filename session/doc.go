@@ -1,17 +1,25 @@
 // Package session owns session identity and session affinity.
 //
 // A session is a conversation whose turns share a growing prompt prefix. Its
-// key comes from the first of: the X-Session-ID header and the agent-harness
-// headers (x-claude-code-session-id, session_id, session-id,
-// x-session-affinity), with Claude Code's x-claude-code-agent-id
-// appended when a sub-agent sends it (a sub-agent is a conversation of its
-// own; Key.Parent names the conversation that spawned it); the body's
-// session_id or prompt_cache_key; the body's
-// user or safety_identifier; otherwise a hash of the conversation's opening
-// (system and developer messages, tools, first user message), so consecutive
-// chat turns share a key without any client cooperation. Completions
-// requests have no messages and so no opening: they are sessions only when
-// the client names one.
+// key comes from the first of: the X-Session-ID header, Dynamo's
+// X-Dynamo-Session-ID and the agent-harness headers
+// (x-claude-code-session-id, session_id, session-id, x-session-affinity);
+// the body's session_id or prompt_cache_key; the body's user or
+// safety_identifier; each joined with a hash of the conversation's opening
+// (system and developer messages, tools, first user message), so that a
+// session id several conversations share (an agent and its title request,
+// a user's conversations) keys each of them apart; otherwise the opening's
+// hash alone, so consecutive chat turns share a key without any client
+// cooperation. Completions requests have no messages and so no opening:
+// they are sessions only when the client names one.
+//
+// The client-named session is the conversation's family ([Key.Family]). A
+// Claude Code sub-agent (x-claude-code-agent-id) is a family of its own
+// under the run's session id, whose [Key.Parent] is the run's family or the
+// sub-agent that spawned it (x-claude-code-parent-agent-id); Dynamo's
+// X-Dynamo-Parent-Session-ID names a parent session directly. The gateway
+// records under the family where its conversations run, so that a
+// sub-agent's first turn can be placed knowing its parent's replica.
 //
 // A [Store] keeps each session's binding to a replica in Redis with a TTL,
 // shared by every gateway process, under the key prefix "<prefix>sess:". It

@@ -69,6 +69,48 @@ func TestIdentify(t *testing.T) {
 	}
 }
 
+// A client-named session is split by the conversation's opening: an
+// agent conversation and a side request under one session id (OpenCode's
+// title generation) are two bindings of one family, and a sub-agent is a
+// family of its own whose parent is the session it runs in, or the parent
+// its headers name.
+func TestIdentifyConversations(t *testing.T) {
+	agent := []byte("system\x00You are an agent.\x00user\x00fix the bug\x00[tools]")
+	title := []byte("system\x00Generate a title.\x00user\x00fix the bug\x00")
+	h := http.Header{"X-Session-Affinity": {"ses_1"}}
+	a, b := Identify("t", h, Body{Opening: agent}), Identify("t", h, Body{Opening: title})
+	if a.Value == b.Value || a.Family != b.Family || a.Family != "h:t:ses_1" || a.Parent != "" {
+		t.Errorf("agent %+v, title %+v; want two conversations of family h:t:ses_1", a, b)
+	}
+	if a.Relatives() != a.Family {
+		t.Errorf("relatives = %q; want the family", a.Relatives())
+	}
+	if again := Identify("t", h, Body{Opening: append([]byte{}, agent...)}); again != a {
+		t.Errorf("same conversation keyed %+v then %+v", a, again)
+	}
+	// No opening (a completion): the named session alone.
+	if c := Identify("t", h, Body{}); c.Value != "h:t:ses_1" {
+		t.Errorf("completion key = %q; want the session id", c.Value)
+	}
+	sub := http.Header{"X-Claude-Code-Session-Id": {"cc"}, "X-Claude-Code-Agent-Id": {"a1"}}
+	brief := []byte("system\x00You are an agent.\x00user\x00look for tests\x00[tools]")
+	k := Identify("t", sub, Body{Opening: brief})
+	if k.Family != "h:t:cc/agent/a1" || k.Parent != "h:t:cc" || k.Relatives() != "h:t:cc" || !strings.HasPrefix(k.Value, "h:t:cc/agent/a1/") {
+		t.Errorf("sub-agent key %+v; want family a1, parent cc", k)
+	}
+	sub.Set("X-Claude-Code-Parent-Agent-Id", "a0")
+	if k := Identify("t", sub, Body{Opening: brief}); k.Parent != "h:t:cc/agent/a0" {
+		t.Errorf("named parent: %+v", k)
+	}
+	dyn := http.Header{"X-Dynamo-Session-Id": {"run:researcher"}, "X-Dynamo-Parent-Session-Id": {"run"}}
+	if k := Identify("t", dyn, Body{Opening: brief}); k.Family != "h:t:run:researcher" || k.Parent != "h:t:run" {
+		t.Errorf("dynamo key %+v", k)
+	}
+	if o := Identify("t", http.Header{}, Body{Opening: agent}); o.Family != "" || o.Parent != "" || o.Relatives() != "" {
+		t.Errorf("opening-only key %+v has relatives", o)
+	}
+}
+
 // A Claude Code sub-agent is a session of its own under the run's, and
 // names its parent: the run's main conversation, or the sub-agent that
 // spawned it.
@@ -341,4 +383,34 @@ func TestStoreLocalTTLAndBound(t *testing.T) {
 
 func bind(replica string, tipDepth int) Binding {
 	return Binding{Binding: scoring.Binding{Replica: replica, TipDepth: tipDepth}}
+}
+
+// FuzzIdentify feeds arbitrary session headers and bodies to Identify, a
+// trust boundary: keys stay short and printable, a conversation key
+// extends its family's, and a parent is only ever a named family.
+func FuzzIdentify(f *testing.F) {
+	f.Add("ses_1", "", "", "", "user", []byte("system\x00hi"))
+	f.Add("", "cc", "agent-1", "parent-0", "", []byte("system\x00You are an agent.\x00user\x00task"))
+	f.Add(strings.Repeat("x", 300), "a\x01b", "", "", "alice", []byte{})
+	f.Fuzz(func(t *testing.T, sid, claude, agent, parent, user string, opening []byte) {
+		h := http.Header{}
+		for name, v := range map[string]string{"X-Session-ID": sid, "X-Claude-Code-Session-Id": claude,
+			"X-Claude-Code-Agent-Id": agent, "X-Claude-Code-Parent-Agent-Id": parent} {
+			if v != "" {
+				h[http.CanonicalHeaderKey(name)] = []string{v}
+			}
+		}
+		k := Identify("tenant", h, Body{User: user, Opening: opening})
+		for _, s := range []string{k.Value, k.Family, k.Parent} {
+			if len(s) > 2*maxKeyLen+64 || strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r > 0x7e }) {
+				t.Fatalf("unsafe key %q from %+v", s, k)
+			}
+		}
+		if k.Family != "" && !strings.HasPrefix(k.Value, k.Family) {
+			t.Fatalf("conversation key %q does not extend family %q", k.Value, k.Family)
+		}
+		if k.Parent != "" && k.Source != SourceHeader {
+			t.Fatalf("parent %q without a named session (%s)", k.Parent, k.Source)
+		}
+	})
 }

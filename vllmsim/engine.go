@@ -156,6 +156,10 @@ type engine struct {
 	sched    []scheduled
 	stats    Stats
 	ttftHist histogram
+	// queueHist and prefillHist are vLLM's per-request queue time
+	// (arrival → first scheduled) and prefill time (first scheduled →
+	// first token).
+	queueHist, prefillHist histogram
 }
 
 func newEngine(cfg engineConfig) *engine {
@@ -165,7 +169,9 @@ func newEngine(cfg engineConfig) *engine {
 		wake: make(chan struct{}, 1),
 		cache: newKVCache(cacheConfig{numBlocks: p.KVBlocks, blockSize: p.BlockSize, root: cfg.newRoot(),
 			typedExtra: cfg.typedExtra, promptOnly: cfg.promptOnly, cpuBlocks: cfg.cpuBlocks, cpuStoreOnly: cfg.cpuStoreOnly}),
-		ttftHist: newHistogram(ttftBuckets),
+		ttftHist:    newHistogram(ttftBuckets),
+		queueHist:   newHistogram(requestBuckets),
+		prefillHist: newHistogram(requestBuckets),
 	}
 }
 
@@ -234,6 +240,7 @@ func (e *engine) restart() {
 	e.cache.reset(e.cfg.newRoot())
 	e.stats = Stats{}
 	e.ttftHist = newHistogram(ttftBuckets)
+	e.queueHist, e.prefillHist = newHistogram(requestBuckets), newHistogram(requestBuckets)
 	if e.cfg.sink != nil {
 		e.cfg.sink.Reset()
 	}
@@ -453,6 +460,7 @@ func (e *engine) schedule() (time.Duration, uint64) {
 			s.cachedTokens = computed
 			s.cpuCachedTokens = loaded * c.blockSize
 			s.queueTime = e.vnow - s.arrival
+			e.queueHist.observe(s.queueTime.Seconds())
 			e.stats.PromptTokens += uint64(s.promptLen)
 			e.stats.CachedTokens += uint64(computed)
 			e.stats.CPUCachedTokens += uint64(s.cpuCachedTokens)
@@ -494,6 +502,7 @@ func (e *engine) apply() {
 		if g == 0 {
 			s.ttft = e.vnow - s.arrival
 			e.ttftHist.observe(s.ttft.Seconds())
+			e.prefillHist.observe((s.ttft - s.queueTime).Seconds())
 		}
 		if int(g+1) == len(s.plan.tokens) {
 			s.state = seqFinished
@@ -557,6 +566,14 @@ type Stats struct {
 	Steps uint64
 	// SimTime is the engine's simulated clock.
 	SimTime time.Duration
+}
+
+// histograms returns copies of the queue-time and prefill-time
+// histograms.
+func (e *engine) histograms() (queue, prefill histogram) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.queueHist.clone(), e.prefillHist.clone()
 }
 
 // snapshot returns the current Stats and a copy of the TTFT histogram.

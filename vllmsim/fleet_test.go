@@ -717,6 +717,13 @@ func TestHTTPSurface(t *testing.T) {
 	if !strings.Contains(string(r.body), `vllm:generation_tokens_total{engine="0",model_name="qwen3-32b"} 14`) {
 		t.Errorf("generation tokens not counted:\n%s", r.body)
 	}
+	// vLLM's per-request queue and prefill histograms, one sample per
+	// request scheduled.
+	for _, name := range []string{"vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds"} {
+		if !strings.Contains(string(r.body), name+`_count{engine="0",model_name="qwen3-32b"} 2`) {
+			t.Errorf("/metrics lacks %s with 2 requests:\n%s", name, r.body)
+		}
+	}
 
 	// Errors in vLLM's shape.
 	chatURL := base + "/v1/chat/completions"

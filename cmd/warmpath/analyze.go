@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"flag"
@@ -19,7 +20,10 @@ import (
 // [--time-scale 1] [--seed 1] [--cpu-blocks N] [--json FILE] [--plot
 // FILE.svg] TRACE.jsonl`.
 // It prints the tables; --plot writes the cached-fraction chart to FILE.svg
-// and the imbalance chart to FILE-imbalance.svg.
+// and the imbalance chart to FILE-imbalance.svg. `--synthetic
+// agentic-harness` analyzes a synthetic coding-agent log
+// (bench.WriteHarnessTrace) instead of a file; `--write-trace FILE` also
+// writes that log out.
 func runAnalyze(ctx context.Context, args []string) error {
 	return analyze(ctx, args, os.Stdout)
 }
@@ -36,17 +40,19 @@ func analyze(ctx context.Context, args []string, stdout io.Writer) error {
 	cpuBlocks := fs.Int("cpu-blocks", 0, "per-replica CPU offload tier in trace blocks behind each cache (vLLM's native offloading; 0 = none)")
 	jsonPath := fs.String("json", "", "write the report as JSON to `FILE`")
 	plotPath := fs.String("plot", "", "write the cached-fraction chart to `FILE.svg` and the imbalance chart to FILE-imbalance.svg")
+	synthetic := fs.String("synthetic", "", "analyze a synthetic log instead of a file: agentic-harness (coding agents sharing a harness, with sub-agents)")
+	writeTrace := fs.String("write-trace", "", "with --synthetic, also write the log to `FILE`")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if fs.NArg() != 1 {
-		return fmt.Errorf("want one trace file, got %d arguments; usage: warmpath analyze [flags] TRACE.jsonl", fs.NArg())
+	if args := fs.NArg(); *synthetic != "" && args != 0 || *synthetic == "" && args != 1 {
+		return fmt.Errorf("want one trace file (or --synthetic), got %d arguments; usage: warmpath analyze [flags] TRACE.jsonl", fs.NArg())
 	}
 	sizes, err := analyzeInts(*cacheBlocks)
 	if err != nil {
 		return fmt.Errorf("--cache-blocks: %w", err)
 	}
-	tr, err := bench.ReadTraceFile(fs.Arg(0))
+	tr, err := analyzeTrace(fs.Arg(0), *synthetic, *writeTrace)
 	if err != nil {
 		return err
 	}
@@ -79,6 +85,28 @@ func analyze(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// analyzeTrace reads the trace file, or builds the synthetic log named
+// (writing it to out when set).
+func analyzeTrace(path, synthetic, out string) (*bench.Trace, error) {
+	switch synthetic {
+	case "":
+		return bench.ReadTraceFile(path)
+	case "agentic-harness":
+	default:
+		return nil, fmt.Errorf("--synthetic %q: want agentic-harness", synthetic)
+	}
+	var b bytes.Buffer
+	if err := bench.WriteHarnessTrace(&b, bench.HarnessTraceConfig{}); err != nil {
+		return nil, err
+	}
+	if out != "" {
+		if err := os.WriteFile(out, b.Bytes(), 0o644); err != nil {
+			return nil, fmt.Errorf("write trace: %w", err)
+		}
+	}
+	return bench.ReadTrace(&b)
 }
 
 // analyzeList splits a comma-separated list, dropping empty items; "" gives

@@ -104,3 +104,27 @@ func TestAnalyzeCommandErrors(t *testing.T) {
 		t.Errorf("-h: err = %v; want flag.ErrHelp", err)
 	}
 }
+
+// --synthetic analyzes the coding-agent log without a file and can write
+// it out; it takes no file argument.
+func TestAnalyzeSynthetic(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "harness.jsonl")
+	var table bytes.Buffer
+	err := analyze(t.Context(), []string{"--synthetic", "agentic-harness", "--write-trace", out,
+		"--cache-blocks", "600", "--policies", "precise-prefix,warmpath"}, &table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(table.String(), "warmpath at 600 cache blocks, sampled decisions") {
+		t.Errorf("table lacks the sampled decisions:\n%s", table.String())
+	}
+	if st, err := os.Stat(out); err != nil || st.Size() == 0 {
+		t.Errorf("trace not written: %v", err)
+	}
+	if err := analyze(t.Context(), []string{"--synthetic", "agentic-harness", "extra.jsonl"}, io.Discard); err == nil {
+		t.Error("--synthetic with a file argument succeeded")
+	}
+	if err := analyze(t.Context(), []string{"--synthetic", "nope"}, io.Discard); err == nil {
+		t.Error("unknown --synthetic succeeded")
+	}
+}

@@ -60,6 +60,16 @@ type State struct {
 	// NumGPUBlocks is the number of KV blocks on the GPU (per engine), 0
 	// when unknown.
 	NumGPUBlocks int
+	// QueueTimeCount and QueueTimeSum, PrefillTimeCount and
+	// PrefillTimeSum are the engine's cumulative request queue-time and
+	// prefill-time histograms (vllm:request_queue_time_seconds,
+	// vllm:request_prefill_time_seconds): requests and seconds; 0 when
+	// not exposed.
+	QueueTimeCount, QueueTimeSum, PrefillTimeCount, PrefillTimeSum float64
+	// Rates is the engine's recent request arrivals and uncached prompt
+	// tokens per second, from the counters' increments between scrapes
+	// (scoring.MeterWindow); zero until two scrapes are in.
+	Rates scoring.Meter
 	// NumCPUBlocks is the number of KV blocks of the engine's CPU offload
 	// tier (per engine; cache_config_info's num_cpu_blocks), 0 when unknown
 	// or none.
@@ -81,6 +91,8 @@ type State struct {
 	// Models lists the models the replica serves, sorted: the spec's Model,
 	// or what GET /v1/models returned. Nil until discovered.
 	Models []string
+
+	scheduled float64 // the engine's requests-scheduled counter, -1 when not exposed
 }
 
 // Serves reports whether model is among s.Models.
@@ -100,6 +112,10 @@ type Replica struct {
 
 	inflight        atomic.Int64 // requests sent, not finished (see Begin)
 	inflightPrefill atomic.Int64 // prompt tokens sent, no first byte yet (see Begin)
+
+	lineMu    sync.Mutex // guards line and lastFirst
+	line      []*Flight  // flights awaiting their first byte, in Begin order
+	lastFirst time.Time  // when the last flight left line
 
 	cfg *Config      // normalized, shared, read-only
 	log *slog.Logger // with the replica's name
@@ -325,8 +341,10 @@ func (r *Replica) setMetrics(now time.Time, m engineMetrics) {
 			s.Restarts++
 			r.logger().Warn("fleet: replica restarted (its counters went back to zero); its cache is gone", "queries_before", s.PrefixQueries, "queries_now", m.PrefixQueries)
 		}
+		s.Rates, s.scheduled = nextRates(s, &m, now), m.scheduled()
 		s.Running, s.Waiting, s.KVUsage = count(m.Running), count(m.Waiting), m.KVUsage
 		s.PrefixQueries, s.PrefixHits = m.PrefixQueries, m.PrefixHits
+		s.QueueTimeCount, s.QueueTimeSum, s.PrefillTimeCount, s.PrefillTimeSum = m.QueueCount, m.QueueSum, m.PrefillCount, m.PrefillSum
 		if m.seen&seenCacheConfig != 0 {
 			s.BlockSize, s.NumGPUBlocks, s.NumCPUBlocks = m.BlockSize, m.NumGPUBlocks, m.NumCPUBlocks
 		}
@@ -418,6 +436,7 @@ func (r *Replica) Saturated(now time.Time) (bool, string) {
 type Flight struct {
 	r                   *Replica
 	prefill             int64
+	begun               time.Time
 	firstByte, finished atomic.Bool
 }
 
@@ -427,14 +446,56 @@ type Flight struct {
 func (r *Replica) Begin(promptTokens int64) *Flight {
 	r.inflight.Add(1)
 	r.inflightPrefill.Add(promptTokens)
-	return &Flight{r: r, prefill: promptTokens}
+	fl := &Flight{r: r, prefill: promptTokens, begun: r.now()}
+	r.lineMu.Lock()
+	r.line = append(r.line, fl)
+	r.lineMu.Unlock()
+	return fl
 }
 
 // FirstByte releases the request's prefill tokens.
 func (fl *Flight) FirstByte() {
 	if fl.firstByte.CompareAndSwap(false, true) {
 		fl.r.inflightPrefill.Add(-fl.prefill)
+		fl.r.leaveLine(fl)
 	}
+}
+
+// leaveLine takes fl out of the line of flights awaiting a first byte.
+func (r *Replica) leaveLine(fl *Flight) {
+	r.lineMu.Lock()
+	defer r.lineMu.Unlock()
+	if i := slices.Index(r.line, fl); i >= 0 {
+		r.line = slices.Delete(r.line, i, i+1)
+	}
+	r.lastFirst = r.now()
+}
+
+// PrefillLine describes the gateway's requests to r that await their
+// first byte at now: how many, the oldest one's prompt tokens, and how
+// long it has been first in line (since it was sent, or since the one
+// before it got its first byte, whichever is later). The engine has been
+// working on it that long, as far as this gateway can tell.
+func (r *Replica) PrefillLine(now time.Time) (n int, headTokens int64, headFor time.Duration) {
+	r.lineMu.Lock()
+	defer r.lineMu.Unlock()
+	if len(r.line) == 0 {
+		return 0, 0, 0
+	}
+	head := r.line[0]
+	since := head.begun
+	if r.lastFirst.After(since) {
+		since = r.lastFirst
+	}
+	return len(r.line), head.prefill, max(0, now.Sub(since))
+}
+
+// now is the fleet's clock (time.Now for a Replica built outside New).
+func (r *Replica) now() time.Time {
+	if r.cfg == nil || r.cfg.Now == nil {
+		return time.Now()
+	}
+	return r.cfg.Now()
 }
 
 // Done ends the request.

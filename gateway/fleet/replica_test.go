@@ -295,3 +295,31 @@ func TestUpContext(t *testing.T) {
 		t.Error("recovered replica: want a new live Up")
 	}
 }
+
+// The line of flights awaiting a first byte: its head, and how long the
+// head has been first (since it began, or since the one before it left).
+func TestPrefillLine(t *testing.T) {
+	now := time.Unix(5000, 0)
+	clock := func() time.Time { return now }
+	r := &Replica{cfg: &Config{Now: clock}}
+	if n, _, _ := r.PrefillLine(now); n != 0 {
+		t.Fatalf("empty line has %d", n)
+	}
+	a := r.Begin(1000)
+	now = now.Add(time.Second)
+	b := r.Begin(500)
+	now = now.Add(2 * time.Second)
+	if n, tok, d := r.PrefillLine(now); n != 2 || tok != 1000 || d != 3*time.Second {
+		t.Errorf("line = %d, %d, %v; want 2, 1000, 3s", n, tok, d)
+	}
+	a.FirstByte()
+	now = now.Add(time.Second)
+	if n, tok, d := r.PrefillLine(now); n != 1 || tok != 500 || d != time.Second {
+		t.Errorf("after a's first byte: %d, %d, %v; want 1, 500, 1s (first since a left)", n, tok, d)
+	}
+	b.Done()
+	b.Done()
+	if n, _, _ := r.PrefillLine(now); n != 0 || r.InflightPrefillTokens() != 0 || r.InflightRequests() != 1 {
+		t.Errorf("line %d, prefill %d, in flight %d; want 0, 0, 1 (a not done)", n, r.InflightPrefillTokens(), r.InflightRequests())
+	}
+}

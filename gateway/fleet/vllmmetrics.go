@@ -8,6 +8,9 @@ import (
 	"io"
 	"math"
 	"strconv"
+	"time"
+
+	"github.com/warmpath/warmpath/scoring"
 )
 
 // engineMetrics is what one scrape of vLLM's /metrics yields.
@@ -20,6 +23,11 @@ type engineMetrics struct {
 	// EngineQueries holds vllm:prefix_cache_queries_total by its engine
 	// label (a data-parallel rank), nil when no series has one.
 	EngineQueries map[int]float64
+	// QueueCount and QueueSum are the vllm:request_queue_time_seconds
+	// histogram's count and sum, PrefillCount and PrefillSum the
+	// vllm:request_prefill_time_seconds one's: requests scheduled, and
+	// seconds they waited and prefilled, summed over engines.
+	QueueCount, QueueSum, PrefillCount, PrefillSum float64
 
 	seen      seenMask
 	oldKV     float64 // vllm:gpu_cache_usage_perc, used when the current name is absent
@@ -41,6 +49,8 @@ const (
 	seenHits
 	seenOldHits
 	seenCacheConfig
+	seenQueueCount
+	seenPrefillCount
 )
 
 // metricKind identifies a metric name the parser uses.
@@ -57,6 +67,15 @@ const (
 	kindHits
 	kindOldHits
 	kindCacheConfig
+	kindQueueCount
+	kindQueueSum
+	kindPrefillCount
+	kindPrefillSum
+	// Filter-only names: the histograms' family names, for exporters
+	// whose name[] filter matches families (Go's promhttp) rather than
+	// samples (prometheus_client). The parser reads no sample by them.
+	kindQueueFamily
+	kindPrefillFamily
 )
 
 // metricNames are the sample names the parser reads. They double as the
@@ -71,6 +90,14 @@ var metricNames = [...]string{
 	kindHits:        "vllm:prefix_cache_hits_total",
 	kindOldHits:     "vllm:gpu_prefix_cache_hits_total",
 	kindCacheConfig: "vllm:cache_config_info",
+	// Only the histograms' _count and _sum samples: prometheus_client's
+	// name[] filter matches sample names, so the buckets stay home.
+	kindQueueCount:    "vllm:request_queue_time_seconds_count",
+	kindQueueSum:      "vllm:request_queue_time_seconds_sum",
+	kindPrefillCount:  "vllm:request_prefill_time_seconds_count",
+	kindPrefillSum:    "vllm:request_prefill_time_seconds_sum",
+	kindQueueFamily:   "vllm:request_queue_time_seconds",
+	kindPrefillFamily: "vllm:request_prefill_time_seconds",
 }
 
 // kindOf maps a sample name to its kind. A switch on string(b) does not
@@ -95,6 +122,14 @@ func kindOf(name []byte) metricKind {
 		return kindOldHits
 	case "vllm:cache_config_info":
 		return kindCacheConfig
+	case "vllm:request_queue_time_seconds_count":
+		return kindQueueCount
+	case "vllm:request_queue_time_seconds_sum":
+		return kindQueueSum
+	case "vllm:request_prefill_time_seconds_count":
+		return kindPrefillCount
+	case "vllm:request_prefill_time_seconds_sum":
+		return kindPrefillSum
 	}
 	return kindNone
 }
@@ -221,6 +256,16 @@ func (m *engineMetrics) parseLine(line []byte) {
 	case kindOldHits:
 		m.oldHits += v
 		m.seen |= seenOldHits
+	case kindQueueCount:
+		m.QueueCount += v
+		m.seen |= seenQueueCount
+	case kindQueueSum:
+		m.QueueSum += v
+	case kindPrefillCount:
+		m.PrefillCount += v
+		m.seen |= seenPrefillCount
+	case kindPrefillSum:
+		m.PrefillSum += v
 	case kindCacheConfig:
 		m.seen |= seenCacheConfig
 		if m.haveBlock {
@@ -338,4 +383,38 @@ func labelInt(labels []byte, name string) (int, bool) {
 		labels = rest[end+1:]
 	}
 	return 0, false
+}
+
+// scheduled returns the engine's cumulative count of requests scheduled:
+// the queue-time histogram's count, else the prefill-time one's, else -1
+// (neither exposed).
+func (m *engineMetrics) scheduled() float64 {
+	switch {
+	case m.seen&seenQueueCount != 0:
+		return m.QueueCount
+	case m.seen&seenPrefillCount != 0:
+		return m.PrefillCount
+	}
+	return -1
+}
+
+// nextRates returns the replica's arrival meter after the scrape m taken
+// at now, given the state before it: the counters' increments since the
+// previous scrape (requests scheduled, uncached prompt tokens = prefix
+// queries − hits) are added after decaying the meter by the time between
+// the scrapes. A counter that went backwards (an engine restart) adds
+// nothing this once.
+func nextRates(prev *State, m *engineMetrics, now time.Time) scoring.Meter {
+	meter := prev.Rates
+	n := m.scheduled()
+	if prev.ScrapedAt.IsZero() || n < 0 || prev.scheduled < 0 {
+		return meter
+	}
+	meter.Advance(now.Sub(prev.ScrapedAt).Seconds())
+	dn := n - prev.scheduled
+	dt := (m.PrefixQueries - m.PrefixHits) - (prev.PrefixQueries - prev.PrefixHits)
+	if dn >= 0 && dt >= 0 {
+		meter.Add(dn, dt)
+	}
+	return meter
 }

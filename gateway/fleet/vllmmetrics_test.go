@@ -10,6 +10,9 @@ import (
 	"strings"
 	"testing"
 	"testing/iotest"
+	"time"
+
+	"github.com/warmpath/warmpath/scoring"
 )
 
 // parseString parses s with a fresh buffer.
@@ -165,9 +168,12 @@ func checkMetrics(t *testing.T, got, want engineMetrics) {
 	type pub struct {
 		Running, Waiting, KVUsage, PrefixQueries, PrefixHits float64
 		BlockSize, NumGPUBlocks                              int
+		QueueCount, QueueSum, PrefillCount, PrefillSum       float64
 	}
-	g := pub{got.Running, got.Waiting, got.KVUsage, got.PrefixQueries, got.PrefixHits, got.BlockSize, got.NumGPUBlocks}
-	w := pub{want.Running, want.Waiting, want.KVUsage, want.PrefixQueries, want.PrefixHits, want.BlockSize, want.NumGPUBlocks}
+	g := pub{got.Running, got.Waiting, got.KVUsage, got.PrefixQueries, got.PrefixHits, got.BlockSize, got.NumGPUBlocks,
+		got.QueueCount, got.QueueSum, got.PrefillCount, got.PrefillSum}
+	w := pub{want.Running, want.Waiting, want.KVUsage, want.PrefixQueries, want.PrefixHits, want.BlockSize, want.NumGPUBlocks,
+		want.QueueCount, want.QueueSum, want.PrefillCount, want.PrefillSum}
 	if g != w {
 		t.Errorf("got %+v; want %+v", g, w)
 	}
@@ -182,7 +188,64 @@ func TestParseEngineMetricsFixture(t *testing.T) {
 		Running: 12, Waiting: 3, KVUsage: 0.4172,
 		PrefixQueries: 1.0355e6, PrefixHits: 772096,
 		BlockSize: 16, NumGPUBlocks: 19208,
+		QueueCount: 443, QueueSum: 12.4, PrefillCount: 443, PrefillSum: 118.3,
 	})
+	// A name[]-filtered page carries the histograms' count and sum.
+	got, err = parseString(filterFixture(readFixture(t)))
+	if err != nil || got.QueueCount != 443 || got.PrefillSum != 118.3 {
+		t.Errorf("filtered page: %+v, %v", got, err)
+	}
+}
+
+// The histograms' samples summed over engines, buckets ignored; a page
+// with only the prefill histogram counts requests scheduled from it.
+func TestParseEngineHistograms(t *testing.T) {
+	m, err := parseString(`vllm:num_requests_running{engine="0"} 1
+vllm:num_requests_waiting{engine="0"} 0
+vllm:request_queue_time_seconds_bucket{engine="0",le="0.3"} 7
+vllm:request_queue_time_seconds_count{engine="0"} 10
+vllm:request_queue_time_seconds_count{engine="1"} 5
+vllm:request_queue_time_seconds_sum{engine="0"} 2.5
+vllm:request_prefill_time_seconds_count{engine="0"} 9
+vllm:request_prefill_time_seconds_sum{engine="0"} 4
+`)
+	if err != nil || m.QueueCount != 15 || m.QueueSum != 2.5 || m.PrefillCount != 9 || m.PrefillSum != 4 || m.scheduled() != 15 {
+		t.Fatalf("got %+v, %v", m, err)
+	}
+	m, _ = parseString("vllm:num_requests_running 1\nvllm:request_prefill_time_seconds_count 4\n")
+	if m.scheduled() != 4 {
+		t.Errorf("scheduled = %v; want the prefill histogram's count", m.scheduled())
+	}
+	m, _ = parseString("vllm:num_requests_running 1\n")
+	if m.scheduled() != -1 {
+		t.Errorf("scheduled = %v; want -1 without histograms", m.scheduled())
+	}
+}
+
+// The arrival meter counts the increments between scrapes and ignores a
+// counter that went backwards (an engine restart).
+func TestNextRates(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	st := &State{}
+	m := engineMetrics{QueueCount: 100, PrefixQueries: 50000, PrefixHits: 10000, seen: seenQueueCount}
+	if r := nextRates(st, &m, t0); r != (scoring.Meter{}) {
+		t.Fatalf("first scrape moved the meter: %+v", r)
+	}
+	st.ScrapedAt, st.scheduled, st.PrefixQueries, st.PrefixHits = t0, 100, 50000, 10000
+	for i := 1; i <= 200; i++ { // 2 requests and 3,000 uncached tokens a second
+		m := engineMetrics{QueueCount: 100 + float64(i), PrefixQueries: 50000 + 2000*float64(i), PrefixHits: 10000 + 500*float64(i), seen: seenQueueCount}
+		now := t0.Add(time.Duration(i) * 500 * time.Millisecond)
+		st.Rates = nextRates(st, &m, now)
+		st.ScrapedAt, st.scheduled, st.PrefixQueries, st.PrefixHits = now, m.scheduled(), m.PrefixQueries, m.PrefixHits
+	}
+	if math.Abs(st.Rates.Requests-2) > 0.1 || math.Abs(st.Rates.PerRequest()-1500) > 1 {
+		t.Errorf("rates %+v (per request %v); want 2/s, 1,500 tokens", st.Rates, st.Rates.PerRequest())
+	}
+	before := st.Rates
+	restarted := engineMetrics{QueueCount: 3, PrefixQueries: 100, seen: seenQueueCount}
+	if r := nextRates(st, &restarted, st.ScrapedAt.Add(time.Second)); r.Requests >= before.Requests {
+		t.Errorf("a restart added to the meter: %+v", r)
+	}
 }
 
 func TestParseEngineMetricsReadError(t *testing.T) {
