@@ -196,6 +196,7 @@ func runPart(ctx context.Context, cfg Config, p mixedPart, policy string, profil
 		q.Timeout = wall(fairq.DefaultTimeout)
 		q.SyncInterval = wall(fairq.DefaultSyncInterval)
 		q.RecheckInterval = wall(fairq.DefaultRecheckInterval)
+		q.Saturation.ReserveIdle = wall(gateway.DefaultReserveIdle)
 		q.AgeCredit = fairq.DefaultAgeCredit * scale * speed
 		gc.Queue = q
 		if cfg.tweak != nil {
@@ -254,26 +255,55 @@ func mixedResult(res *Result, maxSeqs int, scale float64) MixedResult {
 	if bgFirst >= 0 && bgLast > bgFirst {
 		r.BackgroundOutputTokensPerS = float64(bgTokens) / scale / (bgLast - bgFirst).Seconds()
 	}
-	r.LongestIdleWaitMs = msOf(longestIdleWait(res.samples, res.Load, maxSeqs))
+	r.LongestIdleWaitMs = msOf(longestIdleWait(res.samples, res.Load, res.loadNames, maxSeqs, gateway.DefaultReserveIdle))
 	return r
 }
 
 // longestIdleWait returns the longest stretch of time during which a
 // request waited in the gateway's queue while some replica had idle
-// capacity without a break, by the engine samples (a sample's state holds
-// until the next one). Each stretch is bounded by how fast the gateway
-// notices room: a scrape, a finished request or a recheck.
-func longestIdleWait(samples []sample, load []LoadSample, maxSeqs int) time.Duration {
-	type span struct{ from, to float64 }
-	var idle []span // maximal idle stretches, in order
-	for i := 0; i+1 < len(load); i++ {
-		if !idleReplica(load[i], maxSeqs) {
+// capacity for its class without a break, by the engine samples (a
+// sample's state holds until the next one); names are the replicas'
+// names in the samples' order. Each stretch is bounded by how fast the
+// gateway notices room: a scrape, a finished request or a recheck.
+//
+// Idle capacity is what the gateway could have used and did not: an
+// idle engine (idleReplica) with no request on its way to it (dispatched
+// from the queue, not yet seen by the engine: being routed), and, for a
+// background request, not one the gateway keeps for interactive turns
+// (reserveSpans).
+func longestIdleWait(samples []sample, load []LoadSample, names []string, maxSeqs int, reserveIdle time.Duration) time.Duration {
+	index := make(map[string]int, len(names))
+	for i, n := range names {
+		index[n] = i
+	}
+	transit := make([][]span, len(names))
+	for i := range samples {
+		s := &samples[i]
+		j, ok := index[s.replica]
+		if !ok || !s.ok() || s.engineTTFT < 0 {
 			continue
 		}
-		if n := len(idle); n > 0 && idle[n-1].to == load[i].T {
-			idle[n-1].to = load[i+1].T
-		} else {
-			idle = append(idle, span{load[i].T, load[i+1].T})
+		from, to := (s.start + s.queueWait).Seconds(), (s.start + s.ttft - s.engineTTFT).Seconds()
+		if to > from {
+			transit[j] = append(transit[j], span{from, to})
+		}
+	}
+	reserved := reserveSpans(samples, index, reserveIdle)
+	var idle [2][]span // per class (0 interactive, 1 background): maximal idle stretches, in order
+	for c := range idle {
+		for i := 0; i+1 < len(load); i++ {
+			l := &load[i]
+			free := func(j int) bool {
+				return !covers(transit[j], l.T) && (c == 0 || !covers(reserved[j], l.T))
+			}
+			if !idleReplica(*l, maxSeqs, func(j int) bool { return j >= len(names) || free(j) }) {
+				continue
+			}
+			if n := len(idle[c]); n > 0 && idle[c][n-1].to == l.T {
+				idle[c][n-1].to = load[i+1].T
+			} else {
+				idle[c] = append(idle[c], span{l.T, load[i+1].T})
+			}
 		}
 	}
 	var longest float64
@@ -282,20 +312,79 @@ func longestIdleWait(samples []sample, load []LoadSample, maxSeqs int) time.Dura
 		if s.queueWait <= 0 {
 			continue
 		}
+		sp := idle[0]
+		if s.class == classBackground {
+			sp = idle[1]
+		}
 		from, to := s.start.Seconds(), (s.start + s.queueWait).Seconds()
-		k := sort.Search(len(idle), func(k int) bool { return idle[k].to > from })
-		for ; k < len(idle) && idle[k].from < to; k++ {
-			longest = max(longest, min(to, idle[k].to)-max(from, idle[k].from))
+		k := sort.Search(len(sp), func(k int) bool { return sp[k].to > from })
+		for ; k < len(sp) && sp[k].from < to; k++ {
+			longest = max(longest, min(to, sp[k].to)-max(from, sp[k].from))
 		}
 	}
 	return time.Duration(longest * float64(time.Second))
 }
 
-// idleReplica reports whether some replica of the sample could start a
-// request at once.
-func idleReplica(l LoadSample, maxSeqs int) bool {
+// span is an interval of simulated seconds.
+type span struct{ from, to float64 }
+
+// covers reports whether one of spans holds t.
+func covers(spans []span, t float64) bool {
+	for _, sp := range spans {
+		if sp.from <= t && t < sp.to {
+			return true
+		}
+	}
+	return false
+}
+
+// reserveSpans mirrors the gateway's interactive reserve
+// (queue.saturation.interactive_reserve at its default, reserve_idle
+// reserveIdle in simulated time): per replica, when it was kept from
+// background requests. A replica joins when an interactive request is
+// dispatched to it while fewer are reserved (never all), and leaves
+// reserveIdle after the last one.
+func reserveSpans(samples []sample, index map[string]int, reserveIdle time.Duration) [][]span {
+	out := make([][]span, len(index))
+	limit := min(gateway.DefaultInteractiveReserve, len(index)-1)
+	var inter []*sample
+	for i := range samples {
+		if s := &samples[i]; s.class == classInteractive && s.ok() {
+			if _, ok := index[s.replica]; ok {
+				inter = append(inter, s)
+			}
+		}
+	}
+	sort.Slice(inter, func(a, b int) bool { return inter[a].start+inter[a].queueWait < inter[b].start+inter[b].queueWait })
+	idle := reserveIdle.Seconds()
+	last := map[int]float64{} // members: replica → last interactive dispatch
+	for _, s := range inter {
+		at, j := (s.start + s.queueWait).Seconds(), index[s.replica]
+		for m, t := range last {
+			if at-t >= idle {
+				out[m][len(out[m])-1].to = t + idle
+				delete(last, m)
+			}
+		}
+		if _, ok := last[j]; !ok {
+			if len(last) >= limit {
+				continue
+			}
+			out[j] = append(out[j], span{from: at})
+		}
+		last[j] = at
+	}
+	for m, t := range last {
+		out[m][len(out[m])-1].to = t + idle
+	}
+	return out
+}
+
+// idleReplica reports whether some replica of the sample that free
+// allows could start a request at once.
+func idleReplica(l LoadSample, maxSeqs int, free func(int) bool) bool {
 	for i := range l.Waiting {
-		if l.Waiting[i] == 0 && l.Running[i] < maxSeqs && l.KVUsage[i] < idleKVUsage {
+		if l.Waiting[i] == 0 && l.Running[i] < maxSeqs && l.KVUsage[i] < idleKVUsage && free(i) {
 			return true
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -103,8 +104,9 @@ func TestLongestIdleWait(t *testing.T) {
 	idle := func(at float64) LoadSample {
 		return LoadSample{T: at, Waiting: []int{3, 0}, Running: []int{10, 4}, KVUsage: []float64{0.95, 0.5}}
 	}
-	// Idle from 2 s to 3 s and from 5 s to 5.5 s.
+	// Replica b is idle from 2 s to 3 s and from 5 s to 5.5 s.
 	load := []LoadSample{busy(0), busy(1), idle(2), busy(3), busy(4), idle(5), busy(5.5), busy(10)}
+	names := []string{"a", "b"}
 	sec := func(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
 	samples := []sample{
 		{start: sec(0.5), queueWait: sec(1)},   // 0.5–1.5: never idle
@@ -112,12 +114,40 @@ func TestLongestIdleWait(t *testing.T) {
 		{start: sec(1.5), queueWait: sec(1.2)}, // 1.5–2.7: 0.7
 		{start: sec(2), queueWait: 0},          // not queued
 	}
-	if got := longestIdleWait(samples, load, 16); math.Abs(got.Seconds()-0.7) > 1e-9 {
+	const never = time.Hour
+	if got := longestIdleWait(samples, load, names, 16, never); math.Abs(got.Seconds()-0.7) > 1e-9 {
 		t.Errorf("longest idle wait %v; want 700ms", got)
 	}
 	// A batch at max_num_seqs is not idle capacity.
-	if got := longestIdleWait(samples, load, 4); got != 0 {
+	if got := longestIdleWait(samples, load, names, 4, never); got != 0 {
 		t.Errorf("with max_num_seqs 4: %v; want 0", got)
+	}
+	// A request on its way to b (dispatched at 1.9 s, seen by its engine
+	// at 2.1 s, so over the 2 s sample) makes b's first idle stretch
+	// taken: only the 0.5 s from 5 s remain.
+	transit := append(slices.Clone(samples), sample{start: sec(1.8), queueWait: sec(0.1), ttft: sec(0.5), engineTTFT: sec(0.2), replica: "b"})
+	if got := longestIdleWait(transit, load, names, 16, never); math.Abs(got.Seconds()-0.5) > 1e-9 {
+		t.Errorf("with a request in transit to b: %v; want 500ms", got)
+	}
+	// b reserved for interactive turns (one sent there at 0 s, kept for
+	// 10 s) is not idle capacity for background requests, but is for
+	// interactive ones.
+	reserve := []sample{{class: classInteractive, replica: "b", start: 0, ttft: sec(0.1)}}
+	for _, s := range samples {
+		s.class = classBackground
+		reserve = append(reserve, s)
+	}
+	if got := longestIdleWait(reserve, load, names, 16, 10*time.Second); got != 0 {
+		t.Errorf("background waits beside a reserved idle replica: %v; want 0", got)
+	}
+	if got := longestIdleWait(reserve, load, names, 16, sec(2.6)); math.Abs(got.Seconds()-0.5) > 1e-9 {
+		t.Errorf("reserve lapsed at 2.6 s: %v; want the 0.5 s from 5 s", got)
+	}
+	for i := range reserve[1:] {
+		reserve[1+i].class = classInteractive
+	}
+	if got := longestIdleWait(reserve, load, names, 16, 10*time.Second); math.Abs(got.Seconds()-0.7) > 1e-9 {
+		t.Errorf("interactive waits beside a reserved idle replica: %v; want 700ms", got)
 	}
 }
 

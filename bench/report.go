@@ -152,9 +152,12 @@ type Result struct {
 	ThroughputRatio float64 `json:"throughput_vs_round_robin"`
 
 	samples []sample
-	ttfts   []float64 // measured TTFTs, seconds
-	t0      time.Time // when the driver started, wall-clock
-	speed   float64
+	// loadNames are the replicas' names (as the gateway names them) in
+	// Load's order.
+	loadNames []string
+	ttfts     []float64 // measured TTFTs, seconds
+	t0        time.Time // when the driver started, wall-clock
+	speed     float64
 }
 
 // LoadSample is the simulated engines' state at one instant: T simulated

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -403,6 +404,11 @@ func runSimulated(ctx context.Context, cfg Config, policy string, profile vllmsi
 	}
 	res.setPrefill(prefill, "engine")
 	res.setLoad(load)
+	for _, u := range urls {
+		if pu, err := url.Parse(u); err == nil {
+			res.loadNames = append(res.loadNames, pu.Host)
+		}
+	}
 	return res, nil
 }
 

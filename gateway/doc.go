@@ -17,7 +17,9 @@
 //	                       (class from priority.go); queue.disabled or
 //	                       Options.Admitter replace it
 //	route     route.go     gather (fleet snapshot ─▶ scoring.Endpoint,
-//	                       session binding from Redis) ─▶ scoring.Decide
+//	                       session binding from Redis; a background request
+//	                       does not see the replicas queue.go reserves for
+//	                       interactive turns) ─▶ scoring.Decide
 //	                       ─▶ I/O: tokenize (replica /tokenize, cached) and
 //	                       match the prefix index when the plan asks, then
 //	                       Decide again; remember the binding, speculate

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/tenancy"
 	"github.com/warmpath/warmpath/tenancy/fairq"
 )
@@ -95,7 +96,14 @@ type QueueConfig struct {
 // most MaxRunning − (running_r + sent_r). Background sees less room so
 // that interactive turns find an engine able to start them at once: KV
 // blocks free (few background requests sit in an engine queue, where the
-// engine would hand them the blocks it frees) and a short queue.
+// engine would hand them the blocks it frees) and a short queue. And
+// while interactive traffic lasts, InteractiveReserve replicas take no
+// background at all (their room is not counted for it, and routing does
+// not offer them to it): an engine steps through every running request's
+// prefill chunk before a newly arrived one, whatever its priority (vLLM
+// preempts only for KV blocks, never for a waiting request), so an
+// interactive turn that lands beside a long background prefill waits out
+// that prefill; on a reserved replica there is none.
 type QueueSaturation struct {
 	// EngineWaiting is the engine queue a replica may have and still take
 	// more; default 4. Higher keeps engines busier through scrape lag,
@@ -113,6 +121,18 @@ type QueueSaturation struct {
 	// --max-num-seqs) at which a replica has no room; default 0, not
 	// judged (a full batch shows as a waiting queue anyway).
 	MaxRunning int `yaml:"max_running"`
+	// InteractiveReserve is how many of a model's replicas are kept for
+	// interactive turns while interactive traffic lasts: a replica joins
+	// the reserve when this gateway sends it an interactive request and
+	// fewer are reserved (never all of the model's replicas), and leaves
+	// it ReserveIdle after its last one. Background requests are not
+	// routed to a reserved replica (unless no other is healthy), so an
+	// interactive turn there never waits behind a background prefill;
+	// default 1. Negative disables the reserve.
+	InteractiveReserve int `yaml:"interactive_reserve"`
+	// ReserveIdle is how long a reserved replica stays reserved after
+	// the last interactive request this gateway sent it; default 60s.
+	ReserveIdle time.Duration `yaml:"reserve_idle"`
 }
 
 // Defaults of QueueSaturation.
@@ -120,6 +140,8 @@ const (
 	DefaultEngineWaiting           = 4
 	DefaultBackgroundEngineWaiting = 1
 	DefaultBackgroundMaxKVUsage    = 0.9
+	DefaultInteractiveReserve      = 1
+	DefaultReserveIdle             = 60 * time.Second
 )
 
 // withDefaults returns q with every zero field at its default.
@@ -160,6 +182,12 @@ func (q QueueConfig) withDefaults() QueueConfig {
 	if q.Saturation.BackgroundMaxKVUsage == 0 {
 		q.Saturation.BackgroundMaxKVUsage = DefaultBackgroundMaxKVUsage
 	}
+	if q.Saturation.InteractiveReserve == 0 {
+		q.Saturation.InteractiveReserve = DefaultInteractiveReserve
+	}
+	if q.Saturation.ReserveIdle == 0 {
+		q.Saturation.ReserveIdle = DefaultReserveIdle
+	}
 	return q
 }
 
@@ -198,7 +226,7 @@ func (q *QueueConfig) validate() []error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"timeout", q.Timeout}, {"sync_interval", q.SyncInterval}, {"recheck_interval", q.RecheckInterval}} {
+	}{{"timeout", q.Timeout}, {"sync_interval", q.SyncInterval}, {"recheck_interval", q.RecheckInterval}, {"saturation.reserve_idle", q.Saturation.ReserveIdle}} {
 		if d.v < 0 {
 			bad(d.name, "%v is negative", d.v)
 		}
@@ -337,40 +365,118 @@ type fleetCapacity struct {
 	// an interactive request waits in an engine behind interactive ones
 	// only.
 	priority bool
-	// pending holds each replica's *classPending. Entries of replicas
-	// that left stay (a few bytes per departed replica).
-	pending sync.Map
+	// loads holds each replica's *replicaLoad. Entries of replicas that
+	// left stay (a few bytes per departed replica).
+	loads sync.Map
+	// joinMu serializes joining the interactive reserve, so that no more
+	// than InteractiveReserve replicas join it.
+	joinMu sync.Mutex
 }
 
-// classPending counts, per class, this gateway's requests routed to one
-// replica that have not started there (no first byte yet): waiting in its
-// engine or prefilling.
-type classPending [2]atomic.Int64
+// replicaLoad is this gateway's admission bookkeeping for one replica.
+type replicaLoad struct {
+	// pending counts, per class, this gateway's requests routed to the
+	// replica that have not started there (no first byte yet): waiting
+	// in its engine or prefilling.
+	pending [2]atomic.Int64
+	// lastInteractive is when this gateway last sent the replica an
+	// interactive request (Unix nanoseconds); reserved whether it joined
+	// the interactive reserve since (it holds until ReserveIdle after
+	// lastInteractive).
+	lastInteractive atomic.Int64
+	reserved        atomic.Bool
+}
 
-func (c *fleetCapacity) pendingFor(rep *fleet.Replica) *classPending {
-	if v, ok := c.pending.Load(rep); ok {
-		return v.(*classPending)
+func (c *fleetCapacity) loadFor(rep *fleet.Replica) *replicaLoad {
+	if v, ok := c.loads.Load(rep); ok {
+		return v.(*replicaLoad)
 	}
-	v, _ := c.pending.LoadOrStore(rep, new(classPending))
-	return v.(*classPending)
+	v, _ := c.loads.LoadOrStore(rep, new(replicaLoad))
+	return v.(*replicaLoad)
 }
 
 // startPending counts a routed request as not started on the replica it
-// is first sent to, until its first byte or its end (endPending).
+// is first sent to, until its first byte or its end (endPending); an
+// interactive request also renews (or makes) the replica's place in the
+// interactive reserve.
 func (g *Gateway) startPending(x *exchange) {
 	if g.queue == nil || len(x.route.plan.Order) == 0 {
 		return
 	}
+	c := g.queue.capacity
 	rep, _ := x.route.candidate(0)
-	p := g.queue.capacity.pendingFor(rep)
-	x.pending = &p[min(x.req.class, fairq.Background)]
+	l := c.loadFor(rep)
+	class := min(x.req.class, fairq.Background)
+	x.pending = &l.pending[class]
 	x.pending.Add(1)
+	if class == fairq.Interactive {
+		c.noteInteractive(rep, x.route.reps, time.Now())
+	}
 }
 
 // endPending ends startPending's count, once.
 func (x *exchange) endPending() {
 	if x.pending != nil && x.pendingDone.CompareAndSwap(false, true) {
 		x.pending.Add(-1)
+	}
+}
+
+// noteInteractive records an interactive request sent to rep, one of the
+// model's replicas reps, at now; rep joins the reserve if it has room.
+func (c *fleetCapacity) noteInteractive(rep *fleet.Replica, reps []*fleet.Replica, now time.Time) {
+	l := c.loadFor(rep)
+	l.lastInteractive.Store(now.UnixNano())
+	if c.sat.InteractiveReserve <= 0 || l.reserved.Load() {
+		return
+	}
+	c.joinMu.Lock()
+	defer c.joinMu.Unlock()
+	n := 0
+	for _, o := range reps {
+		if o != rep && c.reserved(o, now) {
+			n++
+		}
+	}
+	if n < min(c.sat.InteractiveReserve, len(reps)-1) {
+		l.reserved.Store(true)
+	}
+}
+
+// reserved reports whether rep is in the interactive reserve at now. A
+// replica idle for ReserveIdle leaves it here.
+func (c *fleetCapacity) reserved(rep *fleet.Replica, now time.Time) bool {
+	l := c.loadFor(rep)
+	if !l.reserved.Load() {
+		return false
+	}
+	if now.UnixNano()-l.lastInteractive.Load() < int64(c.sat.ReserveIdle) {
+		return true
+	}
+	l.reserved.Store(false)
+	return false
+}
+
+// keepReserve hides the reserved replicas from a background request's
+// routing (as unable to take traffic), unless no other replica is
+// healthy; eps are the endpoints of reps.
+func (g *Gateway) keepReserve(r *Request, reps []*fleet.Replica, eps []scoring.Endpoint) {
+	if g.queue == nil || r.class < fairq.Background {
+		return
+	}
+	c, now := g.queue.capacity, time.Now()
+	res := make([]bool, len(reps))
+	other := false
+	for i, rep := range reps {
+		res[i] = c.reserved(rep, now)
+		other = other || (!res[i] && !eps[i].Unhealthy)
+	}
+	if !other {
+		return
+	}
+	for i := range eps {
+		if res[i] {
+			eps[i].Unhealthy = true
+		}
 	}
 }
 
@@ -383,10 +489,13 @@ func (c *fleetCapacity) Saturated(model string, inflight int) bool {
 }
 
 // SaturatedFor implements fairq.ClassCapacity; inflight is the queue's
-// requests for model admitted and not finished.
+// requests for model admitted and not finished. Background counts no
+// room on reserved replicas while another replica is healthy (routing
+// sends it none there).
 func (c *fleetCapacity) SaturatedFor(model string, inflight int, class fairq.Class) bool {
 	now := time.Now()
-	room, routed := 0, 0
+	room, reservedRoom, routed := 0, 0, 0
+	other := false
 	for _, rep := range c.fleet.Snapshot().Replicas {
 		st := rep.State()
 		if !st.Serves(model) {
@@ -394,9 +503,18 @@ func (c *fleetCapacity) SaturatedFor(model string, inflight int, class fairq.Cla
 		}
 		n := int(rep.InflightRequests())
 		routed += n
+		res := class == fairq.Background && c.reserved(rep, now)
+		other = other || (!res && st.Healthy)
 		if sat, _ := rep.Saturated(now); !sat {
-			room += max(0, c.room(rep, st, n, class))
+			if r := max(0, c.room(rep, st, n, class)); res {
+				reservedRoom += r
+			} else {
+				room += r
+			}
 		}
+	}
+	if !other {
+		room += reservedRoom
 	}
 	return room-max(0, inflight-routed) <= 0
 }
@@ -405,6 +523,7 @@ func (c *fleetCapacity) SaturatedFor(model string, inflight int, class fairq.Cla
 // is longer than allowed); inflight is its requests from this gateway.
 func (c *fleetCapacity) room(rep *fleet.Replica, st *fleet.State, inflight int, class fairq.Class) int {
 	sent := inflight - st.InflightAtScrape
+	pend := &c.loadFor(rep).pending
 	// For interactive, this gateway's requests not started on rep are in
 	// its queue (or prefilling) whatever the last scrape says: a scrape
 	// taken after a request was sent but before the engine saw it would
@@ -413,7 +532,6 @@ func (c *fleetCapacity) room(rep *fleet.Replica, st *fleet.State, inflight int, 
 	// capacity idle, and timeouts).
 	queued := st.Waiting + sent
 	if class == fairq.Interactive {
-		pend := c.pendingFor(rep)
 		queued = max(queued, int(pend[fairq.Interactive].Load()+pend[fairq.Background].Load()))
 	}
 	var room int
@@ -421,7 +539,7 @@ func (c *fleetCapacity) room(rep *fleet.Replica, st *fleet.State, inflight int, 
 	case class == fairq.Interactive && c.priority:
 		// The engine runs interactive requests first: only those are
 		// ahead of this one.
-		room = c.sat.EngineWaiting - int(c.pendingFor(rep)[fairq.Interactive].Load())
+		room = c.sat.EngineWaiting - int(pend[fairq.Interactive].Load())
 	case class == fairq.Background && c.sat.BackgroundMaxKVUsage >= 0:
 		if st.KVUsage >= c.sat.BackgroundMaxKVUsage {
 			return 0

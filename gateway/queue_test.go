@@ -16,6 +16,7 @@ import (
 
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/internal/testrun"
+	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/tenancy"
 	"github.com/warmpath/warmpath/tenancy/fairq"
 	"github.com/warmpath/warmpath/vllmsim"
@@ -736,7 +737,7 @@ func TestFleetCapacityRoom(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			c := &fleetCapacity{sat: sat, priority: tt.priority}
-			c.pendingFor(rep)[fairq.Interactive].Store(tt.pending)
+			c.loadFor(rep).pending[fairq.Interactive].Store(tt.pending)
 			if got := c.room(rep, &tt.st, tt.inflight, tt.class); got != tt.want {
 				t.Errorf("room = %d; want %d", got, tt.want)
 			}
@@ -787,4 +788,116 @@ func TestQueueMetricsOnEndpoint(t *testing.T) {
 	if want := map[string]float64{"first": 1, tenancy.Other: 1}; fmt.Sprint(tenants) != fmt.Sprint(want) {
 		t.Errorf("warmpath_queue_dispatches_total by tenant on /metrics = %v; want %v\n%s", tenants, want, raw)
 	}
+}
+
+// A replica joins the interactive reserve when an interactive request is
+// sent to it, up to InteractiveReserve replicas and never all of them,
+// and leaves it ReserveIdle after its last one.
+func TestFleetCapacityReserveMembership(t *testing.T) {
+	sat := (QueueConfig{}).withDefaults().Saturation
+	sat.InteractiveReserve, sat.ReserveIdle = 2, time.Minute
+	reps := []*fleet.Replica{{}, {}, {}}
+	c := &fleetCapacity{sat: sat}
+	t0 := time.Unix(1000, 0)
+	c.noteInteractive(reps[0], reps, t0)
+	c.noteInteractive(reps[1], reps, t0.Add(time.Second))
+	c.noteInteractive(reps[2], reps, t0.Add(2*time.Second))
+	at := t0.Add(3 * time.Second)
+	if got := []bool{c.reserved(reps[0], at), c.reserved(reps[1], at), c.reserved(reps[2], at)}; !got[0] || !got[1] || got[2] {
+		t.Fatalf("reserved after three interactive starts = %v; want the first two (InteractiveReserve 2)", got)
+	}
+	// Replica 0 idles past ReserveIdle and leaves; replica 2, still
+	// sent interactive work, takes its place.
+	at = t0.Add(time.Minute + time.Second)
+	c.noteInteractive(reps[1], reps, at)
+	c.noteInteractive(reps[2], reps, at)
+	if got := []bool{c.reserved(reps[0], at), c.reserved(reps[1], at), c.reserved(reps[2], at)}; got[0] || !got[1] || !got[2] {
+		t.Fatalf("reserved after replica 0 idled = %v; want replicas 1 and 2", got)
+	}
+	// Never the whole fleet: a reserve of 2 over two replicas keeps one.
+	two := []*fleet.Replica{{}, {}}
+	c = &fleetCapacity{sat: sat}
+	c.noteInteractive(two[0], two, t0)
+	c.noteInteractive(two[1], two, t0)
+	if c.reserved(two[0], t0) == c.reserved(two[1], t0) {
+		t.Errorf("two replicas, reserve 2: reserved %v, %v; want exactly one", c.reserved(two[0], t0), c.reserved(two[1], t0))
+	}
+	// Negative disables the reserve.
+	sat.InteractiveReserve = -1
+	c = &fleetCapacity{sat: sat}
+	c.noteInteractive(reps[0], reps, t0)
+	if c.reserved(reps[0], t0) {
+		t.Error("interactive_reserve -1: a replica was reserved")
+	}
+}
+
+// keepReserve hides reserved replicas from background routing only, and
+// not when no other replica could take the request.
+func TestKeepReserve(t *testing.T) {
+	sat := (QueueConfig{}).withDefaults().Saturation
+	reps := []*fleet.Replica{{}, {}}
+	g := &Gateway{queue: &queueAdmitter{capacity: &fleetCapacity{sat: sat}}}
+	g.queue.capacity.noteInteractive(reps[0], reps, time.Now())
+	for _, tt := range []struct {
+		name      string
+		class     fairq.Class
+		unhealthy []bool // before
+		want      []bool // after
+	}{
+		{"background avoids the reserve", fairq.Background, []bool{false, false}, []bool{true, false}},
+		{"interactive sees every replica", fairq.Interactive, []bool{false, false}, []bool{false, false}},
+		{"background falls back on the reserve", fairq.Background, []bool{false, true}, []bool{false, true}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			eps := []scoring.Endpoint{{Unhealthy: tt.unhealthy[0]}, {Unhealthy: tt.unhealthy[1]}}
+			g.keepReserve(&Request{class: tt.class}, reps, eps)
+			if got := []bool{eps[0].Unhealthy, eps[1].Unhealthy}; got[0] != tt.want[0] || got[1] != tt.want[1] {
+				t.Errorf("unavailable after keepReserve = %v; want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// Over HTTP on two simulated replicas: once an interactive turn has gone
+// to a replica, background requests go elsewhere, including a background
+// session bound to that replica (it is rebound), while the interactive
+// session stays; when interactive traffic stops for ReserveIdle,
+// background may use the replica again.
+func TestQueueInteractiveReserve(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{Replicas: 2})
+	cfg := fleetConfig(sim)
+	cfg.Debug = true
+	cfg.Queue.Saturation.ReserveIdle = 300 * time.Millisecond
+	g := startGateway(t, cfg, redisFor(t, &cfg))
+	bg := map[string]string{"X-Warmpath-Priority": "background", "X-Session-ID": "shared"}
+	inter := map[string]string{"X-Warmpath-Priority": "interactive", "X-Session-ID": "shared"}
+
+	conv := newConversation("you are the reserve test", words("reserve", 200))
+	conv.header = bg
+	home := conv.turn(t, g.URL, "next step").replica()
+	// The same session, now interactive, sticks to home and reserves it.
+	conv.header = inter
+	if r := conv.turn(t, g.URL, "and then?").replica(); r != home {
+		t.Fatalf("interactive turn of the session went to %s; want its bound replica %s", r, home)
+	}
+	conv.header = bg
+	if r := conv.turn(t, g.URL, "go on").replica(); r == home {
+		t.Errorf("background turn went to the reserved replica %s", r)
+	}
+	for i := range 6 {
+		r := chat(t, g.URL, chatBody(fmt.Sprintf("bg-%d", i), 0, 4), map[string]string{"X-Warmpath-Priority": "background"})
+		if r.Status != http.StatusOK || r.replica() == home {
+			t.Errorf("background request %d: status %d on %s; want 200 off the reserved %s", i, r.Status, r.replica(), home)
+		}
+	}
+	ic := newConversation("you are the reserve test", words("reserve", 200))
+	ic.header = map[string]string{"X-Warmpath-Priority": "interactive"}
+	ic.turn(t, g.URL, "more")
+	// Interactive traffic stops: the reserve lapses and background may
+	// go anywhere again.
+	n := 0
+	eventually(t, 10*time.Second, func() bool {
+		n++
+		return chat(t, g.URL, chatBody(fmt.Sprintf("after-%d", n), 0, 4), map[string]string{"X-Warmpath-Priority": "background"}).replica() == home
+	}, "a background request on the formerly reserved replica")
 }

@@ -89,6 +89,7 @@ func (g *Gateway) gather(ctx context.Context, r *Request) ([]*fleet.Replica, *sc
 		RefreshAfter: g.cfg.Routing.SessionTTL / 8, Continues: true, BoundHolds: true,
 		Cost: g.cal.Cost(r.model),
 	}
+	g.keepReserve(r, reps, in.Endpoints)
 	var bind session.Binding
 	if in.SessionKey == "" || !g.policy.TracksSessions() {
 		return reps, in, bind, nil

@@ -40,7 +40,8 @@ func TestSessionSticks(t *testing.T) {
 			continue
 		}
 		if r.replica() != home {
-			t.Fatalf("turn %d went to %s; session is bound to %s", i+1, r.replica(), home)
+			t.Fatalf("turn %d went to %s; session is bound to %s (reason %q, rebind %q, attempts %s, scores %s)", i+1, r.replica(), home,
+				r.Header.Get("X-Warmpath-Reason"), r.Header.Get("X-Warmpath-Rebind"), r.Header.Get("X-Warmpath-Attempts"), r.Header.Get("X-Warmpath-Scores"))
 		}
 		if got := r.Header.Get("X-Warmpath-Reason"); got != scoring.ReasonSticky {
 			t.Errorf("turn %d reason = %q; want %q", i+1, got, scoring.ReasonSticky)

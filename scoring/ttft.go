@@ -179,13 +179,19 @@ func (c *Cost) loadOf(e *Endpoint, price float64) load {
 	// the rate is unknown). It is such a queue when fewer requests were
 	// scheduled over the last MeterWindow than are waiting now, and
 	// either the free KV cache cannot hold a waiting request or prefill
-	// took less than half the replica's time (its batch is full): a
-	// replica busier with prefill than that drains its queue at prefill
-	// speed, which queued already prices.
+	// took less than half the replica's time while it scheduled at least
+	// one request over the window (its batch is full): a replica busier
+	// with prefill than that drains its queue at prefill speed, which
+	// queued already prices.
 	if ahead := float64(e.Waiting); ahead > 0 && l.rate > 0 && l.rate*MeterWindow < ahead {
 		free := (1 - min(max(e.KVUsage, 0), 1)) * float64(max(e.KVTokens, 0))
 		kvFull := e.KVTokens > 0 && free < p
-		if kvFull || e.UncachedRate*c.perToken(l) < 0.5 {
+		// A batch that is full keeps scheduling as its sequences finish:
+		// with less than one request scheduled over the window, a waiting
+		// request is one a scrape caught before its first step, not a
+		// full batch.
+		batchFull := l.rate*MeterWindow >= 1 && e.UncachedRate*c.perToken(l) < 0.5
+		if kvFull || batchFull {
 			l.admit = (ahead + 1) / max(l.rate, 1/MeterWindow)
 		}
 	}

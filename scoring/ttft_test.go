@@ -100,6 +100,15 @@ func TestAdmitBound(t *testing.T) {
 	if l := c.loadOf(&batch, 500); l.admit == 0 {
 		t.Error("a batch-bound queue was priced at prefill speed")
 	}
+	// An idle replica a scrape caught with one request waiting (less than
+	// one request scheduled over the window) is not batch-bound: a
+	// 20-second admission wait there sent a sticky turn away from its
+	// cache in TestTwoGatewaysShareSessions.
+	idle := batch
+	idle.Waiting, idle.ArrivalRate = 1, 0.05
+	if l := c.loadOf(&idle, 500); l.admit != 0 {
+		t.Errorf("idle replica with a request just arrived: admit = %v; want 0", l.admit)
+	}
 	// Draining fast enough, or rate unknown: no admission term.
 	fast := full
 	fast.ArrivalRate = 5

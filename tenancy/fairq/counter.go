@@ -58,6 +58,14 @@ func (c *counter) charge(v float64) {
 	c.pending.floor += v
 }
 
+// idle reports whether the tenant has nothing waiting and nothing running
+// for the model at this gateway: only then is it lifted. A tenant whose
+// queue empties while its requests run (a closed-loop client between
+// turns, or one whose requests the other gateways hold) is still being
+// served; lifting it would discard the service it is owed, and with
+// several gateways its per-gateway queue empties often.
+func (c *counter) idle() bool { return c.queued == 0 && c.inflight == 0 }
+
 // lift raises the counter to at least f, so idle time is not banked.
 func (c *counter) lift(f float64) {
 	if c.value() >= f {

@@ -38,14 +38,19 @@
 //
 // with o = Config.OutputWeight (default 2, VTC's w_q/w_p). Within the chosen
 // class, the waiting tenant with the least counter goes first. When a tenant
-// starts waiting (it had nothing queued for the model) its counter is
-// lifted, as VTC lifts a newly active client:
+// returns from idle (it had nothing queued and nothing running for the
+// model at this gateway) its counter is lifted, as VTC lifts a newly active
+// client:
 //
 //	c_i = max(c_i, min{c_j : j waits})      or, when nobody waits,   c_i = max(c_i, c_last)
 //
 // where c_last is the counter of the tenant dispatched last (before its
 // charge). Idle time is therefore not banked: a tenant returning from idle
-// competes from the present, not from its past. VTC bounds the service
+// competes from the present, not from its past. A tenant whose queue
+// merely emptied while its requests run is not lifted: a closed-loop
+// client between turns, or one whose waiting requests happen to sit in
+// other gateways' queues, is still being served and keeps the credit it
+// is owed. VTC bounds the service
 // difference between two continuously waiting tenants by a constant that
 // does not grow with the length of the period, so over a saturated period
 // tenant i's share of service tends to w_i / Σ_j w_j over the tenants that

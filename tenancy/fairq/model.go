@@ -106,11 +106,12 @@ func (m *model) counterFor(tenant string, shared bool) *counter {
 	return c
 }
 
-// push queues it. A tenant that had nothing waiting for the model has its
-// counter lifted to the least counter of the tenants that do (to the last
-// dispatched tenant's when none do), as VTC lifts a newly active client.
+// push queues it. A tenant returning from idle (nothing waiting for the
+// model and nothing running) has its counter lifted to the least counter
+// of the tenants that wait (to the last dispatched tenant's when none
+// do), as VTC lifts a newly active client.
 func (m *model) push(it *item, c *counter, now time.Time) {
-	if c.queued == 0 {
+	if c.idle() {
 		c.lift(m.activeFloor())
 	}
 	if m.queued == 0 {

@@ -163,7 +163,9 @@ func (q *Queue) submit(t Ticket) (*Grant, *item, error) {
 	defer m.mu.Unlock()
 	c := m.counterFor(t.Tenant, q.rdb != nil)
 	if m.queued == 0 && !q.saturated(m, t.Class) {
-		c.lift(m.last)
+		if c.idle() {
+			c.lift(m.last)
+		}
 		g := new(Grant)
 		q.grantLocked(m, g, c, ten, t)
 		ten.series.Load().fast[t.Class].Inc()
