@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -13,6 +14,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -39,9 +41,10 @@ import (
 // millisecond (the simulator at a very high speed), so what remains is the
 // hop. It reports each target's latency added over direct (p50, p90,
 // p99), its CPU per 1,000 requests (the process's CPU over the window net
-// of the direct window's: the load generator and the replicas are in the
-// same process), and, for short prompts, the highest rate each target
-// holds with p99 under the bound.
+// of the direct window's: the load generator is in the same process, and
+// so are the replicas unless FleetCommand runs them as child processes),
+// and, for short prompts, the highest rate each target holds with p99
+// under the bound.
 //
 // Every target has a simulated fleet of its own, so a gateway ingests the
 // KV events of its own requests only (and pays for all of them), and
@@ -80,6 +83,13 @@ type OverheadConfig struct {
 	// RedisAddr is a Redis server (host:port) the gateways share, each
 	// under its own key prefix; empty runs an in-process miniredis each.
 	RedisAddr string
+	// FleetCommand, when set, runs each simulated fleet as a child
+	// process: the command (such as the warmpath binary and "sim"), given
+	// the sim's flags, printing one "replica" line a replica. The replicas'
+	// CPU (their /tokenize and chat work, their KV events) then stays out
+	// of the CPU figures, which count the load generator, the proxy and
+	// the gateways only. Empty runs the fleets in this process.
+	FleetCommand []string
 	// Seed seeds the prompts; default 1.
 	Seed int64
 	// Logger receives the gateway's and simulator's logs; nil discards.
@@ -196,14 +206,84 @@ func Overhead(ctx context.Context, cfg OverheadConfig) (*OverheadReport, error) 
 	return rep, nil
 }
 
-// overheadFleet starts a simulated fleet of its own for one target.
-func overheadFleet(ctx context.Context, eg *errgroup.Group, cfg OverheadConfig) (*vllmsim.Fleet, error) {
-	sim, err := vllmsim.NewFleet(vllmsim.Config{Replicas: cfg.Replicas, Speed: 20000, Logger: cfg.Logger})
+// overheadFleet starts a simulated fleet of its own for one target and
+// returns its replicas.
+func overheadFleet(ctx context.Context, eg *errgroup.Group, cfg OverheadConfig) ([]fleet.ReplicaSpec, error) {
+	if len(cfg.FleetCommand) > 0 {
+		return childFleet(ctx, eg, cfg)
+	}
+	sim, err := vllmsim.NewFleet(vllmsim.Config{Replicas: cfg.Replicas, Speed: overheadSpeed, Logger: cfg.Logger})
 	if err != nil {
 		return nil, fmt.Errorf("bench: overhead: %w", err)
 	}
 	eg.Go(func() error { return sim.Run(ctx) })
-	return sim, nil
+	var specs []fleet.ReplicaSpec
+	for _, r := range sim.Replicas() {
+		in := r.Info()
+		specs = append(specs, fleet.ReplicaSpec{URL: in.URL, Model: in.Model, KVEndpoint: in.KVEndpoint, ReplayEndpoint: in.ReplayEndpoint})
+	}
+	return specs, nil
+}
+
+// overheadSpeed is the simulators' speed: replicas answer in well under a
+// millisecond.
+const overheadSpeed = 20000
+
+// childFleet runs a fleet as a child process (cfg.FleetCommand), killed
+// when ctx ends, and reads its replicas from the lines it prints.
+func childFleet(ctx context.Context, eg *errgroup.Group, cfg OverheadConfig) ([]fleet.ReplicaSpec, error) {
+	args := append(slices.Clone(cfg.FleetCommand[1:]), "--replicas", fmt.Sprint(cfg.Replicas),
+		"--http-port", "0", "--kv-port", "0", "--speed", fmt.Sprint(overheadSpeed))
+	cmd := exec.CommandContext(ctx, cfg.FleetCommand[0], args...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, fmt.Errorf("bench: overhead: fleet: %w", err)
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("bench: overhead: fleet: %w", err)
+	}
+	eg.Go(func() error {
+		err := cmd.Wait()
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("bench: overhead: fleet exited: %v", err)
+	})
+	sc := bufio.NewScanner(out)
+	var specs []fleet.ReplicaSpec
+	for len(specs) < cfg.Replicas && sc.Scan() {
+		if spec, ok := parseSimLine(sc.Text()); ok {
+			specs = append(specs, spec)
+		}
+	}
+	if len(specs) < cfg.Replicas {
+		_ = cmd.Process.Kill()
+		return nil, fmt.Errorf("bench: overhead: fleet printed %d of %d replicas: %v", len(specs), cfg.Replicas, sc.Err())
+	}
+	eg.Go(func() error { _, _ = io.Copy(io.Discard, out); return nil })
+	return specs, nil
+}
+
+// parseSimLine reads one `warmpath sim` line: "replica 0  http=URL
+// kv=EP  replay=EP  topic=T".
+func parseSimLine(line string) (fleet.ReplicaSpec, bool) {
+	f := strings.Fields(line)
+	if len(f) < 3 || f[0] != "replica" {
+		return fleet.ReplicaSpec{}, false
+	}
+	spec := fleet.ReplicaSpec{Model: vllmsim.DefaultModel}
+	for _, kv := range f[2:] {
+		k, v, _ := strings.Cut(kv, "=")
+		switch {
+		case k == "http":
+			spec.URL = v
+		case k == "kv":
+			spec.KVEndpoint = v
+		case k == "replay" && v != "none":
+			spec.ReplayEndpoint = v
+		}
+	}
+	return spec, spec.URL != ""
 }
 
 // overheadTargets starts, each in front of a fleet of its own, nothing
@@ -211,16 +291,13 @@ func overheadFleet(ctx context.Context, eg *errgroup.Group, cfg OverheadConfig) 
 func overheadTargets(ctx context.Context, eg *errgroup.Group, cfg OverheadConfig, stores *[]*miniredis.Miniredis) ([]*target, error) {
 	var targets []*target
 	for i := range 2 + len(cfg.Policies) {
-		sim, err := overheadFleet(ctx, eg, cfg)
+		specs, err := overheadFleet(ctx, eg, cfg)
 		if err != nil {
 			return nil, err
 		}
 		var urls []string
-		var specs []fleet.ReplicaSpec
-		for _, r := range sim.Replicas() {
-			in := r.Info()
-			urls = append(urls, in.URL)
-			specs = append(specs, fleet.ReplicaSpec{URL: in.URL, Model: in.Model, KVEndpoint: in.KVEndpoint, ReplayEndpoint: in.ReplayEndpoint})
+		for _, s := range specs {
+			urls = append(urls, s.URL)
 		}
 		switch i {
 		case 0:

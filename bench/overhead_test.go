@@ -2,9 +2,13 @@ package bench
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/warmpath/warmpath/vllmsim"
 )
 
 // A tiny overhead run: every target answers every request, the report
@@ -32,5 +36,34 @@ func TestOverheadSmoke(t *testing.T) {
 	var b bytes.Buffer
 	if err := rep.WriteTable(&b); err != nil || !strings.Contains(b.String(), "highest short-prompt rate") {
 		t.Errorf("table: %v\n%s", err, b.String())
+	}
+}
+
+// The lines `warmpath sim` prints (vllmsim.Run) name every replica's
+// endpoints, as a child fleet is read.
+func TestParseSimLine(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel() // print the replicas, then stop at once
+	var out bytes.Buffer
+	if err := vllmsim.Run(ctx, vllmsim.Config{Replicas: 2}, &out); err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+	var n int
+	for _, line := range strings.Split(out.String(), "\n") {
+		spec, ok := parseSimLine(line)
+		if !ok {
+			continue
+		}
+		n++
+		if !strings.HasPrefix(spec.URL, "http://127.0.0.1:") || !strings.HasPrefix(spec.KVEndpoint, "tcp://") ||
+			!strings.HasPrefix(spec.ReplayEndpoint, "tcp://") || spec.Model != vllmsim.DefaultModel {
+			t.Errorf("line %q parsed as %+v", line, spec)
+		}
+	}
+	if n != 2 {
+		t.Errorf("parsed %d replicas from %q; want 2", n, out.String())
+	}
+	if _, ok := parseSimLine("overhead: short 200/s"); ok {
+		t.Error("a line that is not a replica parsed")
 	}
 }

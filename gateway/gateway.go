@@ -136,7 +136,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		g.close()
 		return nil, err
 	}
-	g.sessions = session.NewStore(g.rdb, session.Options{Prefix: cfg.Redis.KeyPrefix, TTL: cfg.Routing.SessionTTL, Timeout: cfg.Redis.Timeout})
+	g.sessions = session.NewStore(g.rdb, session.Options{Prefix: cfg.Redis.KeyPrefix, TTL: cfg.Routing.SessionTTL, Timeout: cfg.Redis.Timeout, LocalTrust: cfg.Routing.SessionLocalTrust})
 
 	fc := cfg.fleetConfig(o, log, wrapped)
 	fc.OnUpdate = g.replicaUpdated

@@ -57,6 +57,9 @@ type Request struct {
 	cacheSalt string
 	maxTokens int    // max_completion_tokens or max_tokens, 0 when unset
 	text      []byte // approxText, rendered once on first use
+	// early is the tokenization route started before the session lookup
+	// (tokenizeEarly), nil when it did not.
+	early *tokenCall
 
 	// Admission (priority.go, queue.go): the class and what chose it
 	// (background marks a Responses background turn, background: true,

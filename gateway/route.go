@@ -94,6 +94,7 @@ func (g *Gateway) gather(ctx context.Context, r *Request) ([]*fleet.Replica, *sc
 	if in.SessionKey == "" || !g.policy.TracksSessions() {
 		return reps, in, bind, nil
 	}
+	g.tokenizeEarly(ctx, r, reps, in)
 	bind, ok, err := g.sessions.Lookup(ctx, in.SessionKey)
 	if err != nil {
 		g.m.redisErrors.WithLabelValues("lookup").Inc()
@@ -126,6 +127,23 @@ func (g *Gateway) gather(ctx context.Context, r *Request) ([]*fleet.Replica, *sc
 		}
 	}
 	return reps, in, bind, nil
+}
+
+// tokenizeEarly starts tokenizing r before its session lookup when the
+// lookup has to ask Redis about a session this gateway holds no binding
+// of, which is almost always a first turn and then needs the tokens:
+// the two round trips overlap. Should the session turn out bound after
+// all (another gateway's, or one from before a restart) the ids land in
+// the tokenize cache unused, or for the session's tip. Under
+// routing.skip_unseen the prompt may need no tokens, so nothing starts.
+func (g *Gateway) tokenizeEarly(ctx context.Context, r *Request, reps []*fleet.Replica, in *scoring.Input) {
+	if !g.policy.UsesPrecise || g.cfg.Routing.SkipUnseen {
+		return
+	}
+	if _, ok := g.sessions.Local(in.SessionKey); ok {
+		return
+	}
+	r.early = g.startTokenize(ctx, r, reps, in.Endpoints)
 }
 
 // serving returns the fleet's replicas that serve model, healthy or not,
@@ -196,7 +214,11 @@ func (g *Gateway) matchPrefix(ctx context.Context, r *Request, reps []*fleet.Rep
 				return nil, chunks
 			}
 		}
-		tokens, err := g.tokenize(ctx, r, reps, in.Endpoints)
+		call := r.early
+		if call == nil {
+			call = g.startTokenize(ctx, r, reps, in.Endpoints)
+		}
+		tokens, err := call.wait(ctx)
 		if err != nil {
 			// Tokenizers backed off were logged when they refused.
 			if !errors.Is(err, errTokenizeUnavailable) {
@@ -379,13 +401,18 @@ func (g *Gateway) stillHolds(rep *fleet.Replica, b session.Binding) bool {
 
 // tokenize gets r's token ids from the available replicas.
 func (g *Gateway) tokenize(ctx context.Context, r *Request, reps []*fleet.Replica, eps []scoring.Endpoint) ([]uint32, error) {
+	return g.startTokenize(ctx, r, reps, eps).wait(ctx)
+}
+
+// startTokenize starts tokenize's work without waiting for the answer.
+func (g *Gateway) startTokenize(ctx context.Context, r *Request, reps []*fleet.Replica, eps []scoring.Endpoint) *tokenCall {
 	up := make([]*fleet.Replica, 0, len(reps))
 	for i, rep := range reps {
 		if !eps[i].Unhealthy {
 			up = append(up, rep)
 		}
 	}
-	return g.tok.tokens(ctx, r, up)
+	return g.tok.start(ctx, r, up)
 }
 
 // debugHeaders names the chosen replica, the decision and each replica's

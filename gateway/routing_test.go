@@ -364,3 +364,43 @@ func TestEstimateHeadersAndError(t *testing.T) {
 		t.Errorf("calibration saw %.1f observations; want 3", got)
 	}
 }
+
+// A first turn's tokenization starts before its session lookup and is
+// the only one the turn makes; a turn of a session another gateway bound
+// still goes sticky to that binding (its early tokenization only filled
+// the cache), and this gateway's next turn asks neither the tokenizer nor
+// Redis's copy again within the trust window.
+func TestEarlyTokenizeOverlapsLookup(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{Replicas: 4})
+	cfg := fleetConfig(sim)
+	cfg.Debug = true
+	rdb := redisFor(t, &cfg)
+	a := startGateway(t, cfg, rdb)
+	b := startGateway(t, cfg, rdb)
+	calls := func(g *testGateway) float64 {
+		return counter(t, g.reg, "warmpath_tokenizer_calls_total", map[string]string{"result": "ok"})
+	}
+	c := newConversation(words("early", 200), "first")
+	first := c.turn(t, a.URL, "second")
+	if got := first.Header.Get("X-Warmpath-Reason"); got != scoring.ReasonScored {
+		t.Fatalf("first turn reason %q; want scored", got)
+	}
+	if n := calls(a); n != 1 {
+		t.Errorf("first turn made %v tokenizer calls; want 1", n)
+	}
+	eventually(t, 5*time.Second, func() bool { return len(rdb.Keys(t.Context(), cfg.Redis.KeyPrefix+"sess:*").Val()) == 1 }, "the first turn's binding in Redis")
+	second := c.turn(t, b.URL, "third")
+	if second.replica() != first.replica() || second.Header.Get("X-Warmpath-Reason") != scoring.ReasonSticky {
+		t.Errorf("turn via the other gateway: %s (%s); want sticky to %s", second.replica(), second.Header.Get("X-Warmpath-Reason"), first.replica())
+	}
+	// The other gateway held no binding of the session, so it started
+	// tokenizing before its lookup found one.
+	before := calls(b)
+	if before != 1 {
+		t.Errorf("the other gateway made %v tokenizer calls; want 1 (started before the lookup)", before)
+	}
+	third := c.turn(t, b.URL, "fourth")
+	if third.replica() != first.replica() || calls(b) != before {
+		t.Errorf("next turn via the same gateway: %s after %v more tokenizer calls; want %s and none", third.replica(), calls(b)-before, first.replica())
+	}
+}

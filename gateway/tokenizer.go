@@ -74,22 +74,55 @@ const failMemory = 30 * time.Second
 // tokens returns r's prompt token ids, asking up to two of reps (healthy
 // replicas serving r's model) when they are not cached.
 func (t *tokenizer) tokens(ctx context.Context, r *Request, reps []*fleet.Replica) ([]uint32, error) {
+	return t.start(ctx, r, reps).wait(ctx)
+}
+
+// tokenCall is a tokenization under way: the ids, or the error, when they
+// were known at once (a prompt of token ids, the cache), else the shared
+// call's result to come on ch.
+type tokenCall struct {
+	ids []uint32
+	err error
+	ch  <-chan singleflight.Result
+}
+
+// wait returns the call's ids, waiting for them as long as ctx allows.
+func (c *tokenCall) wait(ctx context.Context) ([]uint32, error) {
+	if c.ch == nil {
+		return c.ids, c.err
+	}
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case res := <-c.ch:
+		c.ch = nil
+		if res.Err != nil {
+			c.err = res.Err
+		} else {
+			c.ids = res.Val.([]uint32)
+		}
+		return c.ids, c.err
+	}
+}
+
+// start begins tokens' work without waiting for the replica's answer.
+func (t *tokenizer) start(ctx context.Context, r *Request, reps []*fleet.Replica) *tokenCall {
 	if ids, ok := r.promptTokenIDs(); ok {
-		return ids, nil
+		return &tokenCall{ids: ids}
 	}
 	body := r.tokenizeBody()
 	if body == nil {
-		return nil, fmt.Errorf("gateway: prompt cannot be tokenized")
+		return &tokenCall{err: fmt.Errorf("gateway: prompt cannot be tokenized")}
 	}
 	key := xxhash.Sum64(body)
 	if ids, ok := t.cache.get(key); ok {
 		t.m.tokenizer.WithLabelValues("cached").Inc()
-		return ids, nil
+		return &tokenCall{ids: ids}
 	}
 	order := t.order(reps)
 	if len(order) == 0 {
 		t.m.tokenizer.WithLabelValues("unavailable").Inc()
-		return nil, errTokenizeUnavailable
+		return &tokenCall{err: errTokenizeUnavailable}
 	}
 	// The shared call outlives any one caller's cancellation (the client's
 	// timeout still bounds it); each caller waits only as long as its own
@@ -104,15 +137,7 @@ func (t *tokenizer) tokens(ctx context.Context, r *Request, reps []*fleet.Replic
 		t.cache.add(key, ids)
 		return ids, nil
 	})
-	select {
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case res := <-ch:
-		if res.Err != nil {
-			return nil, res.Err
-		}
-		return res.Val.([]uint32), nil
-	}
+	return &tokenCall{ch: ch}
 }
 
 // errTokenizeUnavailable: every target is backed off (none has a usable

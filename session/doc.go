@@ -25,7 +25,12 @@
 // shared by every gateway process, under the key prefix "<prefix>sess:". It
 // also keeps recent bindings in process memory, used when Redis errs or has
 // lost them (a restart with persistence off), so stickiness survives a Redis
-// outage for the sessions this process served.
+// outage for the sessions this process served. A binding this process read
+// from Redis or wrote there less than Options.LocalTrust ago is answered
+// from memory with no round trip (off by default), so another process's
+// changes are seen within that window. A local copy Redis never confirmed (its write
+// failed) reaches Redis with Flush only if no other process bound the
+// session meanwhile; otherwise Flush adopts that binding.
 //
 // The package runs no goroutines; Store is safe for concurrent use.
 package session

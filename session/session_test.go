@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -261,7 +262,7 @@ func TestStoreUpdateLocalThenFlush(t *testing.T) {
 	clock := time.UnixMilli(1_800_000_000_000)
 	now := func() time.Time { return clock }
 	s := NewStore(rdb, Options{Prefix: prefix, Now: now})
-	other := NewStore(rdb, Options{Prefix: prefix, Now: now})
+	other := NewStore(rdb, Options{Prefix: prefix, Now: now, LocalTrust: -1})
 	if _, err := s.Remember(ctx, "k", bind("r1", 3), false); err != nil {
 		t.Fatal(err)
 	}
@@ -285,12 +286,13 @@ func TestStoreUpdateLocalThenFlush(t *testing.T) {
 		t.Errorf("other gateway after the flush: cached %d; want 900", b.CachedTokens)
 	}
 	// Another gateway rebinds: this process's pending copy of the old
-	// binding must not shadow it.
+	// binding must not shadow it once the trust window has passed.
 	clock = clock.Add(time.Millisecond)
 	s.UpdateLocal("k", Binding{}, setCached(1200))
 	if _, err := other.Remember(ctx, "k", bind("r2", 1), false); err != nil {
 		t.Fatal(err)
 	}
+	clock = clock.Add(time.Second)
 	if b, _, _ := s.Lookup(ctx, "k"); b.Replica != "r2" {
 		t.Errorf("after another gateway's rebinding: %q; want r2", b.Replica)
 	}
@@ -331,7 +333,7 @@ func TestStoreSurvivesRedisRestart(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
 	defer rdb.Close()
 	ctx := context.Background()
-	s := NewStore(rdb, Options{TTL: time.Minute})
+	s := NewStore(rdb, Options{TTL: time.Minute, LocalTrust: -1})
 	if _, err := s.Remember(ctx, "k", bind("r2", 0), false); err != nil {
 		t.Fatal(err)
 	}
@@ -383,6 +385,117 @@ func TestStoreLocalTTLAndBound(t *testing.T) {
 
 func bind(replica string, tipDepth int) Binding {
 	return Binding{Binding: scoring.Binding{Replica: replica, TipDepth: tipDepth}}
+}
+
+// A binding this process read from or wrote to Redis is answered from
+// memory for LocalTrust, without a round trip: a rebinding by another
+// gateway is seen once the window has passed, and local changes do not
+// stretch it.
+func TestStoreLocalTrust(t *testing.T) {
+	rdb, prefix := redistest.Client(t)
+	ctx := context.Background()
+	clock := time.UnixMilli(1_800_000_000_000)
+	now := func() time.Time { return clock }
+	var gets atomic.Int64
+	rdb.AddHook(countGets{&gets})
+	s := NewStore(rdb, Options{Prefix: prefix, Now: now, LocalTrust: time.Second})
+	other := NewStore(rdb, Options{Prefix: prefix, Now: now, LocalTrust: -1})
+	if _, err := s.Remember(ctx, "k", bind("r1", 3), true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Remember(ctx, "k", bind("r2", 1), false); err != nil {
+		t.Fatal(err)
+	}
+	gets.Store(0)
+	clock = clock.Add(600 * time.Millisecond)
+	if b, ok, err := s.Lookup(ctx, "k"); err != nil || !ok || b.Replica != "r1" {
+		t.Fatalf("lookup inside the window = %+v, %v, %v; want the local r1", b, ok, err)
+	}
+	if n := gets.Load(); n != 0 {
+		t.Errorf("lookup inside the window asked Redis %d times; want 0", n)
+	}
+	// A completed turn's local update is not a check against Redis.
+	s.UpdateLocal("k", Binding{}, func(b *Binding) bool { b.CachedTokens = 500; return true })
+	clock = clock.Add(400 * time.Millisecond)
+	if b, _, _ := s.Lookup(ctx, "k"); b.Replica != "r2" {
+		t.Fatalf("lookup after the window = %q; want another gateway's r2", b.Replica)
+	}
+	if n := gets.Load(); n != 1 {
+		t.Errorf("lookup after the window asked Redis %d times; want 1", n)
+	}
+	// The read refreshed the window.
+	clock = clock.Add(999 * time.Millisecond)
+	if b, _, _ := s.Lookup(ctx, "k"); b.Replica != "r2" || gets.Load() != 1 {
+		t.Errorf("lookup inside the new window = %q after %d GETs; want r2 from memory", b.Replica, gets.Load())
+	}
+	// A binding whose write failed is never trusted.
+	if _, changed := s.UpdateLocal("fresh", bind("r3", 0), func(*Binding) bool { return true }); !changed {
+		t.Fatal("UpdateLocal changed nothing")
+	}
+	if _, ok := s.trusted("fresh"); ok {
+		t.Error("a binding Redis never saw is trusted")
+	}
+}
+
+// countGets counts GET commands.
+type countGets struct{ n *atomic.Int64 }
+
+func (countGets) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c countGets) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "get" {
+			c.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (countGets) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// A binding whose write failed (Redis down) reaches Redis with Flush only
+// if no other gateway bound the session meanwhile; otherwise the other
+// gateway's binding replaces the local copy. A later local change to a
+// confirmed binding is a plain write.
+func TestStoreFlushUnconfirmed(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	defer rdb.Close()
+	ctx := context.Background()
+	a := NewStore(rdb, Options{TTL: time.Minute})
+	b := NewStore(rdb, Options{TTL: time.Minute})
+	srv.Stop()
+	if _, err := a.Remember(ctx, "k", bind("r1", 2), true); err == nil {
+		t.Fatal("remember with Redis down reported no error")
+	}
+	if _, err := a.Remember(ctx, "lone", bind("r3", 1), true); err == nil {
+		t.Fatal("remember with Redis down reported no error")
+	}
+	srv.Restart(t)
+	eventually := func(f func() error) {
+		deadline := time.Now().Add(5 * time.Second)
+		for f() != nil && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	eventually(func() error { _, err := b.Remember(ctx, "k", bind("r2", 1), true); return err })
+	a.UpdateLocal("k", Binding{}, func(x *Binding) bool { x.CachedTokens = 700; return true })
+	if err := a.Flush(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if l, _ := a.Local("k"); l.Replica != "r2" {
+		t.Errorf("after the flush the local copy is %q; want the other gateway's r2", l.Replica)
+	}
+	if stored, _ := decode(rdb.Get(ctx, "sess:k").Val()); stored.Replica != "r2" {
+		t.Errorf("Redis holds %q; want r2 kept", stored.Replica)
+	}
+	a.UpdateLocal("lone", Binding{}, func(x *Binding) bool { x.CachedTokens = 900; return true })
+	if err := a.Flush(ctx, "lone"); err != nil {
+		t.Fatal(err)
+	}
+	if stored, _ := decode(rdb.Get(ctx, "sess:lone").Val()); stored.Replica != "r3" || stored.CachedTokens != 900 {
+		t.Errorf("Redis holds %+v for the unconfirmed binding; want r3 with 900 cached", stored)
+	}
 }
 
 // FuzzIdentify feeds arbitrary session headers and bodies to Identify, a

@@ -44,6 +44,13 @@ type Options struct {
 	// LocalSize bounds the in-process copy of recent bindings; default
 	// 100,000 sessions.
 	LocalSize int
+	// LocalTrust is how long after this process last read a binding from
+	// Redis or wrote it there Lookup answers from the in-process copy
+	// without asking Redis again: how stale a binding another process
+	// changed (a rebind, a completed turn's cached tokens) may be seen
+	// here. Local changes (UpdateLocal) do not extend it. Default 0 (or
+	// negative): every lookup asks Redis.
+	LocalTrust time.Duration
 	// Now returns the current time; nil means time.Now.
 	Now func() time.Time
 }
@@ -52,12 +59,19 @@ type Options struct {
 type Store struct {
 	rdb   redis.UniversalClient
 	opts  Options
-	local *lru.Cache[string, Binding] // recent bindings; safe for concurrent use
+	local *lru.Cache[string, entry] // recent bindings; safe for concurrent use
 	// updates serialises UpdateLocal's read-modify-writes, striped by key,
 	// so two of this process's updates of one binding never lose each
 	// other; flushes serialises Flush's writes the same way, so the last
 	// write of a key to land is of its latest local copy.
 	updates, flushes [64]sync.Mutex
+}
+
+// entry is a binding kept in process memory and when it last agreed with
+// Redis (read from or written to it; zero: never).
+type entry struct {
+	b       Binding
+	checked time.Time
 }
 
 // stripe is key's index into the updates and flushes locks.
@@ -78,20 +92,25 @@ func NewStore(rdb redis.UniversalClient, o Options) *Store {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	local, _ := lru.New[string, Binding](o.LocalSize) // errs only for a non-positive size
+	local, _ := lru.New[string, entry](o.LocalSize) // errs only for a non-positive size
 	return &Store{rdb: rdb, opts: o, local: local}
 }
 
 func (s *Store) key(k string) string { return s.opts.Prefix + "sess:" + k }
 
-// Lookup returns the session's binding. Redis is authoritative when it
-// answers; when it errs or has no binding, a fresh in-process copy is used
-// (and written back to Redis in the second case). A non-nil error reports a
-// Redis failure even when a local binding was found, so callers can count
+// Lookup returns the session's binding. A binding this process read from
+// or wrote to Redis less than LocalTrust ago is answered from memory, with
+// no round trip; otherwise Redis is authoritative when it answers, and when
+// it errs or has no binding, a fresh in-process copy is used (and written
+// back to Redis in the second case). A non-nil error reports a Redis
+// failure even when a local binding was found, so callers can count
 // degraded lookups.
 func (s *Store) Lookup(ctx context.Context, key string) (Binding, bool, error) {
 	if key == "" {
 		return Binding{}, false, nil
+	}
+	if b, ok := s.trusted(key); ok {
+		return b, true, nil
 	}
 	var rerr error
 	if s.rdb != nil {
@@ -135,13 +154,13 @@ func (s *Store) Remember(ctx context.Context, key string, b Binding, onlyIfNew b
 	}
 	b.Updated = s.opts.Now()
 	if s.rdb == nil {
-		s.remember(key, b)
+		s.rememberUnchecked(key, b)
 		return b, nil
 	}
 	if onlyIfNew {
 		return s.setIfAbsent(ctx, key, b)
 	}
-	s.remember(key, b)
+	s.rememberUnchecked(key, b)
 	return b, s.write(ctx, key, b)
 }
 
@@ -150,23 +169,36 @@ func (s *Store) Remember(ctx context.Context, key string, b Binding, onlyIfNew b
 // 7.0). Only that binding is kept locally, so a losing write never lingers
 // where a later lookup could restore it.
 func (s *Store) setIfAbsent(ctx context.Context, key string, b Binding) (Binding, error) {
+	won, wrote, err := s.setNX(ctx, key, b)
+	switch {
+	case err != nil:
+		s.rememberUnchecked(key, won) // Redis is down: this process's choice stands
+	case wrote:
+		s.remember(key, b)
+	default:
+		s.remember(key, won)
+	}
+	return won, err
+}
+
+// setNX writes b unless Redis holds a binding, and returns the binding
+// Redis holds afterwards (b when the write failed) and whether it was b's
+// write.
+func (s *Store) setNX(ctx context.Context, key string, b Binding) (Binding, bool, error) {
 	cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
 	old, err := s.rdb.SetArgs(cctx, s.key(key), b.encode(), redis.SetArgs{Mode: "NX", Get: true, TTL: s.opts.TTL}).Result()
 	switch {
 	case errors.Is(err, redis.Nil): // nothing was there: ours is written
-		s.remember(key, b)
-		return b, nil
+		return b, true, nil
 	case err != nil:
-		s.remember(key, b) // Redis is down: this process's choice stands
-		return b, fmt.Errorf("session: remember: %w", err)
+		return b, false, fmt.Errorf("session: remember: %w", err)
 	}
 	won, err := decode(old)
 	if err != nil {
-		return b, err
+		return b, false, err
 	}
-	s.remember(key, won)
-	return won, nil
+	return won, false, nil
 }
 
 func (s *Store) write(ctx context.Context, key string, b Binding) error {
@@ -175,7 +207,20 @@ func (s *Store) write(ctx context.Context, key string, b Binding) error {
 	if err := s.rdb.Set(cctx, s.key(key), b.encode(), s.opts.TTL).Err(); err != nil {
 		return fmt.Errorf("session: remember: %w", err)
 	}
+	s.checked(key, b)
 	return nil
+}
+
+// checked marks the local copy as agreeing with Redis now, if it is still
+// b (a later local change is not what Redis holds). It holds the key's
+// update lock, so an UpdateLocal is never overwritten.
+func (s *Store) checked(key string, b Binding) {
+	mu := &s.updates[stripe(key)]
+	mu.Lock()
+	defer mu.Unlock()
+	if e, ok := s.local.Peek(key); ok && e.b == b {
+		s.local.Add(key, entry{b: b, checked: s.opts.Now()})
+	}
 }
 
 // Forget drops the session's binding from Redis and from this process.
@@ -195,7 +240,22 @@ func (s *Store) Forget(ctx context.Context, key string) error {
 	return nil
 }
 
-func (s *Store) remember(key string, b Binding) { s.local.Add(key, b) }
+// remember keeps b as the local copy, agreeing with Redis now.
+func (s *Store) remember(key string, b Binding) {
+	s.local.Add(key, entry{b: b, checked: s.opts.Now()})
+}
+
+// rememberUnchecked keeps b as the local copy without Redis having
+// confirmed it: Redis is unreachable (or absent), or b is a local change.
+// An update of the copy that last agreed with Redis keeps its check time,
+// so local changes never stretch the trust window.
+func (s *Store) rememberUnchecked(key string, b Binding) {
+	var checked time.Time
+	if e, ok := s.local.Peek(key); ok && e.b.Replica == b.Replica {
+		checked = e.checked
+	}
+	s.local.Add(key, entry{b: b, checked: checked})
+}
 
 // newer returns the binding a lookup should use when Redis holds stored:
 // this process's copy when it is a later write of the same binding (an
@@ -204,6 +264,7 @@ func (s *Store) remember(key string, b Binding) { s.local.Add(key, b) }
 // so a copy naming another replica is never preferred.
 func (s *Store) newer(key string, stored Binding) Binding {
 	if l, ok := s.fresh(key); ok && l.Replica == stored.Replica && l.Updated.UnixMilli() > stored.Updated.UnixMilli() {
+		s.checked(key, l) // Redis agrees on the replica
 		return l
 	}
 	s.remember(key, stored)
@@ -243,14 +304,18 @@ func (s *Store) UpdateLocal(key string, base Binding, fn func(*Binding) bool) (B
 		return b, false
 	}
 	b.Updated = s.opts.Now()
-	s.remember(key, b)
+	s.rememberUnchecked(key, b)
 	return b, true
 }
 
 // Flush writes this process's latest copy of the session's binding to
-// Redis, refreshing its TTL; nothing when it has none. Flushes of one key
-// are serialised and each writes the copy as it is when its turn comes, so
-// concurrent flushes never leave an older copy in Redis than a newer one.
+// Redis, refreshing its TTL; nothing when it has none. A copy Redis never
+// confirmed (a write that failed) is written only if Redis
+// holds no binding for the session, or holds this one (SET NX GET first):
+// when another gateway bound the session first, its binding replaces the
+// local copy instead. Flushes of one key are serialised and each writes
+// the copy as it is when its turn comes, so concurrent flushes never leave
+// an older copy in Redis than a newer one.
 func (s *Store) Flush(ctx context.Context, key string) error {
 	if s.rdb == nil || key == "" {
 		return nil
@@ -258,11 +323,33 @@ func (s *Store) Flush(ctx context.Context, key string) error {
 	mu := &s.flushes[stripe(key)]
 	mu.Lock()
 	defer mu.Unlock()
-	b, ok := s.fresh(key)
-	if !ok {
+	e, ok := s.local.Peek(key)
+	if !ok || s.opts.Now().Sub(e.b.Updated) > s.opts.TTL {
 		return nil
 	}
-	return s.write(ctx, key, b)
+	if e.checked.IsZero() {
+		won, wrote, err := s.setNX(ctx, key, e.b)
+		switch {
+		case err != nil:
+			return err
+		case wrote:
+			s.checked(key, e.b)
+			return nil
+		case won.Replica != e.b.Replica:
+			s.updateTo(key, won) // another gateway bound the session first
+			return nil
+		}
+		// Redis holds this binding already: write the latest copy.
+	}
+	return s.write(ctx, key, e.b)
+}
+
+// updateTo replaces the local copy with b, which Redis holds now.
+func (s *Store) updateTo(key string, b Binding) {
+	mu := &s.updates[stripe(key)]
+	mu.Lock()
+	defer mu.Unlock()
+	s.remember(key, b)
 }
 
 // Local returns this process's latest copy of the session's binding,
@@ -271,9 +358,24 @@ func (s *Store) Local(key string) (Binding, bool) { return s.fresh(key) }
 
 // fresh returns the local binding if it has not outlived the TTL.
 func (s *Store) fresh(key string) (Binding, bool) {
-	b, ok := s.local.Get(key)
-	if !ok || s.opts.Now().Sub(b.Updated) > s.opts.TTL {
+	e, ok := s.local.Get(key)
+	if !ok || s.opts.Now().Sub(e.b.Updated) > s.opts.TTL {
 		return Binding{}, false
 	}
-	return b, true
+	return e.b, true
+}
+
+// trusted returns the local binding if it agreed with Redis less than
+// LocalTrust ago (and has not outlived the TTL). Without Redis there is
+// nothing to agree with, and the local copy is the truth.
+func (s *Store) trusted(key string) (Binding, bool) {
+	if s.rdb != nil && s.opts.LocalTrust <= 0 {
+		return Binding{}, false
+	}
+	e, ok := s.local.Get(key)
+	now := s.opts.Now()
+	if !ok || now.Sub(e.b.Updated) > s.opts.TTL || s.rdb != nil && (e.checked.IsZero() || now.Sub(e.checked) >= s.opts.LocalTrust) {
+		return Binding{}, false
+	}
+	return e.b, true
 }

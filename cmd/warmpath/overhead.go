@@ -16,7 +16,8 @@ import (
 // runOverhead measures the gateway's own cost against a plain reverse
 // proxy and direct requests: `warmpath overhead [--policies warmpath,round-robin]
 // [--shapes short=200:1000,sticky=200:1000,stream=1000,long=25:50] [--window 3s]
-// [--rounds 3] [--max-rates 500,1000,…|none] [--json FILE] [--quiet]`.
+// [--rounds 3] [--max-rates 500,1000,…|none] [--fleet child|in-process]
+// [--json FILE] [--quiet]`.
 func runOverhead(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("overhead", flag.ContinueOnError)
 	var cfg bench.OverheadConfig
@@ -28,7 +29,8 @@ func runOverhead(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.RedisAddr, "redis", "", "a Redis server (host:port) for the gateways, its CPU outside the measurement (default: an in-process miniredis per gateway, counted)")
 	jsonPath := fs.String("json", "", "write the report as JSON to FILE")
 	quiet := fs.Bool("quiet", false, "no progress lines")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (gateway, proxy, simulator and load) to FILE")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run (gateway, proxy and load; the simulator too with --fleet in-process) to FILE")
+	fleetMode := fs.String("fleet", "child", "where the simulated replicas run: child (a `warmpath sim` process per fleet, their CPU not counted) or in-process")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -58,6 +60,17 @@ func runOverhead(ctx context.Context, args []string) error {
 			}
 			cfg.MaxRates = append(cfg.MaxRates, v)
 		}
+	}
+	switch *fleetMode {
+	case "in-process":
+	case "child":
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("--fleet child: %w", err)
+		}
+		cfg.FleetCommand = []string{exe, "sim"}
+	default:
+		return fmt.Errorf("--fleet %q: want child or in-process", *fleetMode)
 	}
 	if !*quiet {
 		cfg.Progress = os.Stderr
