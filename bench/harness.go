@@ -170,7 +170,7 @@ func (ah *AgenticHarness) Plan(env Env) (*Plan, error) {
 	for t, i := expDuration(arrivals, mean), 0; t < window; t, i = t+expDuration(arrivals, mean), i+1 {
 		id := "run-" + strconv.Itoa(i)
 		sessions = append(sessions, Session{Start: t, Header: http.Header{"X-Claude-Code-Session-Id": {id}},
-			Script: &harnessRun{a: a, env: env, h: h, id: id, seed: uint64(i)}})
+			Script: &harnessRun{harnessConv: harnessConv{a: a, env: env, h: h, id: id, seed: uint64(i)}}})
 	}
 	sessions = cutSessions(env, sessions)
 	params := []Param{
@@ -215,12 +215,6 @@ func newHarness(a AgenticHarness, env Env) *harness {
 // harnessRun is one run's main agent. Like agentRun it builds its state
 // lazily from a random source of its own.
 type harnessRun struct {
-	a    AgenticHarness
-	env  Env
-	h    *harness
-	id   string
-	seed uint64
-
 	harnessConv
 	subs int // sub-agents spawned so far
 }
@@ -229,6 +223,12 @@ type harnessRun struct {
 // that opens with the harness and a first message, then appends each
 // reply and a tool result until its turns are done.
 type harnessConv struct {
+	a    AgenticHarness
+	env  Env
+	h    *harness
+	id   string
+	seed uint64
+
 	rng   *rand.Rand
 	turns int
 	turn  int
@@ -237,30 +237,30 @@ type harnessConv struct {
 
 // open starts the conversation: about meanTurns turns (half to one and a
 // half times), the harness, and a first message of first tokens.
-func (c *harnessConv) open(rng *rand.Rand, h *harness, env Env, meanTurns, first int) {
+func (c *harnessConv) open(rng *rand.Rand, meanTurns, first int) {
 	c.rng = rng
 	c.turns = uniformInt(rng, max(1, meanTurns/2), meanTurns*3/2)
-	c.msgs = []vllmsim.Message{{Role: "system", Content: h.system},
-		{Role: "user", Content: randomWords(rng, env.scaled(first))}}
+	c.msgs = []vllmsim.Message{{Role: "system", Content: c.h.system},
+		{Role: "user", Content: randomWords(rng, c.env.scaled(first))}}
 }
 
 // reply appends prev's reply and a tool result; false once the
 // conversation has had its turns.
-func (c *harnessConv) reply(prev *Outcome, a AgenticHarness, env Env) bool {
+func (c *harnessConv) reply(prev *Outcome) bool {
 	if c.turn >= c.turns {
 		return false
 	}
 	c.msgs = append(c.msgs,
 		vllmsim.Message{Role: "assistant", Content: prev.Reply},
-		vllmsim.Message{Role: "user", Content: randomWords(c.rng, uniformInt(c.rng, env.scaled(a.ToolMin), env.scaled(a.ToolMax)))})
+		vllmsim.Message{Role: "user", Content: randomWords(c.rng, uniformInt(c.rng, c.env.scaled(c.a.ToolMin), c.env.scaled(c.a.ToolMax)))})
 	return true
 }
 
 // Next implements Script.
 func (r *harnessRun) Next(prev *Outcome) (Turn, bool) {
 	if prev == nil {
-		r.open(rand.New(rand.NewPCG(uint64(r.env.Seed), 0x68617273<<16|r.seed)), r.h, r.env, r.a.Turns, r.a.TaskTokens)
-	} else if !r.reply(prev, r.a, r.env) {
+		r.open(rand.New(rand.NewPCG(uint64(r.env.Seed), 0x68617273<<16|r.seed)), r.a.Turns, r.a.TaskTokens)
+	} else if !r.reply(prev) {
 		return Turn{}, false
 	}
 	t := r.a.turn(r.rng, r.env, r.h, r.msgs)
@@ -269,8 +269,8 @@ func (r *harnessRun) Next(prev *Outcome) (Turn, bool) {
 	}
 	if r.turn+1 < r.turns && r.rng.Float64() < r.a.FanOutProb {
 		for range uniformInt(r.rng, 1, r.a.FanOut) {
-			t.Spawn = append(t.Spawn, &subAgent{a: r.a, env: r.env, h: r.h,
-				id: r.id + "-sub-" + strconv.Itoa(r.subs), seed: r.seed<<16 | uint64(r.subs)})
+			t.Spawn = append(t.Spawn, &subAgent{harnessConv{a: r.a, env: r.env, h: r.h,
+				id: r.id + "-sub-" + strconv.Itoa(r.subs), seed: r.seed<<16 | uint64(r.subs)}})
 			r.subs++
 		}
 	}
@@ -292,21 +292,13 @@ func (a AgenticHarness) turn(rng *rand.Rand, env Env, h *harness, msgs []vllmsim
 
 // subAgent is one sub-agent's conversation: the harness, a brief, and
 // SubTurns-ish turns, each naming the sub-agent.
-type subAgent struct {
-	a    AgenticHarness
-	env  Env
-	h    *harness
-	id   string
-	seed uint64
-
-	harnessConv
-}
+type subAgent struct{ harnessConv }
 
 // Next implements Script.
 func (s *subAgent) Next(prev *Outcome) (Turn, bool) {
 	if prev == nil {
-		s.open(rand.New(rand.NewPCG(uint64(s.env.Seed), 0x737562<<32|s.seed)), s.h, s.env, s.a.SubTurns, s.a.BriefTokens)
-	} else if !s.reply(prev, s.a, s.env) {
+		s.open(rand.New(rand.NewPCG(uint64(s.env.Seed), 0x737562<<32|s.seed)), s.a.SubTurns, s.a.BriefTokens)
+	} else if !s.reply(prev) {
 		return Turn{}, false
 	}
 	t := s.a.turn(s.rng, s.env, s.h, s.msgs)

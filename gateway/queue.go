@@ -474,9 +474,7 @@ func (g *Gateway) keepReserve(r *Request, reps []*fleet.Replica, eps []scoring.E
 		return
 	}
 	for i := range eps {
-		if res[i] {
-			eps[i].Unhealthy = true
-		}
+		eps[i].Reserved = res[i]
 	}
 }
 

@@ -851,7 +851,8 @@ func TestKeepReserve(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			eps := []scoring.Endpoint{{Unhealthy: tt.unhealthy[0]}, {Unhealthy: tt.unhealthy[1]}}
 			g.keepReserve(&Request{class: tt.class}, reps, eps)
-			if got := []bool{eps[0].Unhealthy, eps[1].Unhealthy}; got[0] != tt.want[0] || got[1] != tt.want[1] {
+			unavailable := func(e scoring.Endpoint) bool { return e.Unhealthy || e.Reserved }
+			if got := []bool{unavailable(eps[0]), unavailable(eps[1])}; got[0] != tt.want[0] || got[1] != tt.want[1] {
 				t.Errorf("unavailable after keepReserve = %v; want %v", got, tt.want)
 			}
 		})
@@ -881,8 +882,10 @@ func TestQueueInteractiveReserve(t *testing.T) {
 		t.Fatalf("interactive turn of the session went to %s; want its bound replica %s", r, home)
 	}
 	conv.header = bg
-	if r := conv.turn(t, g.URL, "go on").replica(); r == home {
-		t.Errorf("background turn went to the reserved replica %s", r)
+	if r := conv.turn(t, g.URL, "go on"); r.replica() == home {
+		t.Errorf("background turn went to the reserved replica %s", r.replica())
+	} else if got := r.Header.Get("X-Warmpath-Rebind"); got != scoring.RebindReserved {
+		t.Errorf("background session left the reserve with rebind %q; want %q", got, scoring.RebindReserved)
 	}
 	for i := range 6 {
 		r := chat(t, g.URL, chatBody(fmt.Sprintf("bg-%d", i), 0, 4), map[string]string{"X-Warmpath-Priority": "background"})

@@ -121,6 +121,7 @@ const (
 const (
 	RebindGone      = "gone"      // the bound replica is no longer a member
 	RebindUnhealthy = "unhealthy" // it is a member but down
+	RebindReserved  = "reserved"  // it is kept for another class (the interactive reserve)
 	RebindSaturated = "saturated" // staying costs more than moving (estimated policies), or it is saturated while another is not
 	RebindEvicted   = "evicted"   // it no longer holds the session's prefix
 	RebindDiverged  = "diverged"  // the turn does not continue the bound conversation
@@ -235,7 +236,7 @@ func (p *Policy) stay(in *Input, avail []int) (Plan, string) {
 func available(eps []Endpoint) []int {
 	out := make([]int, 0, len(eps))
 	for i := range eps {
-		if !eps[i].Unhealthy {
+		if !eps[i].Unhealthy && !eps[i].Reserved {
 			out = append(out, i)
 		}
 	}
@@ -262,6 +263,8 @@ func stick(in *Input, bound string, allSat, checkSat bool) (int, string) {
 		return -1, RebindGone
 	case in.Endpoints[i].Unhealthy:
 		return -1, RebindUnhealthy
+	case in.Endpoints[i].Reserved:
+		return -1, RebindReserved
 	case checkSat && in.Endpoints[i].Saturated && !allSat:
 		return -1, RebindSaturated
 	case !in.BoundHolds:

@@ -64,6 +64,11 @@ type Endpoint struct {
 	// Unhealthy reports that the replica may take no traffic at all. Only
 	// Decide reads it: Route and the scorers are given available endpoints.
 	Unhealthy bool
+	// Reserved reports that the replica takes none of this request's
+	// class (the admission queue's interactive reserve, for background):
+	// like Unhealthy it takes no traffic, but a session leaving it is
+	// counted as RebindReserved.
+	Reserved bool
 	// BlockSize is the engine's KV block size in tokens (vLLM's
 	// cache_config_info), 0 when unknown. The engine caches whole blocks
 	// only, so Decide rounds a sticky turn's prediction down to it.
