@@ -76,13 +76,14 @@
 // class's tenants by counter, each tenant's requests in its own order,
 // then the other class's (Background only while it has room), at most
 // Config.ScanDepth requests (default 8) per dispatch. A request passed
-// over keeps its place; with nothing that can start, the room is left
-// unused until capacity changes. Deviations from the order: a request
-// behind goes first when the one ahead cannot start yet (it would only
-// wait in an engine queue); and Background may use room no waiting
-// Interactive request can, without spending its credit, which a
-// Background dispatch it bought alone spends (so under PolicyStrict too
-// Background takes only room Interactive cannot use now).
+// over keeps its place. When none of them can start, the first goes
+// anyway, to wait in its replica's engine queue (held, a request whose
+// replica stays full would wait out its timeout). Deviations from the
+// order: a request behind goes first when the one ahead cannot start yet
+// (it would only wait in an engine queue); and Background may use room
+// no waiting Interactive request can, without spending its credit, which
+// a Background dispatch it bought alone spends (so under PolicyStrict
+// Background overtakes only where Interactive cannot start now).
 //
 // PolicyStrict is the strict-priority baseline: Interactive strictly before
 // Background (no background share), arrival order within a class, no

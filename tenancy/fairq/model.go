@@ -173,15 +173,19 @@ func (m *model) remove(it *item, now time.Time) {
 // next picks the request to dispatch: the class (interactive unless
 // background is owed its share), then the tenant, then the tenant's best
 // request, as the first candidate; nil when only background waits and it
-// has no room, or when no candidate fits. The model has requests waiting;
-// bgRoom reports whether background has room.
+// has no room. The model has requests waiting; bgRoom reports whether
+// background has room.
 //
 // fits (the ticket's Place) may pass over a candidate that could not start
 // now where routing would send it: the next in the order is tried, then
 // the other class's requests (background only while it has room), at most
-// cfg.ScanDepth candidates in all. Background's credit is spent only on a
-// background dispatch it bought; one made with interactive room that no
-// waiting interactive request could use is extra.
+// cfg.ScanDepth candidates in all. When none fits, the first candidate
+// goes after all, to wait in its replica's engine queue: held in the
+// queue, a request whose replica stays full (a background turn bound to a
+// replica at the KV headroom) would wait out its timeout. Background's
+// credit is spent only on a background dispatch it bought; one made with
+// interactive room that no waiting interactive request could use is
+// extra.
 func (m *model) next(cfg *Config, bgRoom func() bool, fits func(*item) bool) *item {
 	hasI, hasB := m.classes[Interactive].n > 0, m.classes[Background].n > 0
 	room, asked := false, false
@@ -202,29 +206,46 @@ func (m *model) next(cfg *Config, bgRoom func() bool, fits func(*item) bool) *it
 		}
 	}
 	budget := cfg.ScanDepth
+	var head *item // the first candidate, sent when none fits
 	for _, c := range [2]Class{first, Background - first} {
 		if m.classes[c].n == 0 || c == Background && !bgOK() {
 			continue
 		}
-		if it := m.scan(cfg, c, &budget, fits); it != nil {
-			if hasI && hasB {
-				m.bgCredit = credit
-				if c == Background && first == Background {
-					m.bgCredit = max(0, credit-1)
-				}
-			}
+		it, h := m.scan(cfg, c, &budget, fits)
+		if head == nil {
+			head = h
+		}
+		if it != nil {
+			m.spend(hasI && hasB, credit, c == Background && first == Background)
 			return it
 		}
 	}
-	return nil
+	if head != nil {
+		m.spend(hasI && hasB, credit, head.t.Class == Background && first == Background)
+	}
+	return head
+}
+
+// spend records a dispatch's effect on background's credit: while both
+// classes wait it is credit (the share earned), less one when the
+// dispatch was a background one it bought.
+func (m *model) spend(both bool, credit float64, bought bool) {
+	if !both {
+		return
+	}
+	m.bgCredit = credit
+	if bought {
+		m.bgCredit = max(0, credit-1)
+	}
 }
 
 // scan returns the first of class c's waiting requests, in dispatch order,
 // that fits, trying at most *budget of them (and counting them off it):
-// the tenants' flows by before, each flow's requests in heap order.
-func (m *model) scan(cfg *Config, c Class, budget *int, fits func(*item) bool) *item {
+// the tenants' flows by before, each flow's requests in heap order. head
+// is the first in that order (nil when the budget was spent).
+func (m *model) scan(cfg *Config, c Class, budget *int, fits func(*item) bool) (fit, head *item) {
 	if *budget <= 0 {
-		return nil
+		return nil, nil
 	}
 	cq := &m.classes[c]
 	var best *flow
@@ -234,8 +255,9 @@ func (m *model) scan(cfg *Config, c Class, budget *int, fits func(*item) bool) *
 		}
 	}
 	*budget--
-	if it := best.items[0]; fits(it) {
-		return it // the common case: the head, found without allocating
+	head = best.items[0]
+	if fits(head) {
+		return head, head // the common case, found without allocating
 	}
 	// The frontier holds the next candidate of every flow: its head, or
 	// the heap children of the candidates tried.
@@ -258,11 +280,11 @@ func (m *model) scan(cfg *Config, c Class, budget *int, fits func(*item) bool) *
 		frontier = frontier[:len(frontier)-1]
 		*budget--
 		if fits(it) {
-			return it
+			return it, head
 		}
 		frontier = m.children(frontier, it)
 	}
-	return nil
+	return nil, head
 }
 
 // children appends it's children in its flow's heap to frontier.

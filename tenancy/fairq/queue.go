@@ -42,14 +42,15 @@ type Ticket struct {
 	// Cost is the request's predicted prompt cost in tokens: prompt tokens
 	// net of the predicted prefix-cache hit. It is charged at dispatch.
 	Cost float64
-	// Place, when not nil, is asked, whenever the model has room, whether
-	// the request could start at once where routing would send it now (the
-	// gateway routes it as it leaves the queue). False keeps it waiting and
-	// lets a request further down the order (Config.ScanDepth) take the
-	// room; true commits the dispatch, so an implementation may reserve the
-	// room it found. Nil always fits. It is called with the model's queue
-	// lock held: it must be fast, must not block and must not call the
-	// Queue.
+	// Place, when not nil, is asked, while the request waits and the model
+	// has room, whether it could start at once where routing would send it
+	// now (the gateway routes it as it leaves the queue). False lets a
+	// request further down the order (Config.ScanDepth) that can take the
+	// room; when none can, the first goes anyway. True commits the
+	// dispatch, so an implementation may reserve the room it found. Nil
+	// always fits. It is called with the model's queue lock held: it must
+	// be fast, must not block and must not call the Queue. A request
+	// admitted at once (nothing waits) is not asked.
 	Place func() bool
 }
 
@@ -171,7 +172,7 @@ func (q *Queue) submit(t Ticket) (*Grant, *item, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	c := m.counterFor(t.Tenant, q.rdb != nil)
-	if m.queued == 0 && !q.saturated(m, t.Class) && (t.Place == nil || t.Place()) {
+	if m.queued == 0 && !q.saturated(m, t.Class) {
 		if c.idle() {
 			c.lift(m.last)
 		}
