@@ -37,7 +37,8 @@
 // (MixedReport) has its own table and JSON: interactive TTFT percentiles,
 // each p99 against no-burst, background turns and output rate, the longest
 // time a request waited in the queue while some replica had idle capacity
-// (from engine samples every 100 simulated ms), and each tenant's share of
+// (from engine samples every 100 simulated ms), the same counting only the
+// replica the request was then routed to, and each tenant's share of
 // the contested dispatches against its weight.
 //
 // # Scale and speed

@@ -89,6 +89,10 @@ type MixedResult struct {
 	// max_num_seqs, KV use below 0.9), from engine samples every 100
 	// simulated ms.
 	LongestIdleWaitMs float64 `json:"longest_idle_wait_ms"`
+	// LongestOwnIdleWaitMs is the same counting only the replica each
+	// request was then routed to (the queue's own rule: it dispatches a
+	// request when the replica its routing chooses has room).
+	LongestOwnIdleWaitMs float64 `json:"longest_idle_wait_own_replica_ms"`
 	// InteractiveRequests counts the interactive turns completed;
 	// Queued the requests that waited in the gateway's queue.
 	InteractiveRequests int `json:"interactive_requests"`
@@ -255,7 +259,8 @@ func mixedResult(res *Result, maxSeqs int, scale float64) MixedResult {
 	if bgFirst >= 0 && bgLast > bgFirst {
 		r.BackgroundOutputTokensPerS = float64(bgTokens) / scale / (bgLast - bgFirst).Seconds()
 	}
-	r.LongestIdleWaitMs = msOf(longestIdleWait(res.samples, res.Load, res.loadNames, maxSeqs, gateway.DefaultReserveIdle))
+	r.LongestIdleWaitMs = msOf(longestIdleWait(res.samples, res.Load, res.loadNames, maxSeqs, gateway.DefaultReserveIdle, false))
+	r.LongestOwnIdleWaitMs = msOf(longestIdleWait(res.samples, res.Load, res.loadNames, maxSeqs, gateway.DefaultReserveIdle, true))
 	return r
 }
 
@@ -264,14 +269,19 @@ func mixedResult(res *Result, maxSeqs int, scale float64) MixedResult {
 // capacity for its class without a break, by the engine samples (a
 // sample's state holds until the next one); names are the replicas'
 // names in the samples' order. Each stretch is bounded by how fast the
-// gateway notices room: a scrape, a finished request or a recheck.
+// gateway notices room: a scrape, a finished request or a recheck. With
+// own, only the replica the request was then routed to counts: the queue
+// dispatches a request when the replica its routing chooses has room, so
+// a wait beside another idle replica is one the routing decision chose
+// (staying on its replica beat moving), and one beside its own is room
+// the queue missed.
 //
 // Idle capacity is what the gateway could have used and did not: an
 // idle engine (idleReplica) with no request on its way to it (dispatched
 // from the queue, not yet seen by the engine: being routed), and, for a
 // background request, not one the gateway keeps for interactive turns
 // (reserveSpans).
-func longestIdleWait(samples []sample, load []LoadSample, names []string, maxSeqs int, reserveIdle time.Duration) time.Duration {
+func longestIdleWait(samples []sample, load []LoadSample, names []string, maxSeqs int, reserveIdle time.Duration, own bool) time.Duration {
 	index := make(map[string]int, len(names))
 	for i, n := range names {
 		index[n] = i
@@ -289,22 +299,33 @@ func longestIdleWait(samples []sample, load []LoadSample, names []string, maxSeq
 		}
 	}
 	reserved := reserveSpans(samples, index, reserveIdle)
-	var idle [2][]span // per class (0 interactive, 1 background): maximal idle stretches, in order
-	for c := range idle {
+	// stretches are the maximal idle stretches for class c (0 interactive,
+	// 1 background) of any replica (only < 0) or of replica only, in order.
+	cache := map[[2]int][]span{}
+	stretches := func(c, only int) []span {
+		if sp, ok := cache[[2]int{c, only}]; ok {
+			return sp
+		}
+		var out []span
 		for i := 0; i+1 < len(load); i++ {
 			l := &load[i]
 			free := func(j int) bool {
-				return !covers(transit[j], l.T) && (c == 0 || !covers(reserved[j], l.T))
+				if only >= 0 && j != only {
+					return false
+				}
+				return j >= len(names) || !covers(transit[j], l.T) && (c == 0 || !covers(reserved[j], l.T))
 			}
-			if !idleReplica(*l, maxSeqs, func(j int) bool { return j >= len(names) || free(j) }) {
+			if !idleReplica(*l, maxSeqs, free) {
 				continue
 			}
-			if n := len(idle[c]); n > 0 && idle[c][n-1].to == l.T {
-				idle[c][n-1].to = load[i+1].T
+			if n := len(out); n > 0 && out[n-1].to == l.T {
+				out[n-1].to = load[i+1].T
 			} else {
-				idle[c] = append(idle[c], span{l.T, load[i+1].T})
+				out = append(out, span{l.T, load[i+1].T})
 			}
 		}
+		cache[[2]int{c, only}] = out
+		return out
 	}
 	var longest float64
 	for i := range samples {
@@ -312,10 +333,18 @@ func longestIdleWait(samples []sample, load []LoadSample, names []string, maxSeq
 		if s.queueWait <= 0 {
 			continue
 		}
-		sp := idle[0]
+		c, only := 0, -1
 		if s.class == classBackground {
-			sp = idle[1]
+			c = 1
 		}
+		if own {
+			j, ok := index[s.replica]
+			if !ok {
+				continue
+			}
+			only = j
+		}
+		sp := stretches(c, only)
 		from, to := s.start.Seconds(), (s.start + s.queueWait).Seconds()
 		k := sort.Search(len(sp), func(k int) bool { return sp[k].to > from })
 		for ; k < len(sp) && sp[k].from < to; k++ {
@@ -457,11 +486,11 @@ func (mr *MixedReport) writeTable(w io.Writer) error {
 	fmt.Fprintf(&b, " · %d gateway(s) · wall %v\n", mr.Gateways, (time.Duration(mr.Wall * float64(time.Second))).Round(time.Second))
 	fmt.Fprintf(&b, "no-burst (tenant a alone): interactive TTFT p50 %s, p99 %s\n", fmtMs(mr.NoBurstInteractiveTTFTP50Ms), fmtMs(mr.NoBurstInteractiveTTFTP99Ms))
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\tinteractive TTFT p50\tp99\tp99 vs no-burst\t(queue p99\tengine p99)\tbg turns\tbg out tok/s\tout tok/s\tqueued\tlongest idle wait\terrors\t")
+	fmt.Fprintln(tw, "policy\tinteractive TTFT p50\tp99\tp99 vs no-burst\t(queue p99\tengine p99)\tbg turns\tbg out tok/s\tout tok/s\tqueued\tlongest idle wait\t(own replica)\terrors\t")
 	for _, r := range mr.Results {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f×\t%s\t%s\t%d\t%.0f\t%.0f\t%d\t%s\t%d\t\n", r.Policy, fmtMs(r.InteractiveTTFTP50Ms), fmtMs(r.InteractiveTTFTP99Ms),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f×\t%s\t%s\t%d\t%.0f\t%.0f\t%d\t%s\t%s\t%d\t\n", r.Policy, fmtMs(r.InteractiveTTFTP50Ms), fmtMs(r.InteractiveTTFTP99Ms),
 			r.InteractiveP99VsNoBurst, fmtMsOrZero(r.InteractiveQueueP99Ms), fmtMsOrZero(r.InteractiveEngineTTFTP99Ms), r.BackgroundTurns, r.BackgroundOutputTokensPerS,
-			r.OutputTokensPerS, r.Queued, fmtMsOrZero(r.LongestIdleWaitMs), r.Errors)
+			r.OutputTokensPerS, r.Queued, fmtMsOrZero(r.LongestIdleWaitMs), fmtMsOrZero(r.LongestOwnIdleWaitMs), r.Errors)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

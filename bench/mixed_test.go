@@ -115,18 +115,18 @@ func TestLongestIdleWait(t *testing.T) {
 		{start: sec(2), queueWait: 0},          // not queued
 	}
 	const never = time.Hour
-	if got := longestIdleWait(samples, load, names, 16, never); math.Abs(got.Seconds()-0.7) > 1e-9 {
+	if got := longestIdleWait(samples, load, names, 16, never, false); math.Abs(got.Seconds()-0.7) > 1e-9 {
 		t.Errorf("longest idle wait %v; want 700ms", got)
 	}
 	// A batch at max_num_seqs is not idle capacity.
-	if got := longestIdleWait(samples, load, names, 4, never); got != 0 {
+	if got := longestIdleWait(samples, load, names, 4, never, false); got != 0 {
 		t.Errorf("with max_num_seqs 4: %v; want 0", got)
 	}
 	// A request on its way to b (dispatched at 1.9 s, seen by its engine
 	// at 2.1 s, so over the 2 s sample) makes b's first idle stretch
 	// taken: only the 0.5 s from 5 s remain.
 	transit := append(slices.Clone(samples), sample{start: sec(1.8), queueWait: sec(0.1), ttft: sec(0.5), engineTTFT: sec(0.2), replica: "b"})
-	if got := longestIdleWait(transit, load, names, 16, never); math.Abs(got.Seconds()-0.5) > 1e-9 {
+	if got := longestIdleWait(transit, load, names, 16, never, false); math.Abs(got.Seconds()-0.5) > 1e-9 {
 		t.Errorf("with a request in transit to b: %v; want 500ms", got)
 	}
 	// b reserved for interactive turns (one sent there at 0 s, kept for
@@ -137,17 +137,31 @@ func TestLongestIdleWait(t *testing.T) {
 		s.class = classBackground
 		reserve = append(reserve, s)
 	}
-	if got := longestIdleWait(reserve, load, names, 16, 10*time.Second); got != 0 {
+	if got := longestIdleWait(reserve, load, names, 16, 10*time.Second, false); got != 0 {
 		t.Errorf("background waits beside a reserved idle replica: %v; want 0", got)
 	}
-	if got := longestIdleWait(reserve, load, names, 16, sec(2.6)); math.Abs(got.Seconds()-0.5) > 1e-9 {
+	if got := longestIdleWait(reserve, load, names, 16, sec(2.6), false); math.Abs(got.Seconds()-0.5) > 1e-9 {
 		t.Errorf("reserve lapsed at 2.6 s: %v; want the 0.5 s from 5 s", got)
 	}
 	for i := range reserve[1:] {
 		reserve[1+i].class = classInteractive
 	}
-	if got := longestIdleWait(reserve, load, names, 16, 10*time.Second); math.Abs(got.Seconds()-0.7) > 1e-9 {
+	if got := longestIdleWait(reserve, load, names, 16, 10*time.Second, false); math.Abs(got.Seconds()-0.7) > 1e-9 {
 		t.Errorf("interactive waits beside a reserved idle replica: %v; want 700ms", got)
+	}
+	// Counting only the replica each request went to: waits of requests
+	// routed to a (always busy) count nothing; one routed to b counts b's
+	// idle stretch within its wait.
+	own := slices.Clone(samples)
+	for i := range own {
+		own[i].replica = "a"
+	}
+	if got := longestIdleWait(own, load, names, 16, never, true); got != 0 {
+		t.Errorf("own replica, all routed to the busy a: %v; want 0", got)
+	}
+	own[2].replica = "b"
+	if got := longestIdleWait(own, load, names, 16, never, true); math.Abs(got.Seconds()-0.7) > 1e-9 {
+		t.Errorf("own replica, the 1.5–2.7 s wait routed to b: %v; want 700ms", got)
 	}
 }
 

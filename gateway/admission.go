@@ -27,7 +27,8 @@ func releaseNothing(Usage) {}
 
 // admitExchange is the pipeline's admission step: the sender's limits
 // (requests, tokens and concurrency per tenant and key: a 429 when over),
-// then the Admitter (which may make the request wait). On success the
+// then routing's I/O (prepare), then the Admitter (which may make the
+// request wait, and decides where it goes as it leaves). On success the
 // exchange holds both, for finish.
 func (g *Gateway) admitExchange(ctx context.Context, x *exchange) error {
 	r := x.req
@@ -38,8 +39,15 @@ func (g *Gateway) admitExchange(ctx context.Context, x *exchange) error {
 		}
 		x.lease = lease
 	}
+	if _, err := g.prepare(ctx, r); err != nil {
+		if x.lease != nil {
+			x.lease.Done(-1)
+		}
+		return err
+	}
 	release, err := g.admit.Admit(ctx, r)
 	if err != nil {
+		r.placement.unclaim()
 		if x.lease != nil {
 			x.lease.Done(-1)
 		}
@@ -59,6 +67,7 @@ func (g *Gateway) finish(x *exchange, u Usage, have bool) {
 	}
 	x.finished = true
 	x.endPending()
+	x.req.placement.unclaim()
 	x.release(u)
 	if x.lease != nil {
 		tokens := -1

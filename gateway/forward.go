@@ -43,6 +43,7 @@ func (g *Gateway) forward(ctx context.Context, x *exchange) (*http.Response, err
 	for i := range n {
 		rep, predicted := x.route.candidate(i)
 		fl := rep.Begin(int64(max(0, x.route.plan.PromptTokens-predicted)))
+		x.req.placement.unclaim() // the replica's in-flight count has it now
 		x.attempts++
 		resp, err := g.attempt(ctx, x, rep)
 		if err == nil && !retryable(resp.StatusCode) {

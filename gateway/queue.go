@@ -54,6 +54,11 @@ type QueueConfig struct {
 	// forgives when ordering a tenant's turns; default 1000. Negative
 	// means 0.
 	AgeCredit float64 `yaml:"age_credit"`
+	// ScanDepth is how many waiting requests, in the queue's order, a
+	// dispatch considers when the first cannot start at once on the
+	// replica its routing chooses (that replica has no room while another
+	// has): the first whose replica has room goes; default 8.
+	ScanDepth int `yaml:"scan_depth"`
 	// SyncInterval is how often the virtual counters are exchanged with
 	// Redis (one round trip for all), so shares hold across gateways;
 	// default 100ms.
@@ -167,6 +172,9 @@ func (q QueueConfig) withDefaults() QueueConfig {
 	if q.AgeCredit == 0 {
 		q.AgeCredit = fairq.DefaultAgeCredit
 	}
+	if q.ScanDepth == 0 {
+		q.ScanDepth = fairq.DefaultScanDepth
+	}
 	if q.SyncInterval == 0 {
 		q.SyncInterval = fairq.DefaultSyncInterval
 	}
@@ -209,7 +217,7 @@ func (q *QueueConfig) validate() []error {
 	for _, f := range []struct {
 		name string
 		v    int
-	}{{"max_queued", q.MaxQueued}, {"max_queued_per_tenant", q.MaxQueuedPerTenant}, {"saturation.max_running", q.Saturation.MaxRunning}} {
+	}{{"max_queued", q.MaxQueued}, {"max_queued_per_tenant", q.MaxQueuedPerTenant}, {"scan_depth", q.ScanDepth}, {"saturation.max_running", q.Saturation.MaxRunning}} {
 		if f.v < 0 {
 			bad(f.name, "%d is negative", f.v)
 		}
@@ -244,6 +252,7 @@ func (q *QueueConfig) fairqConfig(keyPrefix string, label func(string) string) f
 		Timeout:            q.Timeout,
 		OutputWeight:       q.OutputWeight,
 		AgeCredit:          q.AgeCredit,
+		ScanDepth:          q.ScanDepth,
 		KeyPrefix:          keyPrefix,
 		SyncInterval:       q.SyncInterval,
 		RecheckInterval:    q.RecheckInterval,
@@ -300,7 +309,11 @@ func (a *queueAdmitter) Admit(ctx context.Context, r *Request) (func(Usage), err
 			a.labels.Observe(p.TenantName, 0)
 		}
 	}
-	gr, err := a.q.Admit(ctx, r.ticket())
+	t := r.ticket()
+	if p := r.placement; p != nil && p.bound() {
+		t.Place = func() bool { return p.place(a.capacity) }
+	}
+	gr, err := a.q.Admit(ctx, t)
 	if err != nil {
 		return nil, err
 	}
@@ -385,6 +398,10 @@ type replicaLoad struct {
 	// lastInteractive).
 	lastInteractive atomic.Int64
 	reserved        atomic.Bool
+	// claimed counts the requests the queue dispatched to the replica
+	// (placement.place) that have not been sent yet: room they hold
+	// before the replica's in-flight count shows them.
+	claimed atomic.Int64
 }
 
 func (c *fleetCapacity) loadFor(rep *fleet.Replica) *replicaLoad {
@@ -500,11 +517,12 @@ func (c *fleetCapacity) SaturatedFor(model string, inflight int, class fairq.Cla
 			continue
 		}
 		n := int(rep.InflightRequests())
-		routed += n
+		claimed := int(c.loadFor(rep).claimed.Load())
+		routed += n + claimed
 		res := class == fairq.Background && c.reserved(rep, now)
 		other = other || (!res && st.Healthy)
 		if sat, _ := rep.Saturated(now); !sat {
-			if r := max(0, c.room(rep, st, n, class)); res {
+			if r := max(0, c.room(rep, st, n, class)-claimed); res {
 				reservedRoom += r
 			} else {
 				room += r
@@ -515,6 +533,22 @@ func (c *fleetCapacity) SaturatedFor(model string, inflight int, class fairq.Cla
 		room += reservedRoom
 	}
 	return room-max(0, inflight-routed) <= 0
+}
+
+// claim takes a place for a request of class on rep, the replica its
+// routing chose, if rep has room for it by the rule SaturatedFor sums
+// (an available replica, room less what the queue dispatched to it and
+// has not sent yet), and returns the count to give the place back to.
+func (c *fleetCapacity) claim(rep *fleet.Replica, class fairq.Class, now time.Time) (*atomic.Int64, bool) {
+	if sat, _ := rep.Saturated(now); sat {
+		return nil, false
+	}
+	l := c.loadFor(rep)
+	if c.room(rep, rep.State(), int(rep.InflightRequests()), class)-int(l.claimed.Load()) <= 0 {
+		return nil, false
+	}
+	l.claimed.Add(1)
+	return &l.claimed, true
 }
 
 // room is an available replica's room for class (negative when its queue

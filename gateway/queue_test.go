@@ -904,3 +904,71 @@ func TestQueueInteractiveReserve(t *testing.T) {
 		return chat(t, g.URL, chatBody(fmt.Sprintf("after-%d", n), 0, 4), map[string]string{"X-Warmpath-Priority": "background"}).replica() == home
 	}, "a background request on the formerly reserved replica")
 }
+
+// Over HTTP on two simulated replicas that run one sequence each: a
+// session's turn bound to a busy replica heads the queue when the other
+// replica frees. It waits for its replica (staying beats moving its
+// prefix), and the request behind it, which routing sends to the free
+// replica, goes at once. Nothing else re-checks the queue here (no
+// scrapes, no recheck), so before routing-aware dispatch the head went to
+// its busy replica's engine queue and the second request waited.
+func TestQueueDispatchesAroundBoundHead(t *testing.T) {
+	clock := newGatedClock()
+	sim := startSim(t, vllmsim.Config{Clock: clock, Replicas: 2, Profile: vllmsim.Profile{MaxNumSeqs: 1}})
+	cfg := queueConfig(sim)
+	cfg.Queue.RecheckInterval = time.Hour
+	cfg.Health.Interval, cfg.Health.ScrapeInterval, cfg.Health.StaleAfter = time.Hour, time.Hour, 2*time.Hour
+	g := startGateway(t, cfg, redisFor(t, &cfg))
+	inflight := func(replica string) float64 {
+		return counter(t, g.Registry(), "warmpath_replica_inflight_requests", map[string]string{"replica": replica})
+	}
+	depth := func(class string) float64 { return queued(t, g, map[string]string{"class": class}) }
+	inter := map[string]string{"X-Session-ID": "bound", "X-Warmpath-Priority": "interactive"}
+	bg := map[string]string{"X-Warmpath-Priority": "background"}
+
+	conv := newConversation("you are the bound session", words("bound", 2000))
+	conv.header = inter
+	home := conv.turn(t, g.URL, "and then?").replica()
+	body := map[string]any{"model": conv.model, "messages": conv.messages, "max_tokens": 4, "ignore_eos": true}
+
+	clock.pause()
+	blocker := asyncChat(t.Context(), g.URL, body, inter) // the session's turn, running on home
+	eventually(t, 10*time.Second, func() bool { return inflight(home) == 1 }, "the session's turn on "+home)
+	otherCtx, freeOther := context.WithCancel(t.Context())
+	other := asyncChat(otherCtx, g.URL, chatBody("other", 0, 4), bg)
+	away := ""
+	eventually(t, 10*time.Second, func() bool {
+		for _, rep := range sim.Replicas() {
+			if n := rep.Info().Name; n != home && inflight(n) == 1 {
+				away = n
+			}
+		}
+		return away != ""
+	}, "a request on the other replica")
+
+	head := asyncChat(t.Context(), g.URL, body, inter) // bound to home, which is busy
+	eventually(t, 10*time.Second, func() bool { return depth("interactive") == 1 }, "the bound turn queued")
+	behind := asyncChat(t.Context(), g.URL, chatBody("behind", 0, 4), bg)
+	eventually(t, 10*time.Second, func() bool { return depth("background") == 1 }, "the request behind it queued")
+
+	freeOther()
+	<-other
+	eventually(t, 10*time.Second, func() bool { return depth("background") == 0 }, "the request behind the bound turn dispatched")
+	if d := depth("interactive"); d != 1 {
+		t.Errorf("interactive queue depth %v once %s freed; want the bound turn still waiting for %s", d, away, home)
+	}
+	clock.resume()
+	for name, ch := range map[string]<-chan chatResult{"blocker": blocker, "head": head, "behind": behind} {
+		r := <-ch
+		if r.Status != http.StatusOK {
+			t.Fatalf("%s: %d %s", name, r.Status, r.Body)
+		}
+		want := home
+		if name == "behind" {
+			want = away
+		}
+		if r.replica() != want {
+			t.Errorf("%s went to %s; want %s", name, r.replica(), want)
+		}
+	}
+}

@@ -60,6 +60,9 @@ type Request struct {
 	// early is the tokenization route started before the session lookup
 	// (tokenizeEarly), nil when it did not.
 	early *tokenCall
+	// placement is the request's routing, prepared before admission
+	// (placement.go); nil until then.
+	placement *placement
 
 	// Admission (priority.go, queue.go): the class and what chose it
 	// (background marks a Responses background turn, background: true,

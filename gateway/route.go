@@ -51,26 +51,28 @@ func (rt *route) candidate(k int) (*fleet.Replica, int) {
 	return rt.reps[rt.plan.Order[k]], rt.plan.Predicted[k]
 }
 
-// route decides where r goes in three steps: gather the inputs (fleet
-// snapshot, session binding), let scoring.Decide plan, and do the
-// decision's I/O (tokenize and match when the plan needs prefix
-// information, then remember the binding and speculate).
+// route decides where the admitted request r goes: the plan its
+// placement made as it left the queue, or else scoring.Decide on the
+// fleet as it is now (matching the prompt against the prefix index when
+// the plan needs it); then it does the decision's I/O (remember the
+// binding, speculate).
 func (g *Gateway) route(ctx context.Context, r *Request) (*route, error) {
-	reps, in, bind, err := g.gather(ctx, r)
-	if err != nil {
-		return nil, err
+	p := r.placement
+	plan, ok := p.plan, p.placed
+	if !ok {
+		p.refresh(time.Now())
+		var err error
+		plan, err = g.policy.Decide(p.in)
+		if err == nil && plan.NeedsPrefix {
+			p.match(ctx)
+			plan, err = g.policy.Decide(p.in)
+		}
+		if err != nil {
+			return nil, apierror.Unavailable(err, "no healthy replica serves model %s; try again shortly", r.model)
+		}
 	}
-	plan, err := g.policy.Decide(in)
-	var keys, chunks []uint64
-	if err == nil && plan.NeedsPrefix {
-		keys, chunks = g.matchPrefix(ctx, r, reps, in)
-		plan, err = g.policy.Decide(in)
-	}
-	if err != nil {
-		return nil, apierror.Unavailable(err, "no healthy replica serves model %s; try again shortly", r.model)
-	}
-	rt := &route{plan: plan, reps: reps, eps: in.Endpoints}
-	g.commit(ctx, r, rt, bind, keys, chunks)
+	rt := &route{plan: plan, reps: p.reps, eps: p.in.Endpoints}
+	g.commit(ctx, r, rt, p.bind, p.keys, p.chunks)
 	rt.at = time.Now()
 	return rt, nil
 }

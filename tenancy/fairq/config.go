@@ -28,6 +28,7 @@ const (
 	DefaultTimeout            = 60 * time.Second // as llm-d's request TTL
 	DefaultOutputWeight       = 2                // VTC's w_q / w_p
 	DefaultAgeCredit          = 1000             // tokens per second waited
+	DefaultScanDepth          = 8
 	DefaultSyncInterval       = 100 * time.Millisecond
 	DefaultRedisTimeout       = 250 * time.Millisecond
 	DefaultRecheckInterval    = 100 * time.Millisecond
@@ -64,6 +65,11 @@ type Config struct {
 	// session is not starved by a stream of short ones; default 1000. A
 	// negative value means 0: pure least attained service.
 	AgeCredit float64
+	// ScanDepth is how many waiting requests, in dispatch order, one
+	// dispatch considers when the first cannot start where routing would
+	// send it (Ticket.Place); default 8. It bounds the Place calls per
+	// dispatch. 1 considers the first only.
+	ScanDepth int
 
 	// KeyPrefix is prepended to the Redis keys the queue owns; default
 	// "wp:".
@@ -132,7 +138,8 @@ func (c Config) withDefaults() (Config, error) {
 		name string
 		p    *int
 		def  int
-	}{{"max queued", &c.MaxQueued, DefaultMaxQueued}, {"max queued per tenant", &c.MaxQueuedPerTenant, DefaultMaxQueuedPerTenant}}
+	}{{"max queued", &c.MaxQueued, DefaultMaxQueued}, {"max queued per tenant", &c.MaxQueuedPerTenant, DefaultMaxQueuedPerTenant},
+		{"scan depth", &c.ScanDepth, DefaultScanDepth}}
 	for _, f := range ints {
 		if *f.p == 0 {
 			*f.p = f.def

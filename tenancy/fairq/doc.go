@@ -68,6 +68,23 @@
 // parentheses is fixed at enqueue, so the order is a heap. Ties go by
 // arrival.
 //
+// Routing-aware dispatch. The model's room may lie on one replica while
+// the request first in this order is bound (by its session or its prefix)
+// to another that has none. A ticket's Place, when set, tells whether the
+// request could start at once where routing would send it now; the queue
+// then dispatches the first request, in the order above, that can: the
+// class's tenants by counter, each tenant's requests in its own order,
+// then the other class's (Background only while it has room), at most
+// Config.ScanDepth requests (default 8) per dispatch. A request passed
+// over keeps its place. When none of them can start, the first goes
+// anyway, to wait in its replica's engine queue (held, a request whose
+// replica stays full would wait out its timeout). Deviations from the
+// order: a request behind goes first when the one ahead cannot start yet
+// (it would only wait in an engine queue); and Background may use room
+// no waiting Interactive request can, without spending its credit, which
+// a Background dispatch it bought alone spends (so under PolicyStrict
+// Background overtakes only where Interactive cannot start now).
+//
 // PolicyStrict is the strict-priority baseline: Interactive strictly before
 // Background (no background share), arrival order within a class, no
 // tenant fairness.
@@ -82,7 +99,7 @@
 // dispatch meanwhile. A dispatch
 // is attempted when a request starts waiting, when a grant is Done, on
 // [Queue.Kick] and every Config.RecheckInterval, so no request waits while
-// Capacity reports room.
+// Capacity reports room and its Place (when set) agrees.
 //
 // # Bounds
 //

@@ -172,12 +172,80 @@ func (m *model) remove(it *item, now time.Time) {
 
 // next picks the request to dispatch: the class (interactive unless
 // background is owed its share), then the tenant, then the tenant's best
-// request; nil when only background waits and it has no room. The model
-// has requests waiting; bgRoom reports whether background has room.
-func (m *model) next(cfg *Config, bgRoom func() bool) *item {
-	c, ok := m.pickClass(cfg.BackgroundShare, bgRoom)
-	if !ok {
-		return nil
+// request, as the first candidate; nil when only background waits and it
+// has no room. The model has requests waiting; bgRoom reports whether
+// background has room.
+//
+// fits (the ticket's Place) may pass over a candidate that could not start
+// now where routing would send it: the next in the order is tried, then
+// the other class's requests (background only while it has room), at most
+// cfg.ScanDepth candidates in all. When none fits, the first candidate
+// goes after all, to wait in its replica's engine queue: held in the
+// queue, a request whose replica stays full (a background turn bound to a
+// replica at the KV headroom) would wait out its timeout. Background's
+// credit is spent only on a background dispatch it bought; one made with
+// interactive room that no waiting interactive request could use is
+// extra.
+func (m *model) next(cfg *Config, bgRoom func() bool, fits func(*item) bool) *item {
+	hasI, hasB := m.classes[Interactive].n > 0, m.classes[Background].n > 0
+	room, asked := false, false
+	bgOK := func() bool {
+		if !asked {
+			room, asked = bgRoom(), true
+		}
+		return room
+	}
+	credit, first := m.bgCredit, Interactive
+	switch {
+	case !hasI:
+		first = Background
+	case hasB:
+		credit = min(credit+cfg.BackgroundShare, 1)
+		if credit >= 1-1e-9 && bgOK() { // ten shares of 0.1 sum to 0.999…
+			first = Background
+		}
+	}
+	budget := cfg.ScanDepth
+	var head *item // the first candidate, sent when none fits
+	for _, c := range [2]Class{first, Background - first} {
+		if m.classes[c].n == 0 || c == Background && !bgOK() {
+			continue
+		}
+		it, h := m.scan(cfg, c, &budget, fits)
+		if head == nil {
+			head = h
+		}
+		if it != nil {
+			m.spend(hasI && hasB, credit, c == Background && first == Background)
+			return it
+		}
+	}
+	if head != nil {
+		m.spend(hasI && hasB, credit, head.t.Class == Background && first == Background)
+	}
+	return head
+}
+
+// spend records a dispatch's effect on background's credit: while both
+// classes wait it is credit (the share earned), less one when the
+// dispatch was a background one it bought.
+func (m *model) spend(both bool, credit float64, bought bool) {
+	if !both {
+		return
+	}
+	m.bgCredit = credit
+	if bought {
+		m.bgCredit = max(0, credit-1)
+	}
+}
+
+// scan returns the first of class c's waiting requests, in dispatch order,
+// that fits, trying at most *budget of them (and counting them off it):
+// the tenants' flows by before, each flow's requests in heap order. head
+// is the first in that order (nil when the budget was spent).
+func (m *model) scan(cfg *Config, c Class, budget *int, fits func(*item) bool) (fit, head *item) {
+	if *budget <= 0 {
+		return nil, nil
 	}
 	cq := &m.classes[c]
 	var best *flow
@@ -186,29 +254,63 @@ func (m *model) next(cfg *Config, bgRoom func() bool) *item {
 			best = f
 		}
 	}
-	return best.items[0]
+	*budget--
+	head = best.items[0]
+	if fits(head) {
+		return head, head // the common case, found without allocating
+	}
+	// The frontier holds the next candidate of every flow: its head, or
+	// the heap children of the candidates tried.
+	frontier := make([]*item, 0, len(cq.flows)+*budget)
+	for _, f := range cq.flows {
+		if f != best {
+			frontier = append(frontier, f.items[0])
+		}
+	}
+	frontier = m.children(frontier, best.items[0])
+	for *budget > 0 && len(frontier) > 0 {
+		k := 0
+		for j := 1; j < len(frontier); j++ {
+			if m.itemBefore(cfg, frontier[j], frontier[k]) {
+				k = j
+			}
+		}
+		it := frontier[k]
+		frontier[k] = frontier[len(frontier)-1]
+		frontier = frontier[:len(frontier)-1]
+		*budget--
+		if fits(it) {
+			return it, head
+		}
+		frontier = m.children(frontier, it)
+	}
+	return nil, head
 }
 
-// pickClass chooses Interactive unless only Background waits or
-// Background has accrued a dispatch of credit: every dispatch made while
-// both classes wait earns it share of one. Background is chosen only when
-// bgRoom reports room for it (a ClassCapacity may hold headroom back from
-// it); meanwhile its credit stays at most one dispatch, so none is banked.
-// ok is false when only Background waits and it has no room.
-func (m *model) pickClass(share float64, bgRoom func() bool) (c Class, ok bool) {
-	hasI, hasB := m.classes[Interactive].n > 0, m.classes[Background].n > 0
-	if !hasB {
-		return Interactive, true
+// children appends it's children in its flow's heap to frontier.
+func (m *model) children(frontier []*item, it *item) []*item {
+	h := it.flow.items
+	for _, child := range [2]int{2*it.idx + 1, 2*it.idx + 2} {
+		if child < len(h) {
+			frontier = append(frontier, h[child])
+		}
 	}
-	if !hasI {
-		return Background, bgRoom()
+	return frontier
+}
+
+// itemBefore reports whether waiting request a goes before b (of one
+// class): within a flow by its heap order; across flows by before, then
+// arrival.
+func (m *model) itemBefore(cfg *Config, a, b *item) bool {
+	if a.flow == b.flow {
+		return a.flow.items.Less(a.idx, b.idx)
 	}
-	m.bgCredit = min(m.bgCredit+share, 1)
-	if m.bgCredit >= 1-1e-9 && bgRoom() { // ten shares of 0.1 sum to 0.999…
-		m.bgCredit = max(0, m.bgCredit-1)
-		return Background, true
+	if cfg.Policy == PolicyFair {
+		if va, vb := a.flow.ctr.value(), b.flow.ctr.value(); va != vb {
+			return va < vb
+		}
 	}
-	return Interactive, true
+	return a.seq < b.seq
 }
 
 // before reports whether flow a goes before flow b: the lower virtual

@@ -42,6 +42,16 @@ type Ticket struct {
 	// Cost is the request's predicted prompt cost in tokens: prompt tokens
 	// net of the predicted prefix-cache hit. It is charged at dispatch.
 	Cost float64
+	// Place, when not nil, is asked, while the request waits and the model
+	// has room, whether it could start at once where routing would send it
+	// now (the gateway routes it as it leaves the queue). False lets a
+	// request further down the order (Config.ScanDepth) that can take the
+	// room; when none can, the first goes anyway. True commits the
+	// dispatch, so an implementation may reserve the room it found. Nil
+	// always fits. It is called with the model's queue lock held: it must
+	// be fast, must not block and must not call the Queue. A request
+	// admitted at once (nothing waits) is not asked.
+	Place func() bool
 }
 
 // Capacity tells the queue whether a model's replicas can start another
@@ -252,15 +262,16 @@ func (q *Queue) leave(it *item, timedOut bool) *Grant {
 	return nil
 }
 
-// dispatchLocked grants waiting requests, best first, while the model has
-// capacity. The caller holds m.mu.
+// dispatchLocked grants waiting requests, best first (the first of the
+// order that fits, see model.next), while the model has capacity. The
+// caller holds m.mu.
 func (q *Queue) dispatchLocked(m *model) {
 	var now time.Time
 	bgRoom := func() bool { return q.classCap == nil || !q.saturated(m, Background) }
 	for m.queued > 0 && !q.saturated(m, Interactive) {
-		it := m.next(&q.cfg, bgRoom)
+		it := m.next(&q.cfg, bgRoom, fits)
 		if it == nil {
-			break // only background waits, and the room left is interactive's
+			break // the room left is interactive's, or no candidate can use it
 		}
 		if now.IsZero() {
 			now = time.Now()
@@ -292,6 +303,9 @@ func (q *Queue) grantLocked(m *model, g *Grant, c *counter, ten *tenant, t Ticke
 		ten.series.Load().service[t.Class].Add(t.Cost)
 	}
 }
+
+// fits reports whether it may be dispatched now (Ticket.Place).
+func fits(it *item) bool { return it.t.Place == nil || it.t.Place() }
 
 // Kick re-checks capacity for every model with waiting requests and
 // dispatches what it allows. Call it whenever capacity may have changed

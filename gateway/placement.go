@@ -1,0 +1,117 @@
+package gateway
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/internal/apierror"
+	"github.com/warmpath/warmpath/scoring"
+	"github.com/warmpath/warmpath/session"
+)
+
+// placement is a request's routing, split around admission: prepare
+// does the I/O before the request may wait (fleet snapshot, session
+// binding, prefix match when the plan needs one); place decides, with
+// the gateway's own scoring.Decide on the replicas' load as it is when the
+// queue considers the request (late binding), and tells the queue whether
+// the replica chosen can start it now; route uses the plan place made.
+type placement struct {
+	g    *Gateway
+	r    *Request
+	reps []*fleet.Replica
+	in   *scoring.Input
+	bind session.Binding
+	// keys and chunks are the prompt's block keys and text chunks, for
+	// commit; nil when it was not matched.
+	keys, chunks []uint64
+
+	// plan is the decision place made, valid when placed; claim is the
+	// room it claimed for it, given back once the request is sent (or
+	// ends before).
+	plan   scoring.Plan
+	placed bool
+	claim  *atomic.Int64
+	once   atomic.Bool
+}
+
+// prepare gathers r's routing inputs and matches its prompt when the
+// policy would need the match to decide now. A model nothing serves is a
+// 404 and one with no healthy replica a 503, before admission.
+func (g *Gateway) prepare(ctx context.Context, r *Request) (*placement, error) {
+	reps, in, bind, err := g.gather(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	p := &placement{g: g, r: r, reps: reps, in: in, bind: bind}
+	if p.bound() {
+		// Such a policy's first phase is pure (a sticky plan or "needs the
+		// prefix"), so deciding here does not advance a picker.
+		plan, err := g.policy.Decide(in)
+		if err != nil {
+			return nil, apierror.Unavailable(err, "no healthy replica serves model %s; try again shortly", r.model)
+		}
+		if plan.NeedsPrefix {
+			p.match(ctx)
+		}
+	}
+	r.placement = p
+	return p, nil
+}
+
+// bound reports whether the policy binds a request to a replica (by its
+// session or its prefix), so that where it can start depends on which
+// request it is: only then does the queue ask place. The others (such as
+// round-robin, whose every decision advances its rotation) are routed
+// once, as they leave the queue.
+func (p *placement) bound() bool {
+	return p.g.policy.TracksSessions() || p.g.policy.NeedsPrefix()
+}
+
+// match fills the input's prefix matches (tokenizing when the policy
+// needs token ids).
+func (p *placement) match(ctx context.Context) {
+	p.keys, p.chunks = p.g.matchPrefix(ctx, p.r, p.reps, p.in)
+}
+
+// refresh reads the replicas' load and availability as they are at now.
+func (p *placement) refresh(now time.Time) {
+	eps := endpoints(p.reps, now)
+	for i := range eps {
+		eps[i].PromptBlocksOnly = p.in.Endpoints[i].PromptBlocksOnly
+	}
+	p.g.keepReserve(p.r, p.reps, eps)
+	p.in.Now, p.in.Endpoints = now, eps
+}
+
+// place is the request's fairq.Ticket.Place: it routes the request on
+// the fleet as it is now and reports whether the replica chosen has room
+// for its class (fleetCapacity.claim). When it has, the plan is the one
+// the request is sent with, and the room stays claimed until it is sent.
+// A plan that needs the prompt matched first (a session leaving its
+// replica, when the match was not needed on arrival) cannot be made
+// without I/O: such a request fits, and route matches it after dispatch,
+// as does one nothing can serve (route answers the 503).
+func (p *placement) place(c *fleetCapacity) bool {
+	now := time.Now()
+	p.refresh(now)
+	plan, err := p.g.policy.Decide(p.in)
+	if err != nil || plan.NeedsPrefix {
+		return true
+	}
+	claim, ok := c.claim(p.reps[plan.Chosen()], p.r.class, now)
+	if !ok {
+		return false
+	}
+	p.plan, p.placed, p.claim = plan, true, claim
+	return true
+}
+
+// unclaim gives back the room place claimed, once: when the request has
+// been sent (the replica's in-flight count has it) or ends before.
+func (p *placement) unclaim() {
+	if p != nil && p.claim != nil && p.once.CompareAndSwap(false, true) {
+		p.claim.Add(-1)
+	}
+}
