@@ -24,6 +24,9 @@ func FuzzParseRequest(f *testing.F) {
 		`{"model":"m","prompt":[[1,2],[3]]}`,
 		`{"model":"m","prompt":["a","b"],"cache_salt":"x"}`,
 		`{"model":1}`, `[]`, `{`, ``, `{"model":"m","messages":[{}]}`,
+		`{"model":"m","model":"n","messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"m","messages":[{"role":"user","content":"a","role":"system","content":[{"text":"b"}]}],"priority":3,"session_id":"s"}`,
+		`{"mod\u0065l":"m","messages":[{"r\u006fle":"user","content":"h\u00e9"}]}`,
 	} {
 		f.Add(seed, true)
 		f.Add(seed, false)
@@ -50,7 +53,11 @@ func FuzzParseRequest(f *testing.F) {
 		if tb := r.tokenizeBody(); tb != nil && !json.Valid(tb) {
 			t.Fatalf("tokenize body is not JSON: %s", tb)
 		}
-		_ = r.approxText()
+		// The text rendered while scanning the messages is what a render
+		// of the parsed messages gives.
+		if got, want := r.approxText(), r.renderText(); !bytes.Equal(got, want) {
+			t.Fatalf("scanned text %q; rendered %q", got, want)
+		}
 		_, _ = r.promptTokenIDs()
 		if r.estimatedTokens() < 1 {
 			t.Fatal("estimate below 1")
