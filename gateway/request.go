@@ -482,43 +482,18 @@ func (r *Request) approxText() []byte {
 	return r.text
 }
 
+// renderText renders a completions prompt (a chat request's text is
+// rendered by scanMessages).
 func (r *Request) renderText() []byte {
-	b := []byte{}
-	switch r.api {
-	case APIChat:
-		if r.tools.IsArray() {
-			b = append(b, "tools\x00"...)
-			b = append(b, r.tools.Raw...)
-			b = append(b, 0)
-		}
-		r.messages.ForEach(func(_, msg gjson.Result) bool {
-			b = append(b, msg.Get("role").String()...)
-			b = append(b, 0)
-			c := msg.Get("content")
-			if c.Type == gjson.String {
-				b = append(b, c.String()...)
-			} else {
-				c.ForEach(func(_, part gjson.Result) bool {
-					b = append(b, part.Get("text").String()...)
-					return true
-				})
-			}
-			if tc := msg.Get("tool_calls"); tc.Exists() {
-				b = append(b, strings.TrimSpace(tc.Raw)...)
-			}
-			b = append(b, 0)
-			return true
-		})
-	case APICompletions:
-		p := r.prompt
-		if p.IsArray() {
-			p = p.Array()[0]
-		}
-		if p.Type == gjson.String {
-			b = append(b, p.String()...)
-		} else {
-			b = append(b, p.Raw...)
-		}
+	if r.api != APICompletions {
+		return []byte{}
 	}
-	return b
+	p := r.prompt
+	if p.IsArray() {
+		p = p.Array()[0]
+	}
+	if p.Type == gjson.String {
+		return []byte(p.String())
+	}
+	return []byte(p.Raw)
 }
