@@ -93,8 +93,7 @@ type QueueConfig struct {
 // non-streaming answer's first byte is its end, so a non-streaming
 // request is known only through the scrapes: counting it as not started
 // until it finished capped a replica at EngineWaiting such requests in
-// flight, and the queue collapsed a fleet that answered in milliseconds:
-// 1,000 short requests/s, 4,247 of 8,000 refused 429); pending_r
+// flight, however many the engine could run); pending_r
 // is the interactive ones among them: an engine that schedules by
 // priority serves those before any background work, so only they are
 // ahead. With MaxRunning set, room_r is also at
