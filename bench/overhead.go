@@ -135,6 +135,9 @@ type OverheadResult struct {
 	Target   string  `json:"target"` // direct, proxy, or warmpath:<policy>
 	Requests int     `json:"requests"`
 	Errors   int     `json:"errors"`
+	// ErrorKinds counts the errors by kind: "status N" for an answer
+	// other than 200, "transport" for a request that got none.
+	ErrorKinds map[string]int `json:"error_kinds,omitempty"`
 	// P50Ms, P90Ms and P99Ms are the latency (send to end of body), in ms.
 	P50Ms float64 `json:"p50_ms"`
 	P90Ms float64 `json:"p90_ms"`
@@ -398,6 +401,7 @@ type overheadBench struct {
 type ohSample struct {
 	lat      []time.Duration
 	errors   int
+	kinds    map[string]int
 	cpu      time.Duration
 	requests int
 }
@@ -418,6 +422,12 @@ func (ob *overheadBench) measure(ctx context.Context, shape string, rate float64
 			}
 			samples[i].lat = append(samples[i].lat, s.lat...)
 			samples[i].errors += s.errors
+			for k, n := range s.kinds {
+				if samples[i].kinds == nil {
+					samples[i].kinds = map[string]int{}
+				}
+				samples[i].kinds[k] += n
+			}
 			samples[i].cpu += s.cpu
 			samples[i].requests += s.requests
 			if ob.cfg.Progress != nil {
@@ -429,7 +439,7 @@ func (ob *overheadBench) measure(ctx context.Context, shape string, rate float64
 	for i, t := range ob.targets {
 		s := &samples[i]
 		slices.Sort(s.lat)
-		out[i] = OverheadResult{Shape: shape, Rate: rate, Target: t.name, Requests: s.requests, Errors: s.errors,
+		out[i] = OverheadResult{Shape: shape, Rate: rate, Target: t.name, Requests: s.requests, Errors: s.errors, ErrorKinds: s.kinds,
 			P50Ms: ms(quantile(s.lat, 0.5)), P90Ms: ms(quantile(s.lat, 0.9)), P99Ms: ms(quantile(s.lat, 0.99))}
 		if s.requests > 0 && i > 0 {
 			out[i].CPUMsPer1000 = ms(s.cpu-samples[0].cpu) * 1000 / float64(s.requests)
@@ -492,6 +502,10 @@ func (ob *overheadBench) window(ctx context.Context, t *target, shape string, ra
 			s.requests++
 			if err != nil {
 				s.errors++
+				if s.kinds == nil {
+					s.kinds = map[string]int{}
+				}
+				s.kinds[errorKind(err)]++
 				return
 			}
 			s.lat = append(s.lat, lat)
@@ -518,9 +532,24 @@ func (ob *overheadBench) send(ctx context.Context, t *target, shape string, body
 		return err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("status %d", resp.StatusCode)
+		return statusError(resp.StatusCode)
 	}
 	return nil
+}
+
+// statusError is an answer other than 200.
+type statusError int
+
+func (e statusError) Error() string { return fmt.Sprintf("status %d", int(e)) }
+
+// errorKind names what went wrong with a request: its status, or
+// "transport" when no answer came.
+func errorKind(err error) string {
+	var se statusError
+	if errors.As(err, &se) {
+		return se.Error()
+	}
+	return "transport"
 }
 
 // stickySessions is how many conversations the sticky shape cycles over.
@@ -577,6 +606,11 @@ func (r *OverheadReport) WriteTable(w io.Writer) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	for _, x := range r.Results {
+		if len(x.ErrorKinds) > 0 {
+			fmt.Fprintf(w, "errors, %s %.0f/s %s: %v\n", x.Shape, x.Rate, x.Target, x.ErrorKinds)
+		}
 	}
 	if len(r.MaxRate) > 0 {
 		var names []string

@@ -183,6 +183,7 @@ func TestBadInput(t *testing.T) {
 		{"message not object", "POST", "/v1/chat/completions", `{"model":"qwen3-32b","messages":["hi"]}`, auth, 400, "", "messages"},
 		{"message without role", "POST", "/v1/chat/completions", `{"model":"qwen3-32b","messages":[{"content":"hi"}]}`, auth, 400, "", "messages"},
 		{"content wrong type", "POST", "/v1/chat/completions", `{"model":"qwen3-32b","messages":[{"role":"user","content":5}]}`, auth, 400, "", "messages"},
+		{"model twice", "POST", "/v1/chat/completions", `{"model":"qwen3-32b","messages":[{"role":"user","content":"x"}],"model":"other"}`, auth, 400, "", "model"},
 		{"stream not bool", "POST", "/v1/chat/completions", `{"model":"qwen3-32b","stream":"yes","messages":[{"role":"user","content":"x"}]}`, auth, 400, "", "stream"},
 		{"tools not array", "POST", "/v1/chat/completions", `{"model":"qwen3-32b","tools":{},"messages":[{"role":"user","content":"x"}]}`, auth, 400, "", "tools"},
 		{"bad cache_salt", "POST", "/v1/chat/completions", `{"model":"qwen3-32b","cache_salt":"","messages":[{"role":"user","content":"x"}]}`, auth, 400, "", "cache_salt"},

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tidwall/gjson"
 	"github.com/warmpath/warmpath/internal/apierror"
 )
 
@@ -24,6 +25,9 @@ func FuzzParseRequest(f *testing.F) {
 		`{"model":"m","prompt":[[1,2],[3]]}`,
 		`{"model":"m","prompt":["a","b"],"cache_salt":"x"}`,
 		`{"model":1}`, `[]`, `{`, ``, `{"model":"m","messages":[{}]}`,
+		`{"model":"m","model":"n","messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"m","messages":[{"role":"user","content":"a","role":"system","content":[{"text":"b"}]}],"priority":3,"session_id":"s"}`,
+		`{"mod\u0065l":"m","messages":[{"r\u006fle":"user","content":"h\u00e9"}]}`,
 	} {
 		f.Add(seed, true)
 		f.Add(seed, false)
@@ -50,7 +54,11 @@ func FuzzParseRequest(f *testing.F) {
 		if tb := r.tokenizeBody(); tb != nil && !json.Valid(tb) {
 			t.Fatalf("tokenize body is not JSON: %s", tb)
 		}
-		_ = r.approxText()
+		// The text rendered while scanning the messages is what a render
+		// of the parsed messages gives.
+		if got, want := r.approxText(), renderTextSlow(r); !bytes.Equal(got, want) {
+			t.Fatalf("scanned text %q; rendered %q", got, want)
+		}
 		_, _ = r.promptTokenIDs()
 		if r.estimatedTokens() < 1 {
 			t.Fatal("estimate below 1")
@@ -141,4 +149,37 @@ func FuzzNormalizeErrorBody(f *testing.F) {
 			}
 		}
 	})
+}
+
+// renderTextSlow is approxText as it was before the one-pass scan: a
+// gjson Get per field. FuzzParseRequest checks the scan against it.
+func renderTextSlow(r *Request) []byte {
+	if r.api != APIChat {
+		return r.renderText()
+	}
+	b := []byte{}
+	if r.tools.IsArray() {
+		b = append(b, "tools\x00"...)
+		b = append(b, r.tools.Raw...)
+		b = append(b, 0)
+	}
+	r.messages.ForEach(func(_, msg gjson.Result) bool {
+		b = append(b, msg.Get("role").String()...)
+		b = append(b, 0)
+		c := msg.Get("content")
+		if c.Type == gjson.String {
+			b = append(b, c.String()...)
+		} else {
+			c.ForEach(func(_, part gjson.Result) bool {
+				b = append(b, part.Get("text").String()...)
+				return true
+			})
+		}
+		if tc := msg.Get("tool_calls"); tc.Exists() {
+			b = append(b, strings.TrimSpace(tc.Raw)...)
+		}
+		b = append(b, 0)
+		return true
+	})
+	return b
 }

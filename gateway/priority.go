@@ -12,11 +12,11 @@ import (
 )
 
 // parseClass reads what chooses the request's class (the service_tier
-// field and the X-Warmpath-Priority header) and derives it with the
+// field, st, and the X-Warmpath-Priority header) and derives it with the
 // sender's default and ceiling (fairq.DeriveClass). The Responses API's
 // background flag comes later, through SetBackground.
-func (r *Request) parseClass(root gjson.Result) error {
-	if st := root.Get("service_tier"); st.Exists() && st.Type != gjson.Null {
+func (r *Request) parseClass(st gjson.Result) error {
+	if st.Exists() && st.Type != gjson.Null {
 		if st.Type != gjson.String {
 			return apierror.BadRequest("service_tier", "service_tier must be a string")
 		}
@@ -75,7 +75,7 @@ func (r *Request) SetBackground(background bool) {
 // default 0, so it needs no field).
 func (g *Gateway) classBody(body []byte, r *Request) ([]byte, error) {
 	var err error
-	if gjson.GetBytes(body, "priority").Exists() {
+	if r.top.priority {
 		if body, err = sjson.DeleteBytes(body, "priority"); err != nil {
 			return nil, err
 		}

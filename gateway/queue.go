@@ -93,8 +93,12 @@ type QueueConfig struct {
 // of what finished since (negative when more finished: each finished
 // request freed a place a waiting one takes, so dispatch follows
 // completions rather than the next scrape); notstarted_r is this
-// gateway's requests on it that have not started (no first byte yet),
-// which a scrape taken before the engine saw them would miss; pending_r
+// gateway's streams on it that have not started (no first byte yet),
+// which a scrape taken before the engine saw them would miss (a
+// non-streaming answer's first byte is its end, so a non-streaming
+// request is known only through the scrapes: counting it as not started
+// until it finished capped a replica at EngineWaiting such requests in
+// flight, however many the engine could run); pending_r
 // is the interactive ones among them: an engine that schedules by
 // priority serves those before any background work, so only they are
 // ahead. With MaxRunning set, room_r is also at
@@ -412,8 +416,8 @@ func (c *fleetCapacity) loadFor(rep *fleet.Replica) *replicaLoad {
 	return v.(*replicaLoad)
 }
 
-// startPending counts a routed request as not started on the replica it
-// is first sent to, until its first byte or its end (endPending); an
+// startPending counts a routed stream as not started on the replica it is
+// first sent to, until its first byte or its end (endPending); an
 // interactive request also renews (or makes) the replica's place in the
 // interactive reserve.
 func (g *Gateway) startPending(x *exchange) {
@@ -422,10 +426,12 @@ func (g *Gateway) startPending(x *exchange) {
 	}
 	c := g.queue.capacity
 	rep, _ := x.route.candidate(0)
-	l := c.loadFor(rep)
 	class := min(x.req.class, fairq.Background)
-	x.pending = &l.pending[class]
-	x.pending.Add(1)
+	if x.req.stream {
+		// Only a stream's first byte says it started (QueueSaturation).
+		x.pending = &c.loadFor(rep).pending[class]
+		x.pending.Add(1)
+	}
 	if class == fairq.Interactive {
 		c.noteInteractive(rep, x.route.reps, time.Now())
 	}

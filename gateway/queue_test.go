@@ -972,3 +972,26 @@ func TestQueueDispatchesAroundBoundHead(t *testing.T) {
 		}
 	}
 }
+
+// A non-streaming request's first byte is its end, so only the scrapes
+// say whether it started: requests the engine runs leave room for more,
+// and the queue does not cap a replica at EngineWaiting of them in flight.
+func TestQueueNonStreamingRunningLeaveRoom(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{})
+	cfg := fleetConfig(sim)
+	cfg.Queue.Saturation = QueueSaturation{EngineWaiting: 2}
+	cfg.Queue.RecheckInterval = 20 * time.Millisecond
+	g := startGateway(t, cfg, redisFor(t, &cfg))
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	const n = 6 // each decodes 3,000 tokens: half a minute at 11 ms a step
+	for i := range n {
+		asyncChat(ctx, g.URL, chatBody(fmt.Sprint("long answer ", i), 0, 3000), nil)
+	}
+	eventually(t, 10*time.Second, func() bool {
+		return counter(t, g.Registry(), "warmpath_replica_running", nil) == n
+	}, fmt.Sprintf("all %d requests running on the engine", n))
+	if q := queued(t, g, nil); q != 0 {
+		t.Errorf("%v requests still queued", q)
+	}
+}

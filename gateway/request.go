@@ -56,7 +56,11 @@ type Request struct {
 	tokenIDs  bool
 	cacheSalt string
 	maxTokens int    // max_completion_tokens or max_tokens, 0 when unset
-	text      []byte // approxText, rendered once on first use
+	text      []byte // approxText: rendered by scanMessages (chat), else once on first use
+	// clientSalt is the body's own cache_salt ("" when none), top which
+	// top-level fields the body carries that the upstream body rewrites.
+	clientSalt string
+	top        topSeen
 	// early is the tokenization route started before the session lookup
 	// (tokenizeEarly), nil when it did not.
 	early *tokenCall
@@ -128,33 +132,37 @@ func ParseRequest(api API, h http.Header, body []byte, p *tenancy.Principal) (*R
 	if !root.IsObject() {
 		return nil, apierror.BadRequest("", "request body must be a JSON object")
 	}
-	r := &Request{api: api, body: body, header: h, principal: p, id: h.Get("X-Request-Id")}
-	m := root.Get("model")
-	if m.Type != gjson.String || m.String() == "" {
+	f, err := scanTop(root)
+	if err != nil {
+		return nil, err
+	}
+	r := &Request{api: api, body: body, header: h, principal: p, id: h.Get("X-Request-Id"), top: f.seen}
+	if f.model.Type != gjson.String || f.model.String() == "" {
 		return nil, apierror.BadRequest("model", "you must provide a model parameter")
 	}
-	r.model = m.String()
-	if s := root.Get("stream"); s.Exists() && s.Type != gjson.Null {
+	r.model = f.model.String()
+	if s := f.stream; s.Exists() && s.Type != gjson.Null {
 		if s.Type != gjson.True && s.Type != gjson.False {
 			return nil, apierror.BadRequest("stream", "stream must be a boolean")
 		}
 		r.stream = s.Bool()
 	}
-	if so := root.Get("stream_options"); so.Exists() && so.Type != gjson.Null {
+	if so := f.streamOptions; so.Exists() && so.Type != gjson.Null {
 		if !so.IsObject() {
 			return nil, apierror.BadRequest("stream_options", "stream_options must be an object")
 		}
 		r.wantUsage = so.Get("include_usage").Bool()
 	}
-	if cs := root.Get("cache_salt"); cs.Exists() && cs.Type != gjson.Null {
+	if cs := f.cacheSalt; cs.Exists() && cs.Type != gjson.Null {
 		if cs.Type != gjson.String || cs.String() == "" {
 			return nil, apierror.BadRequest("cache_salt", "cache_salt must be a non-empty string")
 		}
 		r.cacheSalt = cs.String()
 	}
-	if mt := root.Get("max_completion_tokens"); mt.Type == gjson.Number {
+	r.clientSalt = r.cacheSalt
+	if mt := f.maxCompletionTokens; mt.Type == gjson.Number {
 		r.maxTokens = int(max(0, min(mt.Int(), 1<<20)))
-	} else if mt := root.Get("max_tokens"); mt.Type == gjson.Number {
+	} else if mt := f.maxTokens; mt.Type == gjson.Number {
 		r.maxTokens = int(max(0, min(mt.Int(), 1<<20)))
 	}
 	if p != nil {
@@ -163,26 +171,25 @@ func ParseRequest(api API, h http.Header, body []byte, p *tenancy.Principal) (*R
 		}
 		r.cacheSalt = p.CacheSalt(r.cacheSalt)
 	}
-	if err := r.parseClass(root); err != nil {
+	if err := r.parseClass(f.serviceTier); err != nil {
 		return nil, err
 	}
 	var opening []byte
 	switch api {
 	case APIChat:
-		r.messages = root.Get("messages")
-		if !r.messages.IsArray() || len(r.messages.Array()) == 0 {
+		r.messages = f.messages
+		if !r.messages.IsArray() {
 			return nil, apierror.BadRequest("messages", "messages must be a non-empty array")
 		}
-		r.tools = root.Get("tools")
+		r.tools = f.tools
 		if r.tools.Exists() && r.tools.Type != gjson.Null && !r.tools.IsArray() {
 			return nil, apierror.BadRequest("tools", "tools must be an array")
 		}
-		var err error
 		if opening, err = r.scanMessages(); err != nil {
 			return nil, err
 		}
 	case APICompletions:
-		r.prompt = root.Get("prompt")
+		r.prompt = f.prompt
 		switch {
 		case r.prompt.Type == gjson.String:
 			r.textBytes = len(r.prompt.String())
@@ -207,70 +214,184 @@ func ParseRequest(api API, h http.Header, body []byte, p *tenancy.Principal) (*R
 		// only when the client names one; prefix routing still applies.
 	}
 	r.session = session.Identify(r.tenantID(), h, session.Body{
-		SessionID:        root.Get("session_id").String(),
-		PromptCacheKey:   root.Get("prompt_cache_key").String(),
-		User:             root.Get("user").String(),
-		SafetyIdentifier: root.Get("safety_identifier").String(),
+		SessionID:        f.sessionID.String(),
+		PromptCacheKey:   f.promptCacheKey.String(),
+		User:             f.user.String(),
+		SafetyIdentifier: f.safetyIdentifier.String(),
 		Opening:          opening,
 	})
 	return r, nil
 }
 
-// scanMessages checks each message's shape, sums the prompt text and
-// returns the conversation's opening: system and developer messages, the
-// tools, and the first user message.
+// topFields are the body's top-level fields the gateway reads, found in
+// one pass over the body (each gjson Get of an absent field would scan
+// all of it: a 16k-token prompt is ~100 KB).
+type topFields struct {
+	model, stream, streamOptions, cacheSalt, maxCompletionTokens, maxTokens, serviceTier gjson.Result
+	messages, tools, prompt                                                              gjson.Result
+	sessionID, promptCacheKey, user, safetyIdentifier                                    gjson.Result
+	seen                                                                                 topSeen
+}
+
+// topSeen records which top-level fields the client sent that the
+// upstream body rewrites (upstreamBody, classBody).
+type topSeen struct {
+	sessionID, priority bool
+}
+
+// scanTop finds the top-level fields of root, an object. A field the
+// gateway reads that appears twice is a 400: the gateway and the engine
+// could disagree on which one counts (the model the tenant may use, say).
+func scanTop(root gjson.Result) (topFields, error) {
+	var f topFields
+	var dup string
+	root.ForEach(func(k, v gjson.Result) bool {
+		var dst *gjson.Result
+		switch k.Str {
+		case "model":
+			dst = &f.model
+		case "stream":
+			dst = &f.stream
+		case "stream_options":
+			dst = &f.streamOptions
+		case "cache_salt":
+			dst = &f.cacheSalt
+		case "max_completion_tokens":
+			dst = &f.maxCompletionTokens
+		case "max_tokens":
+			dst = &f.maxTokens
+		case "service_tier":
+			dst = &f.serviceTier
+		case "messages":
+			dst = &f.messages
+		case "tools":
+			dst = &f.tools
+		case "prompt":
+			dst = &f.prompt
+		case "session_id":
+			dst, f.seen.sessionID = &f.sessionID, true
+		case "prompt_cache_key":
+			dst = &f.promptCacheKey
+		case "user":
+			dst = &f.user
+		case "safety_identifier":
+			dst = &f.safetyIdentifier
+		case "priority":
+			f.seen.priority = true
+			return true
+		default:
+			return true
+		}
+		if dst.Exists() {
+			dup = k.Str
+			return false
+		}
+		*dst = v
+		return true
+	})
+	if dup != "" {
+		return f, apierror.BadRequest(dup, "%s appears more than once", dup)
+	}
+	return f, nil
+}
+
+// scanMessages checks each message's shape, sums the prompt text,
+// renders it for approxText, and returns the conversation's opening:
+// system and developer messages, the tools, and the first user message.
+// Each message is read in one pass over its fields.
 func (r *Request) scanMessages() ([]byte, error) {
 	var opening []byte
 	var bad error
 	sawUser := false
 	i := 0
+	text := make([]byte, 0, len(r.messages.Raw)+len(r.tools.Raw)+16)
+	if r.tools.IsArray() {
+		text = append(text, "tools\x00"...)
+		text = append(text, r.tools.Raw...)
+		text = append(text, 0)
+	}
 	r.messages.ForEach(func(_, msg gjson.Result) bool {
 		if !msg.IsObject() {
 			bad = apierror.BadRequest("messages", "messages[%d] must be an object", i)
 			return false
 		}
-		role := msg.Get("role")
+		role, content, toolCalls := messageFields(msg)
 		if role.Type != gjson.String || role.String() == "" {
 			bad = apierror.BadRequest("messages", "messages[%d].role must be a non-empty string", i)
 			return false
 		}
-		content := msg.Get("content")
 		switch {
 		case content.Type == gjson.String, content.Type == gjson.Null, !content.Exists(), content.IsArray():
 		default:
 			bad = apierror.BadRequest("messages", "messages[%d].content must be a string, an array of parts or null", i)
 			return false
 		}
-		r.textBytes += len(content.Raw) + len(msg.Get("tool_calls").Raw)
-		if role.String() == "assistant" {
+		r.textBytes += len(content.Raw) + len(toolCalls.Raw)
+		if role.Str == "assistant" {
 			r.turns, r.priorBytes = r.turns+1, r.textBytes
 		}
 		if !sawUser {
-			switch role.String() {
-			case "system", "developer":
-				opening = append(opening, role.String()...)
-				opening = append(opening, 0)
-				opening = append(opening, content.Raw...)
-				opening = append(opening, 0)
-			case "user":
-				sawUser = true
-				opening = append(opening, "user"...)
+			switch role.Str {
+			case "system", "developer", "user":
+				sawUser = role.Str == "user"
+				opening = append(opening, role.Str...)
 				opening = append(opening, 0)
 				opening = append(opening, content.Raw...)
 				opening = append(opening, 0)
 			}
 		}
+		text = appendMessageText(text, role, content, toolCalls)
 		i++
 		return true
 	})
 	if bad != nil {
 		return nil, bad
 	}
+	if i == 0 {
+		return nil, apierror.BadRequest("messages", "messages must be a non-empty array")
+	}
 	if r.tools.IsArray() {
 		opening = append(opening, r.tools.Raw...)
 		r.textBytes += len(r.tools.Raw)
 	}
+	r.text = text
 	return opening, nil
+}
+
+// messageFields returns a message's role, content and tool_calls (the
+// first of each), in one pass over its fields.
+func messageFields(msg gjson.Result) (role, content, toolCalls gjson.Result) {
+	msg.ForEach(func(k, v gjson.Result) bool {
+		switch {
+		case k.Str == "role" && !role.Exists():
+			role = v
+		case k.Str == "content" && !content.Exists():
+			content = v
+		case k.Str == "tool_calls" && !toolCalls.Exists():
+			toolCalls = v
+		}
+		return true
+	})
+	return role, content, toolCalls
+}
+
+// appendMessageText appends one message as approxText renders it: its
+// role, its text (a string, or the text of its parts), its tool calls.
+func appendMessageText(b []byte, role, content, toolCalls gjson.Result) []byte {
+	b = append(b, role.String()...)
+	b = append(b, 0)
+	if content.Type == gjson.String {
+		b = append(b, content.String()...)
+	} else {
+		content.ForEach(func(_, part gjson.Result) bool {
+			b = append(b, part.Get("text").String()...)
+			return true
+		})
+	}
+	if toolCalls.Exists() {
+		b = append(b, strings.TrimSpace(toolCalls.Raw)...)
+	}
+	return append(b, 0)
 }
 
 // upstreamBody is the body sent to the replica: the client's, with
@@ -286,12 +407,12 @@ func (r *Request) upstreamBody() ([]byte, error) {
 			return nil, err
 		}
 	}
-	if r.session.Value != "" && !gjson.GetBytes(r.body, "session_id").Exists() {
+	if r.session.Value != "" && !r.top.sessionID {
 		if body, err = sjson.SetBytes(body, "session_id", r.session.Value); err != nil {
 			return nil, err
 		}
 	}
-	if r.cacheSalt != "" && gjson.GetBytes(r.body, "cache_salt").String() != r.cacheSalt {
+	if r.cacheSalt != "" && r.clientSalt != r.cacheSalt {
 		// An isolated tenant's salt (joined with the client's own): its
 		// cached prefixes are shared with nobody, nor can they be timed.
 		if body, err = sjson.SetBytes(body, "cache_salt", r.cacheSalt); err != nil {
@@ -364,43 +485,18 @@ func (r *Request) approxText() []byte {
 	return r.text
 }
 
+// renderText renders a completions prompt (a chat request's text is
+// rendered by scanMessages).
 func (r *Request) renderText() []byte {
-	b := []byte{}
-	switch r.api {
-	case APIChat:
-		if r.tools.IsArray() {
-			b = append(b, "tools\x00"...)
-			b = append(b, r.tools.Raw...)
-			b = append(b, 0)
-		}
-		r.messages.ForEach(func(_, msg gjson.Result) bool {
-			b = append(b, msg.Get("role").String()...)
-			b = append(b, 0)
-			c := msg.Get("content")
-			if c.Type == gjson.String {
-				b = append(b, c.String()...)
-			} else {
-				c.ForEach(func(_, part gjson.Result) bool {
-					b = append(b, part.Get("text").String()...)
-					return true
-				})
-			}
-			if tc := msg.Get("tool_calls"); tc.Exists() {
-				b = append(b, strings.TrimSpace(tc.Raw)...)
-			}
-			b = append(b, 0)
-			return true
-		})
-	case APICompletions:
-		p := r.prompt
-		if p.IsArray() {
-			p = p.Array()[0]
-		}
-		if p.Type == gjson.String {
-			b = append(b, p.String()...)
-		} else {
-			b = append(b, p.Raw...)
-		}
+	if r.api != APICompletions {
+		return []byte{}
 	}
-	return b
+	p := r.prompt
+	if p.IsArray() {
+		p = p.Array()[0]
+	}
+	if p.Type == gjson.String {
+		return []byte(p.String())
+	}
+	return []byte(p.Raw)
 }

@@ -97,7 +97,7 @@ func (g *Gateway) gather(ctx context.Context, r *Request) ([]*fleet.Replica, *sc
 		return reps, in, bind, nil
 	}
 	g.tokenizeEarly(ctx, r, reps, in)
-	bind, ok, err := g.sessions.Lookup(ctx, in.SessionKey)
+	bind, ok, err := g.lookup(ctx, r)
 	if err != nil {
 		g.m.redisErrors.WithLabelValues("lookup").Inc()
 		g.log.Debug("session lookup degraded", "err", err)
@@ -129,6 +129,22 @@ func (g *Gateway) gather(ctx context.Context, r *Request) ([]*fleet.Replica, *sc
 		}
 	}
 	return reps, in, bind, nil
+}
+
+// lookup returns r's session binding. A chat conversation's first turn
+// (no assistant turn yet) that this gateway has not bound asks Redis
+// nothing: only a retry, or another conversation with the same opening,
+// could have bound it, the prefix index finds where that prompt went,
+// and the first turn's binding write (SET NX) still follows another
+// gateway that bound it first. That spares a fresh prompt one of its two
+// Redis round trips.
+func (g *Gateway) lookup(ctx context.Context, r *Request) (session.Binding, bool, error) {
+	if r.api == APIChat && r.turns == 0 {
+		if _, ok := g.sessions.Local(r.session.Value); !ok {
+			return session.Binding{}, false, nil
+		}
+	}
+	return g.sessions.Lookup(ctx, r.session.Value)
 }
 
 // tokenizeEarly starts tokenizing r before its session lookup when the

@@ -7,8 +7,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/vllmsim"
@@ -403,4 +406,51 @@ func TestEarlyTokenizeOverlapsLookup(t *testing.T) {
 	if third.replica() != first.replica() || calls(b) != before {
 		t.Errorf("next turn via the same gateway: %s after %v more tokenizer calls; want %s and none", third.replica(), calls(b)-before, first.replica())
 	}
+}
+
+// A chat conversation's first turn asks Redis for no binding (none can be
+// there but a retry's); its later turns do, since another gateway may
+// hold their binding.
+func TestFirstTurnAsksRedisNothing(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{Replicas: 2})
+	cfg := fleetConfig(sim)
+	rdb := redisFor(t, &cfg)
+	gets := &sessionGets{prefix: cfg.Redis.KeyPrefix + "sess:"}
+	rdb.AddHook(gets)
+	g := startGateway(t, cfg, rdb)
+	if r := chat(t, g.URL, chatBody("first turn", 0, 2), nil); r.Status != http.StatusOK {
+		t.Fatalf("first turn: %d %s", r.Status, r.Body)
+	}
+	if n := gets.n.Load(); n != 0 {
+		t.Errorf("the first turn read %d session bindings from Redis; want none", n)
+	}
+	if r := chat(t, g.URL, chatBody("first turn", 40, 2), nil); r.Status != http.StatusOK {
+		t.Fatalf("second turn: %d %s", r.Status, r.Body)
+	}
+	if n := gets.n.Load(); n != 1 {
+		t.Errorf("the second turn read %d session bindings from Redis; want 1", n)
+	}
+}
+
+// sessionGets is a go-redis hook counting GETs of session bindings.
+type sessionGets struct {
+	prefix string
+	n      atomic.Int64
+}
+
+func (h *sessionGets) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *sessionGets) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if args := cmd.Args(); cmd.Name() == "get" && len(args) == 2 {
+			if k, _ := args[1].(string); strings.HasPrefix(k, h.prefix) {
+				h.n.Add(1)
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *sessionGets) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
