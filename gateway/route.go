@@ -323,6 +323,9 @@ func (g *Gateway) commit(ctx context.Context, r *Request, rt *route, bind sessio
 		g.m.rebinds.WithLabelValues(p.Rebind).Inc()
 	}
 	g.m.decisions.WithLabelValues(p.Reason).Inc()
+	if len(p.Estimates) > 0 && p.Estimates[0].Replication > 0 {
+		g.m.copies.Inc()
+	}
 	if p.Reason == scoring.ReasonSticky {
 		g.m.tokenizeAvoided.Inc()
 	}
