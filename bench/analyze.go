@@ -254,7 +254,10 @@ const predictionSamples = 8
 // TTFT model's cost is a FIFO's (PrefillTokensPerSec, no step cost),
 // calibrated as the gateway calibrates it, by each decision's simulated
 // TTFT once its first token is due; the conversation statistics it reads
-// (gaps, turns) are the trace's sessions'. Session keys come from the
+// (gaps, turns) are the trace's sessions', and the demand for a prefix
+// (scoring.Input.Sharers) is counted, as the gateway counts it, over the
+// requests scored with the prefix known, each under the key of the
+// deepest block any replica holds of it. Session keys come from the
 // gateway's request parser for chat logs; a Mooncake request carries no
 // session, so its key is the key of its opening's last block (ReadTrace):
 // the chain over the prefix its conversation shares with others and the
@@ -584,6 +587,9 @@ func simulate(ctx context.Context, pol *scoring.Policy, cacheBlocks int, in *sim
 		if err == nil && plan.NeedsPrefix {
 			din.Matched = matchPrefix(pol, fl, approx, in, i, names, matched, &hits)
 			din.MatchedCPU = matchCPU(pol, fl, in, i, matched, matchedCPU)
+			if pol.Estimated {
+				din.Sharers = cal.ObservePrefix(analyzeModel, scoring.HeldPrefix(din.Matched, in.approxKeys[i], bt), now)
+			}
 			plan, err = pol.Decide(&din)
 		}
 		if err != nil {

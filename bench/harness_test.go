@@ -131,20 +131,28 @@ func TestOpeningsPartConversations(t *testing.T) {
 
 // On the shared-harness shape warmpath caches as much as precise-prefix
 // (the report: 67.9 % against 90.5 % before sessions were keyed
-// per conversation), and its sticky turns find their prefix.
+// per conversation), and its sticky turns find their prefix; with the
+// replication term it copies the harness rather than crowd every
+// conversation onto its first holder, and its p90 TTFT is session-hash's.
 func TestAnalyzeSharedHarness(t *testing.T) {
 	tr := harnessTrace(t, 40, 20)
 	rep, err := Analyze(t.Context(), AnalyzeConfig{Trace: tr, CacheBlocks: []int{150, 600},
-		Policies: []string{scoring.PolicyPrecisePrefix, scoring.PolicyWarmpath}, Seed: 2})
+		Policies: []string{scoring.PolicySessionHash, scoring.PolicyPrecisePrefix, scoring.PolicyWarmpath}, Seed: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, cb := range []int{150, 600} {
+		sh, _ := rep.result(scoring.PolicySessionHash, cb)
 		pp, _ := rep.result(scoring.PolicyPrecisePrefix, cb)
 		wp, _ := rep.result(scoring.PolicyWarmpath, cb)
-		t.Logf("%d blocks: precise-prefix %.3f, warmpath %.3f cached (sticky %.2f)", cb, pp.CachedFraction, wp.CachedFraction, wp.StickyShare)
+		t.Logf("%d blocks: session-hash %.3f p90 %.3f s, precise-prefix %.3f p90 %.3f s ×%.2f, warmpath %.3f p90 %.3f s ×%.2f (sticky %.2f)", cb,
+			sh.CachedFraction, sh.TTFTP90Seconds, pp.CachedFraction, pp.TTFTP90Seconds, pp.Imbalance, wp.CachedFraction, wp.TTFTP90Seconds, wp.Imbalance, wp.StickyShare)
 		if wp.CachedFraction < pp.CachedFraction-0.02 {
 			t.Errorf("%d blocks: warmpath cached %.3f; want at least precise-prefix's %.3f − 2 points", cb, wp.CachedFraction, pp.CachedFraction)
+		}
+		if wp.TTFTP90Seconds > 1.05*sh.TTFTP90Seconds || wp.Imbalance >= pp.Imbalance {
+			t.Errorf("%d blocks: warmpath p90 %.3f s ×%.2f; want at most 1.05 × session-hash's %.3f s, spread more than precise-prefix's ×%.2f",
+				cb, wp.TTFTP90Seconds, wp.Imbalance, sh.TTFTP90Seconds, pp.Imbalance)
 		}
 		if wp.StickyShare < 0.3 {
 			t.Errorf("%d blocks: sticky share %.2f; conversations should stick", cb, wp.StickyShare)

@@ -21,8 +21,9 @@ type metrics struct {
 	mispredictedTok *prometheus.CounterVec   // tenant, model
 	decisions       *prometheus.CounterVec   // reason
 	rebinds         *prometheus.CounterVec   // reason
-	tokenizer       *prometheus.CounterVec   // result
-	tokBackoff      *prometheus.GaugeVec     // replica
+	copies          prometheus.Counter
+	tokenizer       *prometheus.CounterVec // result
+	tokBackoff      *prometheus.GaugeVec   // replica
 	tokenizeAvoided prometheus.Counter
 	tokenizeUnseen  prometheus.Counter
 	tips            *prometheus.CounterVec
@@ -81,6 +82,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		rebinds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "warmpath_session_rebinds_total", Help: "Sessions moved off their bound replica, by why.",
 		}, []string{"reason"}),
+		copies: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "warmpath_prefix_copies_total", Help: "Requests placed on a replica holding less of their prompt than the best holder with a positive replication term: a copy of a shared prefix made for the requests that will share it.",
+		}),
 		tokenizer: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "warmpath_tokenizer_calls_total", Help: "Prompt tokenizations, by result: cached, ok, error, unavailable (every tokenizer backed off; no call made). Identical prompts in flight share one call.",
 		}, []string{"result"}),
@@ -120,7 +124,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		fracs: map[[2]string]*[2]float64{},
 	}
 	reg.MustRegister(m.requests, m.duration, m.ttft, m.ttftError, m.promptTokens, m.cachedTokens, m.predictedTokens,
-		m.cachedFraction, m.mispredicted, m.mispredictedTok, m.decisions, m.rebinds, m.tokenizer, m.tokBackoff,
+		m.cachedFraction, m.mispredicted, m.mispredictedTok, m.decisions, m.rebinds, m.copies, m.tokenizer, m.tokBackoff,
 		m.tokenizeAvoided, m.tokenizeUnseen, m.tips, m.retries, m.upstreamErrors, m.redisErrors, m.streamsCut, m.connsRejected,
 		m.replicaRestarts, m.inflight)
 	return m

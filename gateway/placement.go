@@ -70,9 +70,10 @@ func (p *placement) bound() bool {
 }
 
 // match fills the input's prefix matches (tokenizing when the policy
-// needs token ids).
+// needs token ids) and the matched prefix's demand (observeDemand).
 func (p *placement) match(ctx context.Context) {
 	p.keys, p.chunks = p.g.matchPrefix(ctx, p.r, p.reps, p.in)
+	p.g.observeDemand(p.r, p.in, p.keys)
 }
 
 // refresh reads the replicas' load and availability as they are at now.

@@ -258,6 +258,19 @@ func (g *Gateway) matchPrefix(ctx context.Context, r *Request, reps []*fleet.Rep
 	return keys, chunks
 }
 
+// observeDemand counts r as a request sharing the longest prefix of its
+// prompt any replica holds, and gives the decision that prefix's demand
+// (Input.Sharers), which prices a second copy of it. Only policies that
+// estimate weigh it.
+func (g *Gateway) observeDemand(r *Request, in *scoring.Input, keys []uint64) {
+	if !g.policy.Estimated || len(keys) == 0 {
+		return
+	}
+	if k := scoring.HeldPrefix(in.Matched, keys, in.BlockSize); k != 0 {
+		in.Sharers = g.cal.ObservePrefix(r.model, k, float64(in.Now.UnixMicro())/1e6)
+	}
+}
+
 // engineBlocks lists the endpoints' engine block sizes.
 func engineBlocks(eps []scoring.Endpoint) []int {
 	out := make([]int, len(eps))
@@ -327,6 +340,9 @@ func (g *Gateway) commit(ctx context.Context, r *Request, rt *route, bind sessio
 		g.m.rebinds.WithLabelValues(p.Rebind).Inc()
 	}
 	g.m.decisions.WithLabelValues(p.Reason).Inc()
+	if len(p.Estimates) > 0 && p.Estimates[0].Replication > 0 {
+		g.m.copies.Inc()
+	}
 	if p.Reason == scoring.ReasonSticky {
 		g.m.tokenizeAvoided.Inc()
 	}
@@ -482,13 +498,18 @@ func (g *Gateway) debugHeaders(h interface{ Set(string, string) }, x *exchange) 
 
 // estimateScores renders each candidate's TTFT estimate, in the plan's
 // order: replica=cost(ttft:s,others:s,future:s,queued:tokens,
-// uncached:tokens), in seconds and tokens.
+// uncached:tokens), in seconds and tokens, with replication:s after
+// future when the candidate has a replication term.
 func estimateScores(eps []scoring.Endpoint, p *scoring.Plan) string {
 	parts := make([]string, len(p.Order))
 	for k, i := range p.Order {
 		e := p.Estimates[k]
-		parts[k] = fmt.Sprintf("%s=%.3f(ttft:%.3f,others:%.3f,future:%.3f,queued:%d,uncached:%d)",
-			eps[i].ID, e.Cost(), e.TTFT, e.Others, e.Future, e.QueuedTokens, e.UncachedTokens)
+		repl := ""
+		if e.Replication > 0 {
+			repl = fmt.Sprintf(",replication:%.3f", e.Replication)
+		}
+		parts[k] = fmt.Sprintf("%s=%.3f(ttft:%.3f,others:%.3f,future:%.3f%s,queued:%d,uncached:%d)",
+			eps[i].ID, e.Cost(), e.TTFT, e.Others, e.Future, repl, e.QueuedTokens, e.UncachedTokens)
 	}
 	return strings.Join(parts, "; ")
 }

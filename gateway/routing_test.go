@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -453,4 +454,47 @@ func (h *sessionGets) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 
 func (h *sessionGets) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
+}
+
+// The gateway counts the demand for the longest prefix any replica holds
+// of a scored prompt, under its block key, and hands it to the decision
+// (Input.Sharers) for warmpath's replication term; baselines weigh no
+// such term and count nothing.
+func TestObserveDemand(t *testing.T) {
+	for _, policy := range []string{scoring.PolicyWarmpath, scoring.PolicyPrecisePrefix} {
+		t.Run(policy, func(t *testing.T) {
+			sim := startSim(t, vllmsim.Config{Replicas: 2})
+			cfg := fleetConfig(sim)
+			cfg.Routing.Policy = policy
+			gw := startGateway(t, cfg, redisFor(t, &cfg))
+			const model = "qwen3-32b"
+			// Conversations of two turns, 60 s apart: a lifetime of 30 s.
+			for range 10 {
+				gw.cal.ObserveTurn(model, 1, 0)
+				gw.cal.ObserveTurn(model, 2, 60)
+			}
+			bs := gw.cfg.Routing.BlockSize
+			keys := []uint64{101, 102, 103, 104}
+			now := time.Unix(1_750_000_000, 0)
+			var got []float64
+			for k := range 3 {
+				// Two requests share the three blocks replica 1 holds;
+				// the third's deepest held prefix is another one.
+				matched := []int{bs, 3 * bs}
+				if k == 2 {
+					matched = []int{2 * bs, bs}
+				}
+				in := &scoring.Input{Now: now, Matched: matched, BlockSize: bs}
+				gw.observeDemand(&Request{model: model}, in, keys)
+				got = append(got, in.Sharers)
+			}
+			want := []float64{0, 1, 0}
+			if policy != scoring.PolicyWarmpath {
+				want = []float64{0, 0, 0}
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("sharers %v; want %v", got, want)
+			}
+		})
+	}
 }

@@ -67,6 +67,7 @@ type fit struct {
 	n        float64 // decayed observation count (the sum of the decay weights)
 	theta    [parts]float64
 	sessions SessionStats
+	demand   Demand
 }
 
 // NewCalibrator returns a calibrator whose every model starts at prior
@@ -118,6 +119,19 @@ func (c *Calibrator) ObserveTurn(model string, turn int, gap float64) {
 	if turn > 1 {
 		f.sessions.ObserveGap(gap)
 	}
+}
+
+// ObservePrefix records that a request of model, at now seconds (any
+// fixed origin), was scored with the prefix named key as the longest any
+// replica held of its prompt, and returns how many earlier requests of
+// model shared it over the horizon of a conversation's lifetime
+// (SessionStats.Lifetime; see Demand): the demand the replication term
+// weighs (Input.Sharers). It is 0 until conversations have been seen.
+func (c *Calibrator) ObservePrefix(model string, key uint64, now float64) float64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	f := c.model(model)
+	return f.demand.Observe(key, now, f.sessions.Lifetime())
 }
 
 // model returns model's fit, creating it at the prior. The caller holds

@@ -90,6 +90,11 @@ type Input struct {
 	// family's first turns land together where nothing tells replicas
 	// apart.
 	Parent string
+	// Sharers is how many requests shared, over the last horizon, the
+	// prefix of this prompt that the best-matching replica holds (see
+	// Calibrator.ObservePrefix): the demand that prices a second copy of
+	// it, for the warmpath policy once Matched is known; 0 when unknown.
+	Sharers float64
 	// Rand breaks ties; nil uses the goroutine-safe top-level generator.
 	Rand *rand.Rand
 }
@@ -350,24 +355,65 @@ func (p *Policy) sticky(in *Input, i int, avail []int) Plan {
 func (p *Policy) estimates(in *Input, idx []int, prompt int, cached func(j int) int) []Estimate {
 	c := in.Cost.WithDefaults()
 	price := queuePrice(in.Endpoints, float64(prompt))
-	turn := 1
-	if in.Binding != nil {
-		turn = in.Binding.Turns + 1
-	}
 	out := make([]Estimate, len(idx))
 	for k, j := range idx {
 		l := c.loadOf(&in.Endpoints[j], price)
 		m := float64(min(max(cached(j), 0), prompt))
-		e := c.estimate(l, float64(prompt)-m, m)
-		if p.Estimated {
-			e.Others = c.others(l, e)
-			if in.SessionKey != "" {
-				e.Future = c.future(l, in.Sessions, turn, float64(prompt))
-			}
-		}
-		out[k] = e
+		out[k] = p.placed(in, &c, l, float64(prompt), m)
 	}
 	return out
+}
+
+// placed is the estimate for a prompt of prompt tokens, cached of them
+// held, on a replica under load l: the TTFT model's, with the placement
+// term for estimated policies.
+func (p *Policy) placed(in *Input, c *Cost, l load, prompt, cached float64) Estimate {
+	e := c.estimate(l, prompt-cached, cached)
+	if p.Estimated {
+		e.Others = c.others(l, e)
+		if in.SessionKey != "" {
+			e.Future = c.future(l, in.Sessions, in.turn(), prompt)
+		}
+	}
+	return e
+}
+
+// turn is the request's turn in its session: 1 without a binding.
+func (in *Input) turn() int {
+	if in.Binding != nil {
+		return in.Binding.Turns + 1
+	}
+	return 1
+}
+
+// replicate sets the replication term of the estimates est (aligned
+// with avail, the prefix known) of the candidates that hold less of the
+// prompt than the best: a copy there saves each of in.Sharers requests
+// like this one what it would pay on the cheapest holder beyond what it
+// would pay there as a holder (see replication).
+func (p *Policy) replicate(in *Input, avail []int, est []Estimate) {
+	if !p.Estimated || !(in.Sharers > 0) || len(est) < 2 {
+		return
+	}
+	var best int64
+	for k := range est {
+		best = max(best, est[k].CachedTokens)
+	}
+	held := math.Inf(1)
+	for k := range est {
+		if est[k].CachedTokens == best {
+			held = min(held, est[k].Cost())
+		}
+	}
+	c := in.Cost.WithDefaults()
+	price := queuePrice(in.Endpoints, float64(in.PromptTokens))
+	for k, j := range avail {
+		if est[k].CachedTokens < best {
+			l := c.loadOf(&in.Endpoints[j], price)
+			as := p.placed(in, &c, l, float64(in.PromptTokens), float64(best))
+			est[k].Replication = replication(in.Sharers, held, as.Cost())
+		}
+	}
 }
 
 // effectiveHit is endpoint j's prompt tokens the model counts as cached:
@@ -389,6 +435,7 @@ func (in *Input) effectiveHit(j int) int {
 // first: exact ties go to the parent's replica, then at random.
 func (p *Policy) cheapest(in *Input, avail []int, plan *Plan) {
 	est := p.estimates(in, avail, in.PromptTokens, in.effectiveHit)
+	p.replicate(in, avail, est)
 	ord := make([]int, len(avail))
 	for k := range ord {
 		ord[k] = k

@@ -2,7 +2,8 @@
 // each replica at decision time ([Endpoint]), what it knows about a request
 // ([Request], [Input]), the TTFT model that estimates each replica's time
 // to first token ([Cost], [Estimate]) and its calibration ([Calibrator],
-// [Meter], [SessionStats]), scorers and pickers for the baselines, and the
+// [Meter], [SessionStats], [Demand]), scorers and pickers for the
+// baselines, and the
 // named policies built from them ([Policy]): round-robin, least-load,
 // session-hash, approx-prefix, precise-prefix and warmpath.
 //
@@ -59,10 +60,11 @@
 //
 // warmpath sends each request to the replica with the lowest
 //
-//	cost   = TTFT + Others + Future
-//	Others = (P − M) × perToken × (1 + ArrivalRate × (TTFT − Overhead))
-//	Future = remaining turns × P(gap > life) × P × perToken
-//	life   = (1 − KVUsage) × CacheTokens ÷ UncachedRate
+//	cost        = TTFT + Others + Future − Replication
+//	Others      = (P − M) × perToken × (1 + ArrivalRate × (TTFT − Overhead))
+//	Future      = remaining turns × P(gap > life) × P × perToken
+//	life        = (1 − KVUsage) × CacheTokens ÷ UncachedRate
+//	Replication = Sharers × max(0, held − as)     on a replica holding less than H
 //
 // Others is what the request's own prefill costs everyone else: the
 // replica's time (paid once: the fleet can do nothing else with it) and
@@ -79,6 +81,31 @@
 // requests that would wait behind it; a replica whose cache churns is a
 // poor home for a conversation that pauses. Exact ties go to the replica
 // of the request's parent (Input.Parent), then at random.
+//
+// Replication is what a second copy of a shared prefix saves the requests
+// that will share it. Let H be the most of the prompt any replica holds
+// (a harness every coding-agent conversation opens with; a sub-agent's
+// parent's opening). A replica holding less is a copy in the making: this
+// request pays for the copy (its TTFT and Others price the prefill of
+// what the replica lacks), and each later request opening the same way
+// may then start there instead of at a holder. Sharers is the prefix's
+// demand, the requests that shared it (were scored with it as the longest
+// held) over the horizon of a conversation's lifetime, remaining turns
+// after the first × the mean gap ([SessionStats.Lifetime]), decayed with
+// that time constant ([Demand], kept per model by the [Calibrator]): as
+// many as shared it over the last horizon are expected over the next,
+// while the copy is kept warm by the conversation that made it. Each of
+// them would pay held, this request's cost on the cheapest holder, and
+// with the copy pays as, the cost of a request like this one on the
+// replica were it to hold H: the wait at a queue the holders' share of
+// the fleet cannot drain, and the Future of a cache that churns because
+// every conversation crowds onto the few replicas holding the opening. So
+// a new conversation whose prefix lives only on a busy replica goes to a
+// cold one when Sharers × (held − as) exceeds the copy's price; with no
+// demand, or a holder as cheap as the copy would be, the term is 0 and
+// nothing moves. The holders' term is 0. It is weighed once the prefix
+// is known (sticky turns, decided without it, do not weigh it), and
+// costs one table probe per decision.
 //
 // A sticky turn (one whose session is bound to a replica, continues the
 // bound conversation and whose replica still holds its prefix) is routed
@@ -103,7 +130,8 @@
 // (prior 1, within [1/16, 16]) and a fixed Overhead (prior 0: what no
 // replica's load explains, the same everywhere) to observed TTFTs by
 // decayed least squares on relative error, each held at its prior until
-// observations excite it; it also keeps each model's [SessionStats]. A [Meter] turns an engine's
+// observations excite it; it also keeps each model's [SessionStats] and
+// prefix [Demand]. A [Meter] turns an engine's
 // counters into ArrivalRate, UncachedRate and RequestTokens.
 //
 // # Scores
@@ -120,5 +148,5 @@
 //
 // A Policy is safe for concurrent use: scorers are stateless and the
 // round-robin picker uses an atomic counter. A Calibrator is safe for
-// concurrent use; Meter and SessionStats values are not.
+// concurrent use; Meter, SessionStats and Demand values are not.
 package scoring

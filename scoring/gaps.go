@@ -111,3 +111,29 @@ func (s *SessionStats) Remaining(turn int) float64 {
 	}
 	return later / at
 }
+
+// MeanGap returns the mean gap between turns, seconds, taking each bin's
+// gaps as spread evenly in log time (the bin below minGap evenly in
+// time, the last from its lower edge to twice it); 0 without
+// observations.
+func (s *SessionStats) MeanGap() float64 {
+	total, sum := s.gaps[0], s.gaps[0]*minGap/2
+	lo := minGap // bin j's lower edge, from bin 1
+	for _, c := range s.gaps[1:] {
+		total += c
+		// The mean of a log-uniform spread over [lo, 2lo] is lo ÷ ln 2.
+		sum += c * lo / math.Ln2
+		lo *= 2
+	}
+	if total <= 0 {
+		return 0
+	}
+	return sum / total
+}
+
+// Lifetime returns how long a conversation is expected to go on from its
+// first turn, seconds: its turns still to come times the mean gap before
+// each; 0 without observations.
+func (s *SessionStats) Lifetime() float64 {
+	return s.Remaining(1) * s.MeanGap()
+}

@@ -92,6 +92,12 @@ type Estimate struct {
 	// together the cache-placement term (see the package doc); 0 for
 	// policies that do not weigh them.
 	Others, Future float64
+	// Replication is what a copy of the prompt's shared prefix here
+	// would save the requests that will share it, seconds of their cost,
+	// for a replica holding less of the prompt than the best one (see the
+	// package doc); 0 for the holders and for policies that do not weigh
+	// it. Cost subtracts it.
+	Replication float64
 	// QueuedTokens is the prefill work ahead of the request and
 	// UncachedTokens its own uncached prompt, in tokens; CachedTokens is
 	// the prompt the replica is believed to hold.
@@ -111,11 +117,12 @@ type Estimate struct {
 }
 
 // Cost is the estimate's total: TTFT plus the cache-placement term
-// (Others + Future), the quantity the warmpath policy minimises.
-func (e Estimate) Cost() float64 { return e.TTFT + e.Others + e.Future }
+// (Others + Future − Replication), the quantity the warmpath policy
+// minimises.
+func (e Estimate) Cost() float64 { return e.TTFT + e.Placement() }
 
-// Placement is the cache-placement term, Others + Future.
-func (e Estimate) Placement() float64 { return e.Others + e.Future }
+// Placement is the cache-placement term, Others + Future − Replication.
+func (e Estimate) Placement() float64 { return e.Others + e.Future - e.Replication }
 
 // load is what the model reads off an endpoint, resolved once per
 // decision.
@@ -285,4 +292,21 @@ func (c *Cost) future(l load, st *SessionStats, turn int, prompt float64) float6
 		return 0
 	}
 	return r * st.Survival(l.life) * prompt * c.perToken(l)
+}
+
+// replication is what a copy of a shared prefix on a replica saves the
+// requests that will share it: each of sharers requests like this one
+// would pay held (its cost on the cheapest replica holding the prefix)
+// and, with the copy, pays as (its cost on this replica holding it):
+//
+//	Replication = Sharers × max(0, held − as)
+//
+// Sharers is the prefix's demand over the horizon (see Demand). The
+// copy's own price, the prefill of what the replica lacks (in TTFT and
+// Others), is in the replica's estimate already.
+func replication(sharers, held, as float64) float64 {
+	if !(sharers > 0) {
+		return 0
+	}
+	return sharers * max(0, held-as)
 }

@@ -3,6 +3,7 @@ package scoring
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 )
@@ -335,4 +336,115 @@ func TestSessionStats(t *testing.T) {
 	}
 	s.ObserveGap(math.NaN())
 	s.ObserveTurn(0)
+}
+
+// The mean gap takes each log-spaced bin's gaps at their log-uniform mean,
+// and a conversation's lifetime is its turns to come times that.
+func TestSessionLifetime(t *testing.T) {
+	var s SessionStats
+	if s.MeanGap() != 0 || s.Lifetime() != 0 {
+		t.Fatal("empty statistics have a lifetime")
+	}
+	for range 100 {
+		s.ObserveGap(3) // bin [2, 4): mean 2 ÷ ln 2
+		s.ObserveTurn(1)
+		s.ObserveTurn(2)
+		s.ObserveTurn(3)
+	}
+	if got, want := s.MeanGap(), 2/math.Ln2; !nearly(got, want) {
+		t.Errorf("mean gap %v; want %v", got, want)
+	}
+	if got, want := s.Lifetime(), 2*2/math.Ln2; math.Abs(got-want) > 0.01*want {
+		t.Errorf("lifetime %v; want 2 turns × %v", got, 2/math.Ln2)
+	}
+}
+
+// harnessInput is a new conversation opening with a 12,000-token harness
+// that only replica "hot" holds, behind queued tokens of prefill there,
+// with three idle replicas that hold nothing; sharers requests shared the
+// harness over the horizon.
+func harnessInput(queued int64, sharers float64) *Input {
+	var st SessionStats
+	for range 100 {
+		st.ObserveTurn(1)
+		st.ObserveTurn(2)
+		st.ObserveGap(5)
+	}
+	return &Input{Model: "m", SessionKey: "s", PromptTokens: 13000, BlockSize: 16, Sessions: &st,
+		Endpoints: []Endpoint{{ID: "hot", InflightPrefillTokens: queued, InflightPrefillRequests: 2, Running: 2},
+			{ID: "cold-1"}, {ID: "cold-2"}, {ID: "cold-3"}},
+		Matched: []int{12000, 0, 0, 0}, Sharers: sharers, Rand: rand.New(rand.NewPCG(1, 2))}
+}
+
+// A popular prefix that lives only on a busy replica gets a second copy:
+// the copy's prefill (about 1.7 s of TTFT and fleet time) is less than
+// the queue it spares the thirty requests that will share the harness.
+// Without the replication term the hot replica wins (the copy costs more
+// than this request's own wait there).
+func TestReplicationCopiesAPopularPrefix(t *testing.T) {
+	warm, _ := NewPolicy(PolicyWarmpath, nil)
+	in := harnessInput(3000, 30)
+	p, err := warm.Decide(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := in.Endpoints[p.Chosen()].ID; got == "hot" {
+		t.Fatalf("chose %s; want a cold replica (estimates %+v)", got, p.Estimates)
+	}
+	e := p.Estimates[0]
+	hot := p.Estimates[slices.Index(p.Order, 0)]
+	if hot.Replication != 0 || !(e.Replication > 0) {
+		t.Errorf("replication: hot %v, chosen %v; want 0 and positive", hot.Replication, e.Replication)
+	}
+	// The term is the sharers' saving: the hot replica's cost against the
+	// chosen one's were it to hold the harness.
+	c := DefaultCost()
+	l := c.loadOf(&in.Endpoints[p.Chosen()], float64(in.PromptTokens))
+	as := warm.placed(in, &c, l, 13000, 12000)
+	if want := 30 * (hot.Cost() - as.Cost()); !nearly(e.Replication, want) {
+		t.Errorf("replication %v; want 30 × (%v − %v) = %v", e.Replication, hot.Cost(), as.Cost(), want)
+	}
+	if !nearly(e.Cost(), e.TTFT+e.Others+e.Future-e.Replication) {
+		t.Errorf("cost %v does not subtract the replication term", e.Cost())
+	}
+	in = harnessInput(3000, 0)
+	p, _ = warm.Decide(in)
+	if got := in.Endpoints[p.Chosen()].ID; got != "hot" {
+		t.Errorf("without demand chose %s; want hot", got)
+	}
+}
+
+// Low demand, or no queue at the holder, leaves the request where the
+// prefix is: a copy for two sharers does not pay, and where the holder is
+// as cheap as a copy would be there is nothing to save.
+func TestReplicationNeedsDemand(t *testing.T) {
+	warm, _ := NewPolicy(PolicyWarmpath, nil)
+	for _, c := range []struct {
+		name    string
+		queued  int64
+		sharers float64
+	}{
+		{"two sharers", 3000, 2},
+		{"idle holder", 0, 1000},
+	} {
+		in := harnessInput(c.queued, c.sharers)
+		if c.queued == 0 {
+			in.Endpoints[0].InflightPrefillRequests, in.Endpoints[0].Running = 0, 0
+		}
+		p, err := warm.Decide(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := in.Endpoints[p.Chosen()].ID; got != "hot" {
+			t.Errorf("%s: chose %s; want hot (estimates %+v)", c.name, got, p.Estimates)
+		}
+	}
+	// Baselines never weigh it.
+	pp, _ := NewPolicy(PolicyPrecisePrefix, nil)
+	p, _ := pp.Decide(harnessInput(3000, 30))
+	for _, e := range p.Estimates {
+		if e.Replication != 0 {
+			t.Errorf("precise-prefix estimate has replication %v", e.Replication)
+		}
+	}
 }

@@ -1,0 +1,98 @@
+package scoring
+
+import "math"
+
+// Sizes of a Demand table.
+const (
+	// demandSlots is how many prefixes a Demand remembers: far more than
+	// the shared openings a fleet serves at once (a conversation's own
+	// prefix is demanded by its turns alone and soon decays out).
+	demandSlots = 1 << demandBits
+	demandBits  = 10
+	// demandProbe is how many slots a key may occupy: it goes to the
+	// first free or matching one, else replaces the least demanded.
+	demandProbe = 4
+)
+
+// Demand counts, per prefix, the requests that shared it: each is one
+// request scored with the prefix as the longest any replica held of its
+// prompt (a new conversation opening with a shared harness, a sub-agent
+// behind its parent's), decayed with time constant horizon, so that a
+// prefix's count is its arrival rate times the horizon: as many requests
+// as shared it over the last horizon, and, as far as the record tells, as
+// will share it over the next. It does no I/O and reads no clock; the
+// zero value is empty. It is not safe for concurrent use (a Calibrator
+// guards its own) and never allocates.
+type Demand struct {
+	slots [demandSlots]demandSlot
+}
+
+// demandSlot is one prefix's decayed count as of at.
+type demandSlot struct {
+	key       uint64
+	count, at float64
+}
+
+// Observe records a request sharing the prefix named key at now seconds
+// and returns how many earlier requests shared it, decayed with time
+// constant horizon seconds (0 or less, or not finite: nothing is counted,
+// and nothing recorded). key 0 names no prefix.
+func (d *Demand) Observe(key uint64, now, horizon float64) float64 {
+	if key == 0 || !(horizon > 0) || math.IsInf(horizon, 0) || math.IsNaN(now) {
+		return 0
+	}
+	s := d.slot(key, now, horizon)
+	if s.key != key {
+		*s = demandSlot{key: key, at: now}
+	}
+	before := s.count * decay(now-s.at, horizon)
+	s.count, s.at = before+1, max(s.at, now)
+	return before
+}
+
+// slot returns key's slot, or the one it should take: a free one, else
+// the least demanded among those it may occupy.
+func (d *Demand) slot(key uint64, now, horizon float64) *demandSlot {
+	h := key * 0x9E3779B97F4A7C15 // Fibonacci hashing spreads nearby keys
+	first := int(h >> (64 - demandBits))
+	var victim *demandSlot
+	for k := range demandProbe {
+		s := &d.slots[(first+k)%demandSlots]
+		if s.key == key || s.key == 0 {
+			return s
+		}
+		if victim == nil || s.count*decay(now-s.at, horizon) < victim.count*decay(now-victim.at, horizon) {
+			victim = s
+		}
+	}
+	return victim
+}
+
+// decay is e^(−dt ÷ horizon) for dt ≥ 0, and 1 for a clock that went
+// back.
+func decay(dt, horizon float64) float64 {
+	if !(dt > 0) {
+		return 1
+	}
+	return math.Exp(-dt / horizon)
+}
+
+// HeldPrefix returns the key naming the longest prefix of a prompt that
+// any replica holds: keys are the prompt's block keys, each naming the
+// prefix through its block of blockSize tokens (a chain hash), and
+// matched each replica's hit in tokens. It returns 0 when no replica
+// holds a whole block.
+func HeldPrefix(matched []int, keys []uint64, blockSize int) uint64 {
+	if blockSize <= 0 {
+		return 0
+	}
+	best := 0
+	for _, m := range matched {
+		best = max(best, m)
+	}
+	d := min(best/blockSize, len(keys))
+	if d == 0 {
+		return 0
+	}
+	return keys[d-1]
+}
