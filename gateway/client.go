@@ -34,8 +34,9 @@ type exchange struct {
 
 	// pending counts the request among its class's requests not started
 	// on the replica routed to, until its first byte (queue.go).
-	pending     *atomic.Int64
-	pendingDone atomic.Bool
+	pending      *atomic.Int64
+	pendingDone  atomic.Bool
+	pendingTimer *time.Timer // ends a non-streaming request's count (startPending)
 }
 
 // Do sends one parsed request through the gateway's pipeline: admission

@@ -93,12 +93,13 @@ type QueueConfig struct {
 // of what finished since (negative when more finished: each finished
 // request freed a place a waiting one takes, so dispatch follows
 // completions rather than the next scrape); notstarted_r is this
-// gateway's streams on it that have not started (no first byte yet),
+// gateway's requests on it that have not started (no first byte yet),
 // which a scrape taken before the engine saw them would miss (a
 // non-streaming answer's first byte is its end, so a non-streaming
-// request is known only through the scrapes: counting it as not started
-// until it finished capped a replica at EngineWaiting such requests in
-// flight, however many the engine could run); pending_r
+// request counts for two scrape intervals at most, after which a scrape
+// taken since the engine saw it tells: counting it until it finished
+// capped a replica at EngineWaiting such requests in flight, however
+// many the engine could run); pending_r
 // is the interactive ones among them: an engine that schedules by
 // priority serves those before any background work, so only they are
 // ahead. With MaxRunning set, room_r is also at
@@ -416,8 +417,9 @@ func (c *fleetCapacity) loadFor(rep *fleet.Replica) *replicaLoad {
 	return v.(*replicaLoad)
 }
 
-// startPending counts a routed stream as not started on the replica it is
-// first sent to, until its first byte or its end (endPending); an
+// startPending counts a routed request as not started on the replica it
+// is first sent to, until its first byte or its end (endPending), and a
+// non-streaming one for two scrape intervals at most; an
 // interactive request also renews (or makes) the replica's place in the
 // interactive reserve.
 func (g *Gateway) startPending(x *exchange) {
@@ -427,10 +429,17 @@ func (g *Gateway) startPending(x *exchange) {
 	c := g.queue.capacity
 	rep, _ := x.route.candidate(0)
 	class := min(x.req.class, fairq.Background)
-	if x.req.stream {
-		// Only a stream's first byte says it started (QueueSaturation).
-		x.pending = &c.loadFor(rep).pending[class]
-		x.pending.Add(1)
+	x.pending = &c.loadFor(rep).pending[class]
+	x.pending.Add(1)
+	if !x.req.stream {
+		// A non-streaming answer's first byte is its end: after two
+		// scrape intervals a scrape taken since the engine saw the
+		// request says whether it waits (QueueSaturation).
+		iv := g.cfg.Health.ScrapeInterval
+		if iv <= 0 {
+			iv = fleet.DefaultScrapeInterval
+		}
+		x.pendingTimer = time.AfterFunc(2*iv, x.endPending)
 	}
 	if class == fairq.Interactive {
 		c.noteInteractive(rep, x.route.reps, time.Now())
@@ -441,6 +450,9 @@ func (g *Gateway) startPending(x *exchange) {
 func (x *exchange) endPending() {
 	if x.pending != nil && x.pendingDone.CompareAndSwap(false, true) {
 		x.pending.Add(-1)
+		if x.pendingTimer != nil {
+			x.pendingTimer.Stop()
+		}
 	}
 }
 
