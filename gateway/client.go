@@ -36,7 +36,7 @@ type exchange struct {
 	// on the replica routed to, until its first byte (queue.go).
 	pending      *atomic.Int64
 	pendingDone  atomic.Bool
-	pendingTimer *time.Timer // ends a non-streaming request's count (startPending)
+	pendingTimer atomic.Pointer[time.Timer] // ends a non-streaming request's count (startPending)
 }
 
 // Do sends one parsed request through the gateway's pipeline: admission

@@ -439,7 +439,7 @@ func (g *Gateway) startPending(x *exchange) {
 		if iv <= 0 {
 			iv = fleet.DefaultScrapeInterval
 		}
-		x.pendingTimer = time.AfterFunc(2*iv, x.endPending)
+		x.pendingTimer.Store(time.AfterFunc(2*iv, x.endPending))
 	}
 	if class == fairq.Interactive {
 		c.noteInteractive(rep, x.route.reps, time.Now())
@@ -450,8 +450,8 @@ func (g *Gateway) startPending(x *exchange) {
 func (x *exchange) endPending() {
 	if x.pending != nil && x.pendingDone.CompareAndSwap(false, true) {
 		x.pending.Add(-1)
-		if x.pendingTimer != nil {
-			x.pendingTimer.Stop()
+		if t := x.pendingTimer.Load(); t != nil {
+			t.Stop()
 		}
 	}
 }
