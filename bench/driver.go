@@ -38,6 +38,9 @@ type sample struct {
 	// (X-Warmpath-Queue-Ms, a debug header), simulated; 0 when admitted at
 	// once or unknown.
 	queueWait time.Duration
+	// timing is the gateway's Server-Timing phases (a debug header),
+	// simulated; nil without it.
+	timing *gatewayTiming
 
 	promptTokens, cachedTokens, outputTokens int
 	// replica, reason and predicted come from the gateway's debug headers
@@ -276,6 +279,7 @@ func (d *driver) send(ctx context.Context, s *Session, t *Turn, t0 time.Time) (s
 	if ms, err := strconv.ParseFloat(h.Get("X-Warmpath-Queue-Ms"), 64); err == nil && ms > 0 {
 		smp.queueWait = d.sim(time.Duration(ms * float64(time.Millisecond)))
 	}
+	smp.timing = parseServerTiming(h.Get("Server-Timing"), d.speed)
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		smp.err = fmt.Sprintf("status %d: %s", resp.StatusCode, bytes.TrimSpace(msg))

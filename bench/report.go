@@ -87,8 +87,11 @@ type Result struct {
 	EngineTTFTP50Ms float64 `json:"engine_ttft_p50_ms"`
 	EngineTTFTP90Ms float64 `json:"engine_ttft_p90_ms"`
 	// E2E is the whole request, send to last byte.
-	E2EP50Ms float64 `json:"e2e_p50_ms"`
-	E2EP90Ms float64 `json:"e2e_p90_ms"`
+	// Outside breaks TTFT down into the engine's, the gateway's phases
+	// and the rest (see Outside); nil without the gateway's timing.
+	Outside  *Outside `json:"outside,omitempty"`
+	E2EP50Ms float64  `json:"e2e_p50_ms"`
+	E2EP90Ms float64  `json:"e2e_p90_ms"`
 	// OutputTokensPerS and RequestsPerS are output tokens and completed
 	// requests divided by the makespan (first measured send to last
 	// measured completion, MakespanS seconds). Output tokens are counted
@@ -282,6 +285,7 @@ func summarize(policy string, samples []sample, scale float64) *Result {
 	r.TTFTP50Ms, r.TTFTP90Ms, r.TTFTP99Ms = finiteOr0(percentile(ttft, 50)), finiteOr0(percentile(ttft, 90)), finiteOr0(percentile(ttft, 99))
 	r.EngineTTFTP50Ms, r.EngineTTFTP90Ms = finiteOr0(percentile(eng, 50)), finiteOr0(percentile(eng, 90))
 	r.E2EP50Ms, r.E2EP90Ms = finiteOr0(percentile(e2e, 50)), finiteOr0(percentile(e2e, 90))
+	r.Outside = outsideOf(samples, r.TTFTP90Ms)
 	if len(ttft) > 0 {
 		var sum float64
 		for _, v := range ttft {
@@ -597,6 +601,14 @@ func (rep *Report) WriteTable(w io.Writer) error {
 		if r.Estimated > 0 {
 			fmt.Fprintf(&b, "%s: TTFT estimate error |estimated − measured| ÷ measured p50 %.1f%%, p90 %.1f%% (%d requests); against the engine's own TTFT p50 %.1f%%, p90 %.1f%%\n",
 				r.Policy, 100*r.EstimateErrorP50, 100*r.EstimateErrorP90, r.Estimated, 100*r.EngineEstimateErrorP50, 100*r.EngineEstimateErrorP90)
+		}
+	}
+	for _, r := range rep.Results {
+		if o := r.Outside; o != nil {
+			fmt.Fprintf(&b, "%s: TTFT p50 / mean over p90 tail: engine %s / %s, gateway prepare %s / %s, queue %s / %s, route %s / %s, host %s / %s, after %s / %s; tail reasons %v\n",
+				r.Policy, fmtMs(o.Engine.P50Ms), fmtMs(o.Engine.TailMeanMs), fmtMs(o.Prepare.P50Ms), fmtMs(o.Prepare.TailMeanMs),
+				fmtMs(o.Queue.P50Ms), fmtMs(o.Queue.TailMeanMs), fmtMs(o.Route.P50Ms), fmtMs(o.Route.TailMeanMs),
+				fmtMs(o.Host.P50Ms), fmtMs(o.Host.TailMeanMs), fmtMs(o.After.P50Ms), fmtMs(o.After.TailMeanMs), o.TailReasons)
 		}
 	}
 	for _, r := range rep.Results {

@@ -19,6 +19,7 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 	if g.cfg.Debug {
 		g.debugHeaders(resp.Header, x)
 		queueHeaders(resp.Header, x.req)
+		resp.Header.Set("Server-Timing", x.serverTiming())
 	}
 	if x.lease != nil {
 		for k, v := range x.lease.Header() {

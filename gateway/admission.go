@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"time"
 
 	"github.com/warmpath/warmpath/tenancy"
 )
@@ -45,6 +46,7 @@ func (g *Gateway) admitExchange(ctx context.Context, x *exchange) error {
 		}
 		return err
 	}
+	x.prepared = time.Now()
 	release, err := g.admit.Admit(ctx, r)
 	if err != nil {
 		r.placement.unclaim()
@@ -53,7 +55,7 @@ func (g *Gateway) admitExchange(ctx context.Context, x *exchange) error {
 		}
 		return err
 	}
-	x.release = release
+	x.release, x.admitted = release, time.Now()
 	return nil
 }
 

@@ -37,6 +37,12 @@ type exchange struct {
 	pending      *atomic.Int64
 	pendingDone  atomic.Bool
 	pendingTimer atomic.Pointer[time.Timer] // ends a non-streaming request's count (startPending)
+
+	// prepared, admitted, routed and answered are when routing's I/O
+	// before admission ended, admission let the request go, routing was
+	// done and the replica that answered sent its headers: the phases of
+	// the Server-Timing debug header (serverTiming).
+	prepared, admitted, routed, answered time.Time
 }
 
 // Do sends one parsed request through the gateway's pipeline: admission
@@ -63,6 +69,7 @@ func (g *Gateway) Do(ctx context.Context, r *Request) (*http.Response, error) {
 		g.finish(x, Usage{}, false)
 		return nil, err
 	}
+	x.routed = time.Now()
 	g.startPending(x)
 	resp, err := g.forward(ctx, x)
 	if err != nil {
@@ -70,4 +77,22 @@ func (g *Gateway) Do(ctx context.Context, r *Request) (*http.Response, error) {
 		return nil, err
 	}
 	return g.account(x, resp)
+}
+
+// serverTiming renders the exchange's phases as a Server-Timing header
+// value, in milliseconds: prepare (routing's I/O before admission: the
+// session lookup, tokenizing and matching when the decision needs them),
+// queue (admission), route (the decision and its I/O: a match left for
+// after admission, the binding's write) and upstream (from sending to the
+// answering replica's headers, which a streaming engine sends with its
+// first token; retries included).
+func (x *exchange) serverTiming() string {
+	ms := func(from, to time.Time) float64 {
+		if from.IsZero() || to.IsZero() || to.Before(from) {
+			return 0
+		}
+		return float64(to.Sub(from)) / float64(time.Millisecond)
+	}
+	return fmt.Sprintf("prepare;dur=%.2f, queue;dur=%.2f, route;dur=%.2f, upstream;dur=%.2f",
+		ms(x.start, x.prepared), ms(x.prepared, x.admitted), ms(x.admitted, x.routed), ms(x.routed, x.answered))
 }

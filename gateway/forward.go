@@ -48,7 +48,7 @@ func (g *Gateway) forward(ctx context.Context, x *exchange) (*http.Response, err
 		resp, err := g.attempt(ctx, x, rep)
 		if err == nil && !retryable(resp.StatusCode) {
 			rep.ReportSuccess()
-			x.replica, x.flight, x.predicted = rep, fl, predicted
+			x.replica, x.flight, x.predicted, x.answered = rep, fl, predicted, time.Now()
 			if i > 0 {
 				g.m.decisions.WithLabelValues("retry").Inc()
 			}
@@ -72,7 +72,7 @@ func (g *Gateway) forward(ctx context.Context, x *exchange) (*http.Response, err
 		g.m.upstreamErrors.WithLabelValues(rep.Spec.Name, kind).Inc()
 		if i == n-1 && resp != nil {
 			// Out of replicas: the client gets the replica's own error.
-			x.replica, x.flight, x.predicted = rep, fl, predicted
+			x.replica, x.flight, x.predicted, x.answered = rep, fl, predicted, time.Now()
 			return resp, nil
 		}
 		fl.Done()
