@@ -722,7 +722,10 @@ func matchPrefix(pol *scoring.Policy, fl *simFleet, approx *blockindex.Approx, i
 func remember(bindings map[string]binding, key string, plan *scoring.Plan, b binding, ids []int32, fullBlocks, bt int, now time.Time, done float64) {
 	switch plan.Bind {
 	case scoring.BindRefresh:
+		// A sticky turn that renews the binding's TTL: the replica holds
+		// its prompt once it completes, as on any sticky turn.
 		b.Binding = plan.Binding
+		b.CachedTokens = fullBlocks * bt
 	case scoring.BindNew, scoring.BindReplace:
 		b = binding{Binding: plan.Binding}
 		if full := min(len(ids), fullBlocks); full > 0 {
