@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"context"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/warmpath/warmpath/tenancy"
@@ -47,7 +49,7 @@ func (g *Gateway) admitExchange(ctx context.Context, x *exchange) error {
 		return err
 	}
 	x.prepared = time.Now()
-	release, err := g.admit.Admit(ctx, r)
+	release, err := g.waiting.wait(r.model, func() (func(Usage), error) { return g.admit.Admit(ctx, r) })
 	if err != nil {
 		r.placement.unclaim()
 		if x.lease != nil {
@@ -82,4 +84,35 @@ func (g *Gateway) finish(x *exchange, u Usage, have bool) {
 		g.tenants.usage.Record(p, tenancy.Counts{Requests: 1, PromptTokens: int64(u.PromptTokens),
 			CachedTokens: int64(u.CachedTokens), CompletionTokens: int64(u.CompletionTokens)})
 	}
+}
+
+// backlog counts, per model, the requests waiting in the Admitter: the
+// queue the warmpath policy prices a decision's replica time against
+// (scoring.Input.Backlog). The zero value is empty and ready.
+type backlog struct {
+	models sync.Map // model → *atomic.Int64
+}
+
+// wait runs admit, counting it among model's waiting requests meanwhile.
+func (b *backlog) wait(model string, admit func() (func(Usage), error)) (func(Usage), error) {
+	n := b.counter(model)
+	n.Add(1)
+	defer n.Add(-1)
+	return admit()
+}
+
+// of returns how many of model's requests wait now.
+func (b *backlog) of(model string) int {
+	if v, ok := b.models.Load(model); ok {
+		return int(max(0, v.(*atomic.Int64).Load()))
+	}
+	return 0
+}
+
+func (b *backlog) counter(model string) *atomic.Int64 {
+	if v, ok := b.models.Load(model); ok {
+		return v.(*atomic.Int64)
+	}
+	v, _ := b.models.LoadOrStore(model, new(atomic.Int64))
+	return v.(*atomic.Int64)
 }

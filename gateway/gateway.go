@@ -71,6 +71,7 @@ type Gateway struct {
 	responses   *responses.Service // nil without Redis
 	messages    *anthropic.Service
 	admit       Admitter
+	waiting     backlog               // requests waiting in admit, by model
 	queue       *queueAdmitter        // nil: no fair queue (disabled, or Options.Admitter)
 	wrapped     prometheus.Registerer // reg with the policy label
 	upstream    *http.Transport

@@ -83,7 +83,7 @@ func (p *placement) refresh(now time.Time) {
 		eps[i].PromptBlocksOnly = p.in.Endpoints[i].PromptBlocksOnly
 	}
 	p.g.keepReserve(p.r, p.reps, eps)
-	p.in.Now, p.in.Endpoints = now, eps
+	p.in.Now, p.in.Endpoints, p.in.Backlog = now, eps, p.g.waiting.of(p.r.model)
 }
 
 // place is the request's fairq.Ticket.Place: it routes the request on
@@ -97,6 +97,7 @@ func (p *placement) refresh(now time.Time) {
 func (p *placement) place(c *fleetCapacity) bool {
 	now := time.Now()
 	p.refresh(now)
+	p.in.Backlog = max(0, p.in.Backlog-1) // the backlog it would delay is the others waiting
 	plan, err := p.g.policy.Decide(p.in)
 	if err != nil || plan.NeedsPrefix {
 		return true

@@ -89,7 +89,7 @@ func (g *Gateway) gather(ctx context.Context, r *Request) ([]*fleet.Replica, *sc
 		Now: now, Model: r.model, SessionKey: r.session.Value, Endpoints: endpoints(reps, now),
 		PromptTokens: r.estimatedTokens(), TextBytes: r.textBytes, BlockSize: g.cfg.Routing.BlockSize,
 		RefreshAfter: g.cfg.Routing.SessionTTL / 8, Continues: true, BoundHolds: true,
-		Cost: g.cal.Cost(r.model),
+		Cost: g.cal.Cost(r.model), Backlog: g.waiting.of(r.model),
 	}
 	g.keepReserve(r, reps, in.Endpoints)
 	var bind session.Binding

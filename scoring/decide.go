@@ -95,6 +95,11 @@ type Input struct {
 	// Calibrator.ObservePrefix): the demand that prices a second copy of
 	// it, for the warmpath policy once Matched is known; 0 when unknown.
 	Sharers float64
+	// Backlog is how many requests for Model wait in the caller's
+	// admission queue for room on the replicas (this gateway's; 0 without
+	// a queue): each waits a share of any replica time a decision spends,
+	// which the warmpath policy prices in Estimate.Others.
+	Backlog int
 	// Rand breaks ties; nil uses the goroutine-safe top-level generator.
 	Rand *rand.Rand
 }
@@ -370,12 +375,23 @@ func (p *Policy) estimates(in *Input, idx []int, prompt int, cached func(j int) 
 func (p *Policy) placed(in *Input, c *Cost, l load, prompt, cached float64) Estimate {
 	e := c.estimate(l, prompt-cached, cached)
 	if p.Estimated {
-		e.Others = c.others(l, e)
+		e.Others = c.others(l, e, in.backlogShare())
 		if in.SessionKey != "" {
 			e.Future = c.future(l, in.Sessions, in.turn(), prompt)
 		}
 	}
 	return e
+}
+
+// backlogShare is the part of the admission queue's backlog that waits
+// for each replica: Backlog over the available endpoints (the queue
+// dispatches to whichever has room, so a second of any replica's time
+// delays the whole backlog's drain by a second over their number).
+func (in *Input) backlogShare() float64 {
+	if in.Backlog <= 0 {
+		return 0
+	}
+	return float64(in.Backlog) / float64(max(1, len(available(in.Endpoints))))
 }
 
 // turn is the request's turn in its session: 1 without a binding.

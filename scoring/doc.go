@@ -61,14 +61,18 @@
 // warmpath sends each request to the replica with the lowest
 //
 //	cost        = TTFT + Others + Future − Replication
-//	Others      = (P − M) × perToken × (1 + ArrivalRate × (TTFT − Overhead))
+//	Others      = (P − M) × perToken × (1 + ArrivalRate × (TTFT − Overhead) + Backlog ÷ N)
 //	Future      = remaining turns × P(gap > life) × P × perToken
 //	life        = (1 − KVUsage) × CacheTokens ÷ UncachedRate
 //	Replication = Sharers × max(0, held − as)     on a replica holding less than H
 //
 // Others is what the request's own prefill costs everyone else: the
-// replica's time (paid once: the fleet can do nothing else with it) and
-// the wait of each request that arrives behind it before it is done. Future
+// replica's time (paid once: the fleet can do nothing else with it), the
+// wait of each request that arrives behind it before it is done, and the
+// wait of the requests the gateway's admission queue holds for room on
+// the fleet (Input.Backlog of them over the N available replicas: the
+// queue drains at the replicas' pace, so a second of one replica's time
+// delays each by 1 ÷ N of it). Future
 // is what the conversation's next turns pay for being placed there: an LRU
 // cache that admits UncachedRate tokens a second forgets an unused prefix
 // after life seconds, and each turn still to come
@@ -78,7 +82,9 @@
 // others, so at low load a conversation stays where its prefix is unless
 // another replica is faster by more than twice what the prefix costs to
 // recompute, and under load the queue's share of every miss grows with the
-// requests that would wait behind it; a replica whose cache churns is a
+// requests that would wait behind it (and, when the gateway's queue holds
+// a backlog, with all of it: an overloaded fleet keeps its hits rather
+// than spread load it cannot serve faster); a replica whose cache churns is a
 // poor home for a conversation that pauses. Exact ties go to the replica
 // of the request's parent (Input.Parent), then at random.
 //

@@ -252,24 +252,30 @@ func (c *Cost) perToken(l load) float64 {
 
 // others is the delay the request's own prefill (uncached tokens) costs
 // everyone but the request itself, on a replica under load l whose
-// estimate for it is e:
+// estimate for it is e, with backlog requests waiting per replica in the
+// gateway's admission queue:
 //
-//	Others = uncached × perToken × (1 + ArrivalRate × TTFT)
+//	Others = uncached × perToken × (1 + ArrivalRate × TTFT + backlog)
 //
 // The prefill's seconds are paid once by the fleet, whose replica can do
-// nothing else meanwhile, and once more by each request that arrives at
-// the replica before it is done and waits behind it: ArrivalRate × TTFT of
-// them in expectation (TTFT here without the fixed overhead, which holds
-// no replica up). A cache hit shrinks uncached and so both terms: at
-// low load the fleet's share keeps a conversation where its prefix is
-// unless another replica is faster by more than the prefix costs to
-// recompute, and under load the queue's share grows with every request
-// that would wait.
-func (c *Cost) others(l load, e Estimate) float64 {
+// nothing else meanwhile, once more by each request that arrives at the
+// replica before it is done and waits behind it (ArrivalRate × TTFT of
+// them in expectation, TTFT here without the fixed overhead, which holds
+// no replica up), and once more by each request the admission queue holds
+// for room on the fleet: the queue drains at the replicas' pace, so a
+// second of one replica's time delays it by that second over the
+// replicas (backlog is the queue's share per replica). A cache hit
+// shrinks uncached and so every term: at low load the fleet's share
+// keeps a conversation where its prefix is unless another replica is
+// faster by more than the prefix costs to recompute, and under load the
+// queue's share grows with every request that would wait; when the
+// gateway's queue holds a backlog, a miss is priced at its cost to all of
+// it, which is what keeps an overloaded fleet's cache hits.
+func (c *Cost) others(l load, e Estimate, backlog float64) float64 {
 	if e.UncachedTokens <= 0 {
 		return 0
 	}
-	return float64(e.UncachedTokens) * c.perToken(l) * (1 + l.rate*max(0, e.TTFT-c.Overhead))
+	return float64(e.UncachedTokens) * c.perToken(l) * (1 + l.rate*max(0, e.TTFT-c.Overhead) + max(0, backlog))
 }
 
 // future is what the conversation's next turns are expected to pay for

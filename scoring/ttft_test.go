@@ -130,10 +130,10 @@ func TestPlacementTerms(t *testing.T) {
 	l := load{rate: 2, life: math.Inf(1)}
 	e := c.estimate(l, 3000, 0)
 	pt := c.perToken(l)
-	if got, want := c.others(l, e), 3000*pt*(1+2*e.TTFT); !nearly(got, want) {
+	if got, want := c.others(l, e, 0), 3000*pt*(1+2*e.TTFT); !nearly(got, want) {
 		t.Errorf("others = %v; want %v", got, want)
 	}
-	if got := c.others(l, c.estimate(l, 0, 3000)); got != 0 {
+	if got := c.others(l, c.estimate(l, 0, 3000), 0); got != 0 {
 		t.Errorf("a full hit costs others %v", got)
 	}
 	var st SessionStats
@@ -446,5 +446,37 @@ func TestReplicationNeedsDemand(t *testing.T) {
 		if e.Replication != 0 {
 			t.Errorf("precise-prefix estimate has replication %v", e.Replication)
 		}
+	}
+}
+
+// A backlog in the gateway's admission queue prices a miss at what it
+// costs the requests waiting there: a holder whose queue makes a cold
+// replica faster for this request alone keeps it once forty requests
+// wait (ten per replica), each delayed by a quarter of the recomputed
+// prefix. The backlog's share is in Others.
+func TestBacklogKeepsHits(t *testing.T) {
+	warm, _ := NewPolicy(PolicyWarmpath, nil)
+	in := harnessInput(30000, 0)
+	p, err := warm.Decide(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := in.Endpoints[p.Chosen()].ID; got == "hot" {
+		t.Fatalf("without a backlog chose %s; want a cold replica (estimates %+v)", got, p.Estimates)
+	}
+	cold := p.Estimates[0]
+	in = harnessInput(30000, 0)
+	in.Backlog = 40
+	if p, err = warm.Decide(in); err != nil {
+		t.Fatal(err)
+	}
+	if got := in.Endpoints[p.Chosen()].ID; got != "hot" {
+		t.Errorf("with 40 waiting chose %s; want hot (estimates %+v)", got, p.Estimates)
+	}
+	k := slices.IndexFunc(p.Order, func(i int) bool { return in.Endpoints[i].ID == "cold-1" }) // the cold replicas are alike
+	c := DefaultCost()
+	l := c.loadOf(&Endpoint{ID: "cold-1"}, 13000)
+	if got, want := p.Estimates[k].Others, cold.Others+float64(cold.UncachedTokens)*c.perToken(l)*10; !nearly(got, want) {
+		t.Errorf("cold-1's Others with the backlog %v; want %v (+ uncached × perToken × 40/4)", got, want)
 	}
 }
