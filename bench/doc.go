@@ -67,7 +67,9 @@
 // Speed. The gateway's and the load generator's own wall-clock overhead
 // (a few milliseconds per request on a loaded 2-core host) is multiplied
 // too; Result.EngineTTFT* report the replicas' own TTFT on their simulated
-// clocks for comparison. The gateway's periodic work (metrics scrapes,
+// clocks for comparison, and Result.Outside breaks TTFT down into the
+// engine's, the gateway's phases (its Server-Timing debug header) and
+// the rest. The gateway's periodic work (metrics scrapes,
 // health checks, speculative-entry lifetime) is scheduled at its defaults
 // divided by Speed, so that it behaves in simulated time as deployed, and
 // streams are coalesced to at most two chunks per simulated second
