@@ -15,6 +15,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os/exec"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -344,14 +345,20 @@ func startOverheadGateway(ctx context.Context, eg *errgroup.Group, cfg OverheadC
 	if err != nil {
 		return nil, fmt.Errorf("bench: overhead: %s: %w", pol, err)
 	}
-	eg.Go(func() error { return gw.Run(ctx) })
+	name := "warmpath:" + pol
+	eg.Go(func() (err error) {
+		// The label follows every goroutine the gateway starts, so a
+		// --cpuprofile splits by target (pprof -tagfocus target=…).
+		pprof.Do(ctx, pprof.Labels("target", name), func(ctx context.Context) { err = gw.Run(ctx) })
+		return err
+	})
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	err = gw.WaitReady(wctx)
 	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("bench: overhead: %s not ready: %w", pol, err)
 	}
-	return &target{name: "warmpath:" + pol, urls: []string{"http://" + gw.Addr()}}, nil
+	return &target{name: name, urls: []string{"http://" + gw.Addr()}}, nil
 }
 
 const overheadKey = "sk-overhead-bench"
@@ -378,11 +385,12 @@ func startPlainProxy(ctx context.Context, eg *errgroup.Group, urls []string) (st
 		return "", err
 	}
 	srv := &http.Server{Handler: rp, ReadHeaderTimeout: 10 * time.Second}
-	eg.Go(func() error {
-		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-			return err
+	eg.Go(func() (err error) {
+		pprof.Do(ctx, pprof.Labels("target", "proxy"), func(context.Context) { err = srv.Serve(ln) })
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil
 		}
-		return nil
+		return err
 	})
 	eg.Go(func() error { <-ctx.Done(); return srv.Close() })
 	return "http://" + ln.Addr().String(), nil
