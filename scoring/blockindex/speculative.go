@@ -126,16 +126,17 @@ func (ix *Index) AddSpeculative(replica string, keys []uint64, ttl time.Duration
 		if k = k & keyMask; k == 0 {
 			continue
 		}
+		sk := specKey{k, r.id}
 		switch ix.kt.add(k, r.id, true) {
-		case addedNew:
+		case addedNew: // no deadline to compare with: one map probe
 			r.entries.Add(1)
 			r.spec.Add(1)
 		case addedRefused:
 			continue // held for real: nothing to expire
-		}
-		sk := specKey{k, r.id}
-		if d, ok := sp.deadlines[sk]; ok && d >= deadline {
-			continue
+		default:
+			if d, ok := sp.deadlines[sk]; ok && d >= deadline {
+				continue
+			}
 		}
 		sp.deadlines[sk] = deadline
 		b.keys = append(b.keys, k)
