@@ -65,6 +65,7 @@ func (g *Gateway) Do(ctx context.Context, r *Request) (*http.Response, error) {
 	}
 	g.startPending(x)
 	resp, err := g.forward(ctx, x)
+	x.route.joinSpeculation()
 	if err != nil {
 		g.finish(x, Usage{}, false)
 		return nil, err
