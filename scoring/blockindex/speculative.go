@@ -148,14 +148,15 @@ func (ix *Index) AddSpeculative(replica string, keys []uint64, ttl time.Duration
 }
 
 // maybeExpire drops due speculative entries, at most expireBatch of them,
-// unless another goroutine holds the expiry lock (it then does the work).
-func (ix *Index) maybeExpire() {
+// once the earliest is grace nanoseconds past due, unless another
+// goroutine holds the expiry lock (it then does the work).
+func (ix *Index) maybeExpire(grace int64) {
 	next := ix.spec.next.Load()
 	if next == math.MaxInt64 {
 		return
 	}
 	now := ix.now().UnixNano()
-	if now < next || !ix.spec.mu.TryLock() {
+	if now-grace < next || !ix.spec.mu.TryLock() {
 		return
 	}
 	ix.expireLocked(now, expireBatch)
