@@ -39,13 +39,17 @@ func (g *Gateway) admitExchange(ctx context.Context, x *exchange) error {
 		}
 		x.lease = lease
 	}
+	since := x.start
 	if _, err := g.prepare(ctx, r); err != nil {
 		if x.lease != nil {
 			x.lease.Done(-1)
 		}
 		return err
 	}
+	g.m.observePhase(phasePrepare, &since)
 	release, err := g.admit.Admit(ctx, r)
+	g.m.observePhase(phaseQueue, &since)
+	x.admitted = since
 	if err != nil {
 		r.placement.unclaim()
 		if x.lease != nil {

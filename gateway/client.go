@@ -16,13 +16,15 @@ import (
 // after route are written by one attempt at a time, then read by the
 // response path.
 type exchange struct {
-	ctx     context.Context // the caller's
-	req     *Request
-	start   time.Time
-	body    []byte // upstream body
-	route   *route
-	release func(Usage)    // the Admitter's
-	lease   *tenancy.Lease // the sender's limits; nil without them
+	ctx   context.Context // the caller's
+	req   *Request
+	start time.Time
+	// admitted is when admission let the request go (its phases, metrics.go).
+	admitted time.Time
+	body     []byte // upstream body
+	route    *route
+	release  func(Usage)    // the Admitter's
+	lease    *tenancy.Lease // the sender's limits; nil without them
 	// finished is set by finish; only the goroutine that owns the
 	// exchange's current step touches it.
 	finished bool
@@ -63,6 +65,7 @@ func (g *Gateway) Do(ctx context.Context, r *Request) (*http.Response, error) {
 		g.finish(x, Usage{}, false)
 		return nil, err
 	}
+	g.m.observePhase(phaseRoute, &x.admitted)
 	g.startPending(x)
 	resp, err := g.forward(ctx, x)
 	x.route.joinSpeculation()
