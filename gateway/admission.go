@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"time"
 
 	"github.com/warmpath/warmpath/tenancy"
 )
@@ -39,17 +40,14 @@ func (g *Gateway) admitExchange(ctx context.Context, x *exchange) error {
 		}
 		x.lease = lease
 	}
-	since := x.start
 	if _, err := g.prepare(ctx, r); err != nil {
 		if x.lease != nil {
 			x.lease.Done(-1)
 		}
 		return err
 	}
-	g.m.observePhase(phasePrepare, &since)
+	x.prepared = time.Now()
 	release, err := g.admit.Admit(ctx, r)
-	g.m.observePhase(phaseQueue, &since)
-	x.admitted = since
 	if err != nil {
 		r.placement.unclaim()
 		if x.lease != nil {
@@ -57,7 +55,7 @@ func (g *Gateway) admitExchange(ctx context.Context, x *exchange) error {
 		}
 		return err
 	}
-	x.release = release
+	x.release, x.admitted = release, time.Now()
 	return nil
 }
 

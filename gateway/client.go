@@ -16,15 +16,13 @@ import (
 // after route are written by one attempt at a time, then read by the
 // response path.
 type exchange struct {
-	ctx   context.Context // the caller's
-	req   *Request
-	start time.Time
-	// admitted is when admission let the request go (its phases, metrics.go).
-	admitted time.Time
-	body     []byte // upstream body
-	route    *route
-	release  func(Usage)    // the Admitter's
-	lease    *tenancy.Lease // the sender's limits; nil without them
+	ctx     context.Context // the caller's
+	req     *Request
+	start   time.Time
+	body    []byte // upstream body
+	route   *route
+	release func(Usage)    // the Admitter's
+	lease   *tenancy.Lease // the sender's limits; nil without them
 	// finished is set by finish; only the goroutine that owns the
 	// exchange's current step touches it.
 	finished bool
@@ -39,6 +37,11 @@ type exchange struct {
 	pending      *atomic.Int64
 	pendingDone  atomic.Bool
 	pendingTimer atomic.Pointer[time.Timer] // ends a non-streaming request's count (startPending)
+
+	// prepared, admitted and routed are when routing's I/O before
+	// admission ended, admission let the request go and routing was done:
+	// the gateway's phases (warmpath_gateway_phase_seconds).
+	prepared, admitted, routed time.Time
 }
 
 // Do sends one parsed request through the gateway's pipeline: admission
@@ -65,7 +68,8 @@ func (g *Gateway) Do(ctx context.Context, r *Request) (*http.Response, error) {
 		g.finish(x, Usage{}, false)
 		return nil, err
 	}
-	g.m.observePhase(phaseRoute, &x.admitted)
+	x.routed = time.Now()
+	g.m.observePhases(x)
 	g.startPending(x)
 	resp, err := g.forward(ctx, x)
 	x.route.joinSpeculation()

@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"sync"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -160,12 +159,11 @@ var phaseNames = [numPhases]string{"prepare", "queue", "route"}
 // the order the phases run.
 func PhaseNames() []string { return phaseNames[:] }
 
-// observePhase records the time from *since to now in ph, and moves *since
-// to now.
-func (m *metrics) observePhase(ph phase, since *time.Time) {
-	now := time.Now()
-	m.phases[ph].Observe(now.Sub(*since).Seconds())
-	*since = now
+// observePhases records a routed exchange's phases.
+func (m *metrics) observePhases(x *exchange) {
+	m.phases[phasePrepare].Observe(x.prepared.Sub(x.start).Seconds())
+	m.phases[phaseQueue].Observe(x.admitted.Sub(x.prepared).Seconds())
+	m.phases[phaseRoute].Observe(x.routed.Sub(x.admitted).Seconds())
 }
 
 // account records one completed request's prompt and cache figures.
