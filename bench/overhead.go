@@ -15,6 +15,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os/exec"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -24,6 +25,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
 
@@ -149,6 +151,10 @@ type OverheadResult struct {
 	// CPUMsPer1000 is the process CPU the target's windows used beyond
 	// direct's, per 1,000 requests.
 	CPUMsPer1000 float64 `json:"cpu_ms_per_1000"`
+	// PhaseMeanMs is, for a warmpath target, the mean time per request in
+	// each of the gateway's phases before it forwards
+	// (warmpath_gateway_phase_seconds: prepare, queue, route), in ms.
+	PhaseMeanMs map[string]float64 `json:"phase_mean_ms,omitempty"`
 }
 
 // OverheadReport is Overhead's result.
@@ -165,6 +171,7 @@ type target struct {
 	name string
 	urls []string // base URLs; the client round-robins over them
 	next atomic.Uint64
+	reg  *prometheus.Registry // a gateway's metrics; nil for direct and proxy
 }
 
 func (t *target) url() string { return t.urls[int(t.next.Add(1)-1)%len(t.urls)] }
@@ -340,18 +347,25 @@ func startOverheadGateway(ctx context.Context, eg *errgroup.Group, cfg OverheadC
 	gc.Server.MaxConnsPerClient = -1 // the load generator is one client
 	gc.Server.PreStop = -1
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	gw, err := gateway.New(gc, gateway.Options{Redis: rdb, Logger: cfg.Logger})
+	reg := prometheus.NewRegistry()
+	gw, err := gateway.New(gc, gateway.Options{Redis: rdb, Logger: cfg.Logger, Registry: reg})
 	if err != nil {
 		return nil, fmt.Errorf("bench: overhead: %s: %w", pol, err)
 	}
-	eg.Go(func() error { return gw.Run(ctx) })
+	name := "warmpath:" + pol
+	eg.Go(func() (err error) {
+		// The label follows every goroutine the gateway starts, so a
+		// --cpuprofile splits by target (pprof -tagfocus target=…).
+		pprof.Do(ctx, pprof.Labels("target", name), func(ctx context.Context) { err = gw.Run(ctx) })
+		return err
+	})
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	err = gw.WaitReady(wctx)
 	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("bench: overhead: %s not ready: %w", pol, err)
 	}
-	return &target{name: "warmpath:" + pol, urls: []string{"http://" + gw.Addr()}}, nil
+	return &target{name: name, urls: []string{"http://" + gw.Addr()}, reg: reg}, nil
 }
 
 const overheadKey = "sk-overhead-bench"
@@ -378,11 +392,12 @@ func startPlainProxy(ctx context.Context, eg *errgroup.Group, urls []string) (st
 		return "", err
 	}
 	srv := &http.Server{Handler: rp, ReadHeaderTimeout: 10 * time.Second}
-	eg.Go(func() error {
-		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-			return err
+	eg.Go(func() (err error) {
+		pprof.Do(ctx, pprof.Labels("target", "proxy"), func(context.Context) { err = srv.Serve(ln) })
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil
 		}
-		return nil
+		return err
 	})
 	eg.Go(func() error { <-ctx.Done(); return srv.Close() })
 	return "http://" + ln.Addr().String(), nil
@@ -404,6 +419,64 @@ type ohSample struct {
 	kinds    map[string]int
 	cpu      time.Duration
 	requests int
+	phases   phaseTotals // the gateway's, over the windows
+}
+
+// phaseTotals sums warmpath_gateway_phase_seconds per phase: seconds and
+// samples.
+type phaseTotals map[string][2]float64
+
+// gatherPhases reads the gateway's phase histograms; nil without a
+// registry.
+func gatherPhases(reg *prometheus.Registry) phaseTotals {
+	if reg == nil {
+		return nil
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		return nil
+	}
+	out := phaseTotals{}
+	for _, mf := range mfs {
+		if mf.GetName() != "warmpath_gateway_phase_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "phase" {
+					h := m.GetHistogram()
+					out[lp.GetValue()] = [2]float64{h.GetSampleSum(), float64(h.GetSampleCount())}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// add adds the change from before to after to p.
+func (p *phaseTotals) add(before, after phaseTotals) {
+	for k, a := range after {
+		if *p == nil {
+			*p = phaseTotals{}
+		}
+		b := before[k]
+		v := (*p)[k]
+		(*p)[k] = [2]float64{v[0] + a[0] - b[0], v[1] + a[1] - b[1]}
+	}
+}
+
+// meansMs returns each phase's mean in ms; nil when nothing was observed.
+func (p phaseTotals) meansMs() map[string]float64 {
+	var out map[string]float64
+	for k, v := range p {
+		if v[1] > 0 {
+			if out == nil {
+				out = map[string]float64{}
+			}
+			out[k] = v[0] / v[1] * 1000
+		}
+	}
+	return out
 }
 
 // measure runs every target at shape and rate, rounds times in turn.
@@ -430,6 +503,7 @@ func (ob *overheadBench) measure(ctx context.Context, shape string, rate float64
 			}
 			samples[i].cpu += s.cpu
 			samples[i].requests += s.requests
+			samples[i].phases.add(nil, s.phases)
 			if ob.cfg.Progress != nil {
 				fmt.Fprintf(ob.cfg.Progress, "overhead: %s %.0f/s %s round %d: %d requests, %d errors\n", shape, rate, t.name, round+1, s.requests, s.errors)
 			}
@@ -440,7 +514,8 @@ func (ob *overheadBench) measure(ctx context.Context, shape string, rate float64
 		s := &samples[i]
 		slices.Sort(s.lat)
 		out[i] = OverheadResult{Shape: shape, Rate: rate, Target: t.name, Requests: s.requests, Errors: s.errors, ErrorKinds: s.kinds,
-			P50Ms: ms(quantile(s.lat, 0.5)), P90Ms: ms(quantile(s.lat, 0.9)), P99Ms: ms(quantile(s.lat, 0.99))}
+			P50Ms: ms(quantile(s.lat, 0.5)), P90Ms: ms(quantile(s.lat, 0.9)), P99Ms: ms(quantile(s.lat, 0.99)),
+			PhaseMeanMs: s.phases.meansMs()}
 		if s.requests > 0 && i > 0 {
 			out[i].CPUMsPer1000 = ms(s.cpu-samples[0].cpu) * 1000 / float64(s.requests)
 		}
@@ -482,6 +557,7 @@ func (ob *overheadBench) window(ctx context.Context, t *target, shape string, ra
 	var mu sync.Mutex
 	var s ohSample
 	var wg sync.WaitGroup
+	phases0 := gatherPhases(t.reg)
 	cpu0 := processCPU()
 	start := time.Now()
 	interval := time.Duration(float64(time.Second) / rate)
@@ -513,6 +589,7 @@ func (ob *overheadBench) window(ctx context.Context, t *target, shape string, ra
 	}
 	wg.Wait()
 	s.cpu = processCPU() - cpu0
+	s.phases.add(phases0, gatherPhases(t.reg))
 	return s, ctx.Err()
 }
 
@@ -606,6 +683,15 @@ func (r *OverheadReport) WriteTable(w io.Writer) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	for _, x := range r.Results {
+		if len(x.PhaseMeanMs) > 0 {
+			var parts []string
+			for _, ph := range gateway.PhaseNames() {
+				parts = append(parts, fmt.Sprintf("%s %.3f", ph, x.PhaseMeanMs[ph]))
+			}
+			fmt.Fprintf(w, "gateway phases, mean ms, %s %.0f/s %s: %s\n", x.Shape, x.Rate, x.Target, strings.Join(parts, ", "))
+		}
 	}
 	for _, x := range r.Results {
 		if len(x.ErrorKinds) > 0 {

@@ -27,6 +27,11 @@ func TestOverheadSmoke(t *testing.T) {
 		if r.Requests == 0 || r.Errors != 0 {
 			t.Errorf("%s %s: %d requests, %d errors", r.Shape, r.Target, r.Requests, r.Errors)
 		}
+		// The gateway's phases are read from its own metrics: only
+		// warmpath targets have them, and every phase ran.
+		if gw := strings.HasPrefix(r.Target, "warmpath:"); gw != (len(r.PhaseMeanMs) == 3) {
+			t.Errorf("%s %s: phase means %v", r.Shape, r.Target, r.PhaseMeanMs)
+		}
 	}
 	for _, want := range []string{"direct", "proxy", "warmpath:warmpath"} {
 		if !targets[want] {
@@ -34,7 +39,8 @@ func TestOverheadSmoke(t *testing.T) {
 		}
 	}
 	var b bytes.Buffer
-	if err := rep.WriteTable(&b); err != nil || !strings.Contains(b.String(), "highest short-prompt rate") {
+	if err := rep.WriteTable(&b); err != nil || !strings.Contains(b.String(), "highest short-prompt rate") ||
+		!strings.Contains(b.String(), "gateway phases, mean ms, short 50/s warmpath:warmpath: prepare ") {
 		t.Errorf("table: %v\n%s", err, b.String())
 	}
 }

@@ -40,8 +40,9 @@ type exchange struct {
 
 	// prepared, admitted, routed and answered are when routing's I/O
 	// before admission ended, admission let the request go, routing was
-	// done and the replica that answered sent its headers: the phases of
-	// the Server-Timing debug header (serverTiming).
+	// done and the replica that answered sent its headers: the gateway's
+	// phases (warmpath_gateway_phase_seconds, and the Server-Timing debug
+	// header: serverTiming).
 	prepared, admitted, routed, answered time.Time
 }
 
@@ -70,8 +71,10 @@ func (g *Gateway) Do(ctx context.Context, r *Request) (*http.Response, error) {
 		return nil, err
 	}
 	x.routed = time.Now()
+	g.m.observePhases(x)
 	g.startPending(x)
 	resp, err := g.forward(ctx, x)
+	x.route.joinSpeculation()
 	if err != nil {
 		g.finish(x, Usage{}, false)
 		return nil, err

@@ -151,8 +151,10 @@ type RoutingConfig struct {
 	// 4 at 0).
 	SessionLocalTrust time.Duration `yaml:"session_local_trust"`
 	// SpeculativeTTL is how long a routing decision's predicted blocks
-	// count as cached before the engine's events confirm them; default 2s,
-	// negative disables speculative entries.
+	// count as cached before the engine's events confirm them (up to
+	// 250 ms longer: their expiry is left to the KV-event path for that
+	// long, see matchGrace); default 2s, negative disables speculative
+	// entries.
 	SpeculativeTTL time.Duration `yaml:"speculative_ttl"`
 	// Saturation (max_waiting, max_kv_usage, max_inflight_prefill_tokens)
 	// marks a replica saturated (reported in metrics and debug output;

@@ -13,14 +13,15 @@ type metrics struct {
 	duration        *prometheus.HistogramVec // route
 	ttft            *prometheus.HistogramVec // model
 	ttftError       *prometheus.HistogramVec // replica
-	promptTokens    *prometheus.CounterVec   // tenant, model
-	cachedTokens    *prometheus.CounterVec   // tenant, model
-	predictedTokens *prometheus.CounterVec   // tenant, model
-	cachedFraction  *prometheus.GaugeVec     // tenant, model
-	mispredicted    *prometheus.CounterVec   // tenant, model
-	mispredictedTok *prometheus.CounterVec   // tenant, model
-	decisions       *prometheus.CounterVec   // reason
-	rebinds         *prometheus.CounterVec   // reason
+	phases          [numPhases]prometheus.Observer
+	promptTokens    *prometheus.CounterVec // tenant, model
+	cachedTokens    *prometheus.CounterVec // tenant, model
+	predictedTokens *prometheus.CounterVec // tenant, model
+	cachedFraction  *prometheus.GaugeVec   // tenant, model
+	mispredicted    *prometheus.CounterVec // tenant, model
+	mispredictedTok *prometheus.CounterVec // tenant, model
+	decisions       *prometheus.CounterVec // reason
+	rebinds         *prometheus.CounterVec // reason
 	copies          prometheus.Counter
 	tokenizer       *prometheus.CounterVec // result
 	tokBackoff      *prometheus.GaugeVec   // replica
@@ -123,11 +124,46 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		fracs: map[[2]string]*[2]float64{},
 	}
+	phases := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "warmpath_gateway_phase_seconds",
+		Help:    "The gateway's own time per request before it forwards, by phase: prepare (session lookup, tokenizer and prefix match), queue (waiting for admission), route (the decision at dispatch and its session write).",
+		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+	}, []string{"phase"})
+	for ph, name := range phaseNames {
+		m.phases[ph] = phases.WithLabelValues(name)
+	}
+	reg.MustRegister(phases)
 	reg.MustRegister(m.requests, m.duration, m.ttft, m.ttftError, m.promptTokens, m.cachedTokens, m.predictedTokens,
 		m.cachedFraction, m.mispredicted, m.mispredictedTok, m.decisions, m.rebinds, m.copies, m.tokenizer, m.tokBackoff,
 		m.tokenizeAvoided, m.tokenizeUnseen, m.tips, m.retries, m.upstreamErrors, m.redisErrors, m.streamsCut, m.connsRejected,
 		m.replicaRestarts, m.inflight)
 	return m
+}
+
+// A phase is one step of the gateway's own work on a request before it
+// forwards (warmpath_gateway_phase_seconds).
+type phase int
+
+const (
+	phasePrepare phase = iota
+	phaseQueue
+	phaseRoute
+	numPhases
+)
+
+// phaseNames are the phases' label values, which the overhead benchmark
+// reads back.
+var phaseNames = [numPhases]string{"prepare", "queue", "route"}
+
+// PhaseNames lists the label values of warmpath_gateway_phase_seconds, in
+// the order the phases run.
+func PhaseNames() []string { return phaseNames[:] }
+
+// observePhases records a routed exchange's phases.
+func (m *metrics) observePhases(x *exchange) {
+	m.phases[phasePrepare].Observe(x.prepared.Sub(x.start).Seconds())
+	m.phases[phaseQueue].Observe(x.admitted.Sub(x.prepared).Seconds())
+	m.phases[phaseRoute].Observe(x.routed.Sub(x.admitted).Seconds())
 }
 
 // account records one completed request's prompt and cache figures.

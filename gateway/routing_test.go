@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/warmpath/warmpath/scoring"
@@ -497,4 +498,59 @@ func TestObserveDemand(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Every routed request is timed in each of the gateway's phases before it
+// forwards (warmpath_gateway_phase_seconds), and a rejected one only in
+// those it reached.
+func TestGatewayPhases(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{Replicas: 2})
+	cfg := fleetConfig(sim)
+	gw := startGateway(t, cfg, redisFor(t, &cfg))
+	for i := range 3 {
+		r := chat(t, gw.URL, map[string]any{"model": "qwen3-32b", "max_tokens": 4,
+			"messages": []msg{{"user", words(fmt.Sprintf("phase %d", i), 40)}}}, nil)
+		if r.Status != http.StatusOK {
+			t.Fatalf("request %d: status %d: %s", i, r.Status, r.Body)
+		}
+	}
+	r := chat(t, gw.URL, map[string]any{"model": "no-such-model", "messages": []msg{{"user", "hi"}}}, nil)
+	if r.Status != http.StatusNotFound {
+		t.Fatalf("unknown model: status %d; want 404", r.Status)
+	}
+	for _, ph := range PhaseNames() {
+		if n := histSamples(t, gw.reg, "warmpath_gateway_phase_seconds", map[string]string{"phase": ph}); n != 3 {
+			t.Errorf("phase %s: %d samples; want 3", ph, n)
+		}
+	}
+}
+
+// histSamples sums the sample counts of a histogram's series whose labels
+// include the given ones.
+func histSamples(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) uint64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			have := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				have[lp.GetName()] = lp.GetValue()
+			}
+			for k, v := range labels {
+				if have[k] != v {
+					continue series
+				}
+			}
+			n += m.GetHistogram().GetSampleCount()
+		}
+	}
+	return n
 }

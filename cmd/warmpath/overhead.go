@@ -29,7 +29,7 @@ func runOverhead(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.RedisAddr, "redis", "", "a Redis server (host:port) for the gateways, its CPU outside the measurement (default: an in-process miniredis per gateway, counted)")
 	jsonPath := fs.String("json", "", "write the report as JSON to FILE")
 	quiet := fs.Bool("quiet", false, "no progress lines")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run (gateway, proxy and load; the simulator too with --fleet in-process) to FILE")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run (gateway, proxy and load; the simulator too with --fleet in-process) to FILE; samples carry a target label (pprof -tagfocus target=warmpath:warmpath)")
 	fleetMode := fs.String("fleet", "child", "where the simulated replicas run: child (a `warmpath sim` process per fleet, their CPU not counted) or in-process")
 	if err := fs.Parse(args); err != nil {
 		return err

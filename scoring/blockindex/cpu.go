@@ -2,7 +2,6 @@ package blockindex
 
 import (
 	"fmt"
-	"math/bits"
 	"sync"
 	"sync/atomic"
 
@@ -258,129 +257,55 @@ func (c *cpuTier) continuation(keys []uint64) int {
 	return n
 }
 
-// cpuKeys is an open-addressing map (linear probing, backward-shift
-// deletion, as engTable) from own key to the CPU blocks holding it: how
-// many, and the one that stored it last (nil once that one is gone), for
-// touches. Match probes it once per key of a CPU continuation, so it
-// avoids a Go map's hashing. The zero value is empty.
-type cpuKeys struct {
-	s []cpuKeySlot
-	n int
-}
+// cpuKeys maps own key to the CPU blocks holding it: how many, and the one
+// that stored it last (nil once that one is gone), for touches. Match probes
+// it once per key of a CPU continuation, so it is a u64Map, not a Go map. The
+// zero value is empty.
+type cpuKeys struct{ m u64Map[cpuKeyRefs] }
 
-type cpuKeySlot struct {
-	k   uint64 // 0 for an empty slot
+type cpuKeyRefs struct {
 	n   int32
 	blk *cpuBlock
 }
 
-func (t *cpuKeys) len() int { return t.n }
+func (t *cpuKeys) len() int { return t.m.len() }
 
-func (t *cpuKeys) home(k uint64) int {
-	hi, _ := bits.Mul64(k*fib, uint64(len(t.s)))
-	return int(hi)
-}
-
-// find returns k's slot index, or -1.
-func (t *cpuKeys) find(k uint64) int {
-	n := len(t.s)
-	if n == 0 {
-		return -1
-	}
-	for i := t.home(k); ; {
-		switch t.s[i].k {
-		case k:
-			return i
-		case 0:
-			return -1
-		}
-		if i++; i == n {
-			i = 0
-		}
-	}
-}
-
-func (t *cpuKeys) has(k uint64) bool { return t.find(k) >= 0 }
+func (t *cpuKeys) has(k uint64) bool { return t.m.find(k) >= 0 }
 
 // last returns the block that stored k last, or nil.
 func (t *cpuKeys) last(k uint64) *cpuBlock {
-	if i := t.find(k); i >= 0 {
-		return t.s[i].blk
+	if e := t.m.ref(k); e != nil {
+		return e.blk
 	}
 	return nil
 }
 
 // ref records that b holds k, reporting whether k is new.
 func (t *cpuKeys) ref(k uint64, b *cpuBlock) bool {
-	if i := t.find(k); i >= 0 {
-		t.s[i].n++
-		t.s[i].blk = b
+	if e := t.m.ref(k); e != nil {
+		e.n++
+		e.blk = b
 		return false
 	}
-	if (t.n+1)*loadDen > len(t.s)*loadNum {
-		t.resize(max(minSlots, len(t.s)+len(t.s)/2))
-	}
-	i := t.home(k)
-	for t.s[i].k != 0 {
-		if i++; i == len(t.s) {
-			i = 0
-		}
-	}
-	t.s[i] = cpuKeySlot{k: k, n: 1, blk: b}
-	t.n++
+	t.m.put(k, cpuKeyRefs{n: 1, blk: b})
 	return true
 }
 
 // unref records that b no longer holds k, reporting whether k is gone.
 func (t *cpuKeys) unref(k uint64, b *cpuBlock) bool {
-	i := t.find(k)
-	if i < 0 {
+	e := t.m.ref(k)
+	switch {
+	case e == nil:
 		return false
-	}
-	if e := &t.s[i]; e.n > 1 {
+	case e.n > 1:
 		e.n--
 		if e.blk == b {
 			e.blk = nil
 		}
 		return false
 	}
-	n := len(t.s)
-	for j := i; ; {
-		if j++; j == n {
-			j = 0
-		}
-		e := t.s[j]
-		if e.k == 0 {
-			break
-		}
-		if home := t.home(e.k); (j-home+n)%n >= (j-i+n)%n {
-			t.s[i] = e
-			i = j
-		}
-	}
-	t.s[i] = cpuKeySlot{}
-	t.n--
-	if n > minSlots && t.n*shrinkDiv < n {
-		t.resize(max(minSlots, 2*t.n))
-	}
+	t.m.del(k)
 	return true
-}
-
-func (t *cpuKeys) resize(n int) {
-	old := t.s
-	t.s = make([]cpuKeySlot, n)
-	for _, e := range old {
-		if e.k == 0 {
-			continue
-		}
-		i := t.home(e.k)
-		for t.s[i].k != 0 {
-			if i++; i == n {
-				i = 0
-			}
-		}
-		t.s[i] = e
-	}
 }
 
 // matchCPU sets Hit.CPU for the candidates whose CPU tier holds keys: how

@@ -2,14 +2,6 @@ package blockindex
 
 import "math/bits"
 
-// engSlot maps one engine block hash (k, never 0) to a chain state v: the
-// own key of the last own block completed at or before the end of the
-// engine block (or the chain seed), with auxFlag set when the replica's aux
-// map holds more (see engAux).
-type engSlot struct {
-	k, v uint64
-}
-
 // auxFlag marks an engSlot value whose engine block has an engAux entry.
 // Keys and seeds are 61-bit, so the top bit is free.
 const auxFlag = uint64(1) << 63
@@ -30,33 +22,44 @@ type engAux struct {
 	root bool
 }
 
-// engTable is a plain open-addressing map from engine hash to chain state,
-// with linear probing and backward-shift deletion. It is owned by one
-// replica and guarded by that replica's mutex. The zero value is empty.
-type engTable struct {
-	s []engSlot
+// engTable maps engine hash to chain state. It is owned by one replica and
+// guarded by that replica's mutex. The zero value is empty.
+type engTable = u64Map[uint64]
+
+// u64Map is a plain open-addressing map from a nonzero uint64 key to V, with
+// Fibonacci hashing, linear probing and backward-shift deletion, growing by
+// half past loadNum/loadDen and shrinking below 1/shrinkDiv: the engine
+// tables and the CPU tiers' key maps. Lookups probe a flat slice and never
+// hash the key again, which is why it is not a Go map. It is not safe for
+// concurrent use. The zero value is empty.
+type u64Map[V any] struct {
+	s []u64Slot[V]
 	n int
 }
 
-func (t *engTable) home(k uint64) int {
+// u64Slot is one slot; k is 0 when it is empty.
+type u64Slot[V any] struct {
+	k uint64
+	v V
+}
+
+func (t *u64Map[V]) home(k uint64) int {
 	hi, _ := bits.Mul64(k*fib, uint64(len(t.s)))
 	return int(hi)
 }
 
-// get returns the value stored for k.
-func (t *engTable) get(k uint64) (uint64, bool) {
+// find returns k's slot index, or -1.
+func (t *u64Map[V]) find(k uint64) int {
 	n := len(t.s)
 	if n == 0 {
-		return 0, false
+		return -1
 	}
-	i := t.home(k)
-	for {
-		e := &t.s[i]
-		if e.k == k {
-			return e.v, true
-		}
-		if e.k == 0 {
-			return 0, false
+	for i := t.home(k); ; {
+		switch t.s[i].k {
+		case k:
+			return i
+		case 0:
+			return -1
 		}
 		if i++; i == n {
 			i = 0
@@ -64,17 +67,34 @@ func (t *engTable) get(k uint64) (uint64, bool) {
 	}
 }
 
+// get returns the value stored for k.
+func (t *u64Map[V]) get(k uint64) (V, bool) {
+	if i := t.find(k); i >= 0 {
+		return t.s[i].v, true
+	}
+	var zero V
+	return zero, false
+}
+
+// ref returns a pointer to k's value, valid until the next put, del or
+// resize; nil when k is absent.
+func (t *u64Map[V]) ref(k uint64) *V {
+	if i := t.find(k); i >= 0 {
+		return &t.s[i].v
+	}
+	return nil
+}
+
 // full reports whether one more key would make the table grow.
-func (t *engTable) full() bool { return (t.n+1)*loadDen > len(t.s)*loadNum }
+func (t *u64Map[V]) full() bool { return (t.n+1)*loadDen > len(t.s)*loadNum }
 
 // put stores v for k, returning the previous value if there was one.
-func (t *engTable) put(k, v uint64) (old uint64, existed bool) {
+func (t *u64Map[V]) put(k uint64, v V) (old V, existed bool) {
 	if t.full() {
 		t.resize(max(minSlots, len(t.s)+len(t.s)/2))
 	}
 	n := len(t.s)
-	i := t.home(k)
-	for {
+	for i := t.home(k); ; {
 		e := &t.s[i]
 		if e.k == k {
 			old, e.v = e.v, v
@@ -83,7 +103,7 @@ func (t *engTable) put(k, v uint64) (old uint64, existed bool) {
 		if e.k == 0 {
 			e.k, e.v = k, v
 			t.n++
-			return 0, false
+			return old, false
 		}
 		if i++; i == n {
 			i = 0
@@ -92,27 +112,15 @@ func (t *engTable) put(k, v uint64) (old uint64, existed bool) {
 }
 
 // del removes k, returning its value if it was there.
-func (t *engTable) del(k uint64) (uint64, bool) {
-	n := len(t.s)
-	if n == 0 {
-		return 0, false
-	}
-	i := t.home(k)
-	for {
-		e := &t.s[i]
-		if e.k == 0 {
-			return 0, false
-		}
-		if e.k == k {
-			break
-		}
-		if i++; i == n {
-			i = 0
-		}
+func (t *u64Map[V]) del(k uint64) (V, bool) {
+	i := t.find(k)
+	if i < 0 {
+		var zero V
+		return zero, false
 	}
 	v := t.s[i].v
-	j := i
-	for {
+	n := len(t.s)
+	for j := i; ; {
 		if j++; j == n {
 			j = 0
 		}
@@ -120,13 +128,12 @@ func (t *engTable) del(k uint64) (uint64, bool) {
 		if e.k == 0 {
 			break
 		}
-		home := t.home(e.k)
-		if (j-home+n)%n >= (j-i+n)%n {
+		if home := t.home(e.k); (j-home+n)%n >= (j-i+n)%n {
 			t.s[i] = e
 			i = j
 		}
 	}
-	t.s[i] = engSlot{}
+	t.s[i] = u64Slot[V]{}
 	t.n--
 	if n > minSlots && t.n*shrinkDiv < n {
 		t.resize(max(minSlots, 2*t.n))
@@ -135,9 +142,9 @@ func (t *engTable) del(k uint64) (uint64, bool) {
 }
 
 // resize rehashes the table into n slots.
-func (t *engTable) resize(n int) {
+func (t *u64Map[V]) resize(n int) {
 	old := t.s
-	t.s = make([]engSlot, n)
+	t.s = make([]u64Slot[V], n)
 	for _, e := range old {
 		if e.k == 0 {
 			continue
@@ -153,7 +160,7 @@ func (t *engTable) resize(n int) {
 }
 
 // all calls fn for every entry; fn must not modify the table.
-func (t *engTable) all(fn func(k, v uint64)) {
+func (t *u64Map[V]) all(fn func(k uint64, v V)) {
 	for _, e := range t.s {
 		if e.k != 0 {
 			fn(e.k, e.v)
@@ -162,4 +169,4 @@ func (t *engTable) all(fn func(k, v uint64)) {
 }
 
 // len returns the number of entries.
-func (t *engTable) len() int { return t.n }
+func (t *u64Map[V]) len() int { return t.n }

@@ -37,6 +37,12 @@ type Config struct {
 	// Now returns the current time, for speculative TTLs; nil means
 	// time.Now.
 	Now func() time.Time
+	// MatchGrace is how long past their TTL speculative entries may still
+	// be counted by Match: for that long Match leaves their expiry to
+	// Apply, which runs on the event path, so lookups rarely pay for it.
+	// Zero (the default) expires them at the first Match after the TTL.
+	// It must not be negative.
+	MatchGrace time.Duration
 }
 
 // SkipReason says why an event, or part of one, was not applied.
@@ -161,10 +167,12 @@ type ReplicaStats struct {
 type Index struct {
 	hasher Hasher
 	now    func() time.Time
-	kt     *keyTable
-	reg    *registry[replica]
-	spec   specState
-	pool   sync.Pool // *matchScratch
+	// matchGrace is Config.MatchGrace.
+	matchGrace time.Duration
+	kt         *keyTable
+	reg        *registry[replica]
+	spec       specState
+	pool       sync.Pool // *matchScratch
 
 	cpuCap int // default per-replica CPU-tier bound
 
@@ -258,10 +266,14 @@ func New(cfg Config) (*Index, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.MatchGrace < 0 {
+		return nil, fmt.Errorf("blockindex: negative MatchGrace %v", cfg.MatchGrace)
+	}
 	ix := &Index{
-		hasher: Hasher{BlockSize: cfg.BlockSize},
-		now:    cfg.Now,
-		cpuCap: cfg.CPUMaxEntries,
+		hasher:     Hasher{BlockSize: cfg.BlockSize},
+		now:        cfg.Now,
+		matchGrace: cfg.MatchGrace,
+		cpuCap:     cfg.CPUMaxEntries,
 	}
 	ix.spec.deadlines = map[specKey]int64{}
 	ix.spec.next.Store(math.MaxInt64)
@@ -347,7 +359,7 @@ func (ix *Index) SetReplicaModel(replica, model string) error {
 // replicas whose CPU tier holds keys. Match does not allocate once dst has
 // the capacity.
 func (ix *Index) Match(keys []uint64, candidates []string, dst []Hit) []Hit {
-	ix.maybeExpire()
+	ix.maybeExpire(int64(ix.matchGrace))
 	dst = match(ix.kt, ix.reg, &ix.pool, keys, candidates, dst)
 	if ix.cpuKeys.Load() > 0 {
 		ix.matchCPU(keys, candidates, dst)
@@ -371,7 +383,7 @@ func (ix *Index) Apply(replica string, b kvevents.Batch) {
 		ix.skip(SkipReplicaLimit, len(b.Events))
 		return
 	}
-	ix.maybeExpire()
+	ix.maybeExpire(0)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	st := r.rankState(b.Rank())

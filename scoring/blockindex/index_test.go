@@ -424,6 +424,40 @@ func TestSpeculative(t *testing.T) {
 	}
 }
 
+// With a MatchGrace, Match leaves expired speculative entries to the event
+// path for that long, and expires them itself after it.
+func TestSpeculativeMatchGrace(t *testing.T) {
+	doc := randTokens(20, 16*4)
+	for _, tt := range []struct {
+		name  string
+		apply bool // an event batch arrives after the TTL
+		after time.Duration
+		want  Hit
+	}{
+		{"within the grace, no events", false, 2*time.Second + 50*time.Millisecond, Hit{Blocks: 4, Speculative: 4}},
+		{"within the grace, an event batch", true, 2*time.Second + 50*time.Millisecond, Hit{}},
+		{"past the grace", false, 2*time.Second + 100*time.Millisecond, Hit{}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			clk := newFakeClock()
+			ix := newIndex(t, Config{Now: clk.Now, MatchGrace: 100 * time.Millisecond}, "a", "b")
+			keys := ix.Keys(doc, Root{Model: "m"})
+			ix.AddSpeculative("a", keys, 2*time.Second)
+			clk.Advance(tt.after)
+			if tt.apply {
+				other := randTokens(21, 16)
+				ix.Apply("b", batch(engine{seed: 2, blockSize: 16}.store(other, 0, 1, 1)))
+			}
+			if got := ix.Match(keys, []string{"a"}, nil)[0]; got != tt.want {
+				t.Fatalf("Match = %+v; want %+v", got, tt.want)
+			}
+		})
+	}
+	if _, err := New(Config{MatchGrace: -time.Second}); err == nil {
+		t.Error("New accepted a negative MatchGrace")
+	}
+}
+
 func TestSpeculativeCounters(t *testing.T) {
 	clk := newFakeClock()
 	doc := randTokens(19, 16*4)

@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// expireBatch bounds the speculative entries one lookup or one Apply call
+// expireBatch bounds the speculative pairs one lookup or one Apply call
 // expires, so that a burst of expiries cannot stall a request.
 const expireBatch = 4096
 
@@ -17,13 +17,17 @@ type specKey struct {
 	id  uint32
 }
 
-// specItem is a deadline in the expiry heap. Items are never updated in
-// place: a refresh pushes a new item, and an item whose pair has a later
-// deadline in specState.deadlines is dropped when it surfaces.
-type specItem struct {
+// specBatch is the deadline of one AddSpeculative call's pairs in the
+// expiry heap: one item per call, not per pair, so a 1,000-block prompt
+// costs one heap push and one pop. Batches are never updated in place: a
+// refresh adds a new batch, and a pair whose deadline in
+// specState.deadlines is later than its batch's is skipped when the batch
+// expires.
+type specBatch struct {
 	deadline int64 // Unix nanoseconds
-	key      uint64
 	id       uint32
+	keys     []uint64 // the pairs the call made or refreshed speculative
+	done     int      // keys[:done] are expired already
 }
 
 // specState tracks the deadlines of speculative pairs. Lock order:
@@ -31,14 +35,14 @@ type specItem struct {
 type specState struct {
 	mu        sync.Mutex
 	deadlines map[specKey]int64 // guarded by mu; latest deadline per pair
-	heap      []specItem        // guarded by mu; min-heap on deadline
+	heap      []*specBatch      // guarded by mu; min-heap on deadline
 	// next is the earliest deadline in heap, math.MaxInt64 when empty, so
 	// that lookups can skip expiry (and the clock) with one atomic load.
 	next atomic.Int64
 }
 
-func (sp *specState) push(it specItem) {
-	h := append(sp.heap, it)
+func (sp *specState) push(b *specBatch) {
+	h := append(sp.heap, b)
 	i := len(h) - 1
 	for i > 0 {
 		p := (i - 1) / 2
@@ -51,11 +55,11 @@ func (sp *specState) push(it specItem) {
 	sp.heap = h
 }
 
-func (sp *specState) pop() specItem {
+func (sp *specState) pop() {
 	h := sp.heap
-	top := h[0]
 	last := len(h) - 1
 	h[0] = h[last]
+	h[last] = nil
 	h = h[:last]
 	i := 0
 	for {
@@ -76,7 +80,6 @@ func (sp *specState) pop() specItem {
 	if len(h) == 0 && cap(h) > 1024 {
 		sp.heap = nil // let a burst's backing array go
 	}
-	return top
 }
 
 // publishNext updates next from the heap. The caller holds mu.
@@ -96,9 +99,11 @@ func (sp *specState) publishNext() {
 // extends its deadline. Lookups count speculative entries and report them in
 // Hit.Speculative. A ttl ≤ 0 adds nothing.
 //
-// Expired entries are dropped by the next call to AddSpeculative, Apply,
-// Match or Stats; a Match that runs concurrently with an AddSpeculative may
-// still count entries that expired while that call held the expiry lock.
+// Expired entries are dropped by the next call to Apply, Match or Stats
+// (at most expireBatch of them by one Apply or Match), not by
+// AddSpeculative, which does only its own call's work; a Match that runs
+// while another call holds the expiry lock may still count entries that
+// expired meanwhile.
 func (ix *Index) AddSpeculative(replica string, keys []uint64, ttl time.Duration) {
 	if ttl <= 0 || len(keys) == 0 {
 		return
@@ -113,68 +118,84 @@ func (ix *Index) AddSpeculative(replica string, keys []uint64, ttl time.Duration
 	if deadline < now {
 		deadline = math.MaxInt64
 	}
+	b := &specBatch{deadline: deadline, id: r.id, keys: make([]uint64, 0, len(keys))}
 	sp := &ix.spec
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
-	ix.expireLocked(now, -1)
 	for _, k := range keys {
 		if k = k & keyMask; k == 0 {
 			continue
 		}
+		sk := specKey{k, r.id}
 		switch ix.kt.add(k, r.id, true) {
-		case addedNew:
+		case addedNew: // no deadline to compare with: one map probe
 			r.entries.Add(1)
 			r.spec.Add(1)
 		case addedRefused:
 			continue // held for real: nothing to expire
-		}
-		sk := specKey{k, r.id}
-		if d, ok := sp.deadlines[sk]; ok && d >= deadline {
-			continue
+		default:
+			if d, ok := sp.deadlines[sk]; ok && d >= deadline {
+				continue
+			}
 		}
 		sp.deadlines[sk] = deadline
-		sp.push(specItem{deadline: deadline, key: k, id: r.id})
+		b.keys = append(b.keys, k)
+	}
+	if len(b.keys) > 0 {
+		sp.push(b)
 	}
 	sp.publishNext()
 }
 
 // maybeExpire drops due speculative entries, at most expireBatch of them,
-// unless another goroutine holds the expiry lock (it then does the work).
-func (ix *Index) maybeExpire() {
+// once the earliest is grace nanoseconds past due, unless another
+// goroutine holds the expiry lock (it then does the work).
+func (ix *Index) maybeExpire(grace int64) {
 	next := ix.spec.next.Load()
 	if next == math.MaxInt64 {
 		return
 	}
 	now := ix.now().UnixNano()
-	if now < next || !ix.spec.mu.TryLock() {
+	if now-grace < next || !ix.spec.mu.TryLock() {
 		return
 	}
 	ix.expireLocked(now, expireBatch)
 	ix.spec.mu.Unlock()
 }
 
-// expireLocked drops speculative pairs whose deadline is ≤ now, at most limit
-// heap items (limit < 0: all). The caller holds ix.spec.mu.
+// expireLocked drops speculative pairs whose deadline is ≤ now, at most
+// limit of them (limit < 0: all). The caller holds ix.spec.mu.
 func (ix *Index) expireLocked(now int64, limit int) {
 	sp := &ix.spec
 	for len(sp.heap) > 0 && sp.heap[0].deadline <= now && limit != 0 {
-		limit--
-		it := sp.pop()
-		sk := specKey{it.key, it.id}
-		d, ok := sp.deadlines[sk]
-		if !ok || d > now {
-			continue // confirmed and cleared, or refreshed
+		b := sp.heap[0]
+		for ; b.done < len(b.keys) && limit != 0; b.done++ {
+			limit--
+			ix.expirePair(specKey{b.keys[b.done], b.id}, now)
 		}
-		delete(sp.deadlines, sk)
-		if removed, _ := ix.kt.remove(it.key, it.id, true); removed {
-			ix.expired.Add(1)
-			if r := ix.reg.byID(it.id); r != nil {
-				r.entries.Add(-1)
-				r.spec.Add(-1)
-			}
+		if b.done == len(b.keys) {
+			sp.pop()
 		}
 	}
 	sp.publishNext()
+}
+
+// expirePair drops the speculative pair sk unless it was confirmed,
+// cleared or refreshed past now. The caller holds ix.spec.mu.
+func (ix *Index) expirePair(sk specKey, now int64) {
+	sp := &ix.spec
+	d, ok := sp.deadlines[sk]
+	if !ok || d > now {
+		return // confirmed and cleared, or refreshed
+	}
+	delete(sp.deadlines, sk)
+	if removed, _ := ix.kt.remove(sk.key, sk.id, true); removed {
+		ix.expired.Add(1)
+		if r := ix.reg.byID(sk.id); r != nil {
+			r.entries.Add(-1)
+			r.spec.Add(-1)
+		}
+	}
 }
 
 // clearSpeculative drops every speculative pair of r. The caller holds r.mu
