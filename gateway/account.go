@@ -53,12 +53,14 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 					"prompt_tokens", got.PromptTokens, "cached_tokens", got.CachedTokens, "predicted_cached", x.predicted,
 					"attempts", x.attempts, "duration_ms", time.Since(x.start).Milliseconds(), "err", err)
 			}
+			completed := got
+			if !have || err != nil {
+				completed = Usage{}
+			}
+			g.rememberCompleted(x.route, x.replica.Spec.Name, completed)
 			if have {
 				g.m.account(g.tenant(x), x.req.model, got, x.predicted, g.cfg.Routing.BlockSize)
 				g.activity.served(time.Now(), g.tenant(x), got)
-				if err == nil {
-					g.rememberCompleted(x.route, x.replica.Spec.Name, got)
-				}
 				if !x.req.tokenIDs {
 					g.ratios.observe(x.req.model, x.req.textBytes, got.PromptTokens)
 				}

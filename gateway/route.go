@@ -35,6 +35,9 @@ type route struct {
 	// speculated, when not nil, closes when the speculative blocks of a
 	// long prompt are recorded (commit); Do waits for it after forwarding.
 	speculated chan struct{}
+	// proposed is set when commit kept a new or refreshed binding in
+	// process memory only: rememberCompleted writes it to Redis.
+	proposed bool
 }
 
 // speculateAsideKeys is the prompt length, in block keys, from which commit
@@ -325,24 +328,18 @@ func (g *Gateway) commit(ctx context.Context, r *Request, rt *route, bind sessio
 		rt.session, rt.binding = r.session.Value, g.newBinding(r, p, bind, keys)
 	}
 	switch p.Bind {
-	case scoring.BindRefresh, scoring.BindReplace:
+	case scoring.BindReplace:
+		// A rebinding is written at once: until it lands, Redis's copy
+		// (the old replica) is what every lookup, this gateway's too, uses.
 		if _, err := g.sessions.Remember(ctx, rt.session, rt.binding, false); err != nil {
 			g.m.redisErrors.WithLabelValues("remember").Inc()
 			g.log.Debug("session remember degraded", "err", err)
 		}
-	case scoring.BindNew:
-		won, err := g.sessions.Remember(ctx, rt.session, rt.binding, true)
-		switch {
-		case err != nil:
-			g.m.redisErrors.WithLabelValues("remember").Inc()
-			g.log.Debug("session remember degraded", "err", err)
-		case won.Replica != chosen:
-			// A concurrent first turn on another gateway bound the session
-			// first: follow it, so both turns share one replica.
-			if i := slices.IndexFunc(rt.eps, func(e scoring.Endpoint) bool { return e.ID == won.Replica }); i >= 0 && p.Follow(i) {
-				rt.binding = won
-			}
-		}
+	case scoring.BindNew, scoring.BindRefresh:
+		// Written when the turn's response ends (rememberCompleted), with
+		// what it left cached: the session's next turn comes after that.
+		g.sessions.Propose(rt.session, rt.binding)
+		rt.proposed = true
 	}
 	if fam := r.session.Family; fam != "" && fam != rt.session && (p.Bind == scoring.BindNew || p.Bind == scoring.BindReplace) {
 		// Publish where the family's conversation now runs, for its
@@ -403,29 +400,22 @@ const (
 	writeBacklog = 4096
 )
 
-// rememberCompleted records, after a turn completed on replica, what the
+// rememberCompleted records, when a turn's response ended, what the
 // replica now holds of the session, so the next sticky turn predicts its
 // cache hit without tokenizing: the prompt, and the output but for its
 // last token (whose KV is never computed), which the next turn leaves out
 // when the replica turns out to cache prompt blocks only (decided then,
-// once this turn's KV events have arrived). The binding is updated in
-// process memory at once (this gateway's next lookup prefers it) and
-// written to Redis by the write workers: the response's last bytes do not
-// wait for Redis. A full backlog writes inline rather than lose the
-// update.
+// once this turn's KV events have arrived). u is zero when the turn did
+// not complete (an error, a cut stream); a binding commit proposed is
+// written all the same. The binding is updated in process memory at once
+// (this gateway's next lookup prefers it) and written to Redis by the
+// write workers: the response's last bytes do not wait for Redis. A full
+// backlog writes inline rather than lose the update.
 func (g *Gateway) rememberCompleted(rt *route, replica string, u Usage) {
-	if rt.session == "" || rt.binding.Replica != replica || u.PromptTokens == 0 {
+	if rt.session == "" {
 		return
 	}
-	generated := max(0, u.CompletionTokens-1)
-	_, changed := g.sessions.UpdateLocal(rt.session, rt.binding, func(b *session.Binding) bool {
-		if b.Replica != replica {
-			return false // rebound meanwhile
-		}
-		b.CachedTokens, b.GeneratedTokens = u.PromptTokens+generated, generated
-		return true
-	})
-	if !changed {
+	if !g.updateCompleted(rt, replica, u) && !rt.proposed {
 		return
 	}
 	key := rt.session
@@ -439,6 +429,23 @@ func (g *Gateway) rememberCompleted(rt *route, replica string, u Usage) {
 	if !g.writes.try(flush) {
 		flush(context.Background())
 	}
+}
+
+// updateCompleted updates the session's binding in process memory with
+// what the turn left cached on replica, and reports whether it changed it.
+func (g *Gateway) updateCompleted(rt *route, replica string, u Usage) bool {
+	if rt.binding.Replica != replica || u.PromptTokens == 0 {
+		return false
+	}
+	generated := max(0, u.CompletionTokens-1)
+	_, changed := g.sessions.UpdateLocal(rt.session, rt.binding, func(b *session.Binding) bool {
+		if b.Replica != replica {
+			return false // rebound meanwhile
+		}
+		b.CachedTokens, b.GeneratedTokens = u.PromptTokens+generated, generated
+		return true
+	})
+	return changed
 }
 
 // continues reports whether text continues the conversation the binding

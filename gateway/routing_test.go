@@ -270,7 +270,12 @@ func TestTwoGatewaysShareSessions(t *testing.T) {
 	}
 }
 
-// Concurrent first turns of one session on two gateways agree on a replica.
+// Concurrent first turns of one session on two gateways bind it once: the
+// first turns are routed without waiting for Redis (each gateway keeps its
+// binding in memory until its turn completes), the first write to land
+// wins (SET NX GET, from a completed turn or a later lookup), the other
+// gateway adopts it, and every later turn, through either gateway, goes to
+// that one replica.
 func TestTwoGatewaysRaceFirstTurn(t *testing.T) {
 	sim := startSim(t, vllmsim.Config{Replicas: 4})
 	cfg := fleetConfig(sim)
@@ -278,18 +283,20 @@ func TestTwoGatewaysRaceFirstTurn(t *testing.T) {
 	rdb := redisFor(t, &cfg)
 	gws := []*testGateway{startGateway(t, cfg, rdb), startGateway(t, cfg, rdb)}
 	for s := range 8 {
-		reps := make([]string, 4)
-		why := make([]string, 4)
-		parallel(len(reps), func(i int) {
-			r := chat(t, gws[i%2].URL, map[string]any{"model": "qwen3-32b", "max_tokens": 4,
-				"messages": []msg{{"user", words("race", 100)}}}, map[string]string{"X-Session-ID": fmt.Sprintf("race-%d", s)})
-			reps[i] = r.replica()
-			why[i] = r.Header.Get("X-Warmpath-Reason") + "/" + r.Header.Get("X-Warmpath-Rebind")
-		})
-		for _, r := range reps {
-			if r != reps[0] {
-				t.Fatalf("session %d: concurrent first turns went to %v (%v); redis errors %v %v", s, reps, why,
-					counter(t, gws[0].reg, "warmpath_redis_errors_total", nil), counter(t, gws[1].reg, "warmpath_redis_errors_total", nil))
+		id := fmt.Sprintf("race-%d", s)
+		send := func(gw *testGateway) chatResult {
+			return chat(t, gw.URL, map[string]any{"model": "qwen3-32b", "max_tokens": 4,
+				"messages": []msg{{"user", words("race", 100)}}}, map[string]string{"X-Session-ID": id})
+		}
+		parallel(4, func(i int) { send(gws[i%2]) })
+		var bound string
+		for turn := range 4 {
+			r := send(gws[turn%2])
+			if turn == 0 {
+				bound = r.replica()
+			} else if r.replica() != bound {
+				t.Fatalf("session %d turn %d via gateway %d went to %s (%s/%s); the session's turn 1 went to %s", s, turn+1, turn%2, r.replica(),
+					r.Header.Get("X-Warmpath-Reason"), r.Header.Get("X-Warmpath-Rebind"), bound)
 			}
 		}
 	}
@@ -410,49 +417,63 @@ func TestEarlyTokenizeOverlapsLookup(t *testing.T) {
 }
 
 // A chat conversation's first turn asks Redis for no binding (none can be
-// there but a retry's); its later turns do, since another gateway may
-// hold their binding.
+// there but a retry's) and writes its binding once, after its response,
+// with what the turn left cached; its later turns read theirs, since
+// another gateway may hold it.
 func TestFirstTurnAsksRedisNothing(t *testing.T) {
 	sim := startSim(t, vllmsim.Config{Replicas: 2})
 	cfg := fleetConfig(sim)
 	rdb := redisFor(t, &cfg)
-	gets := &sessionGets{prefix: cfg.Redis.KeyPrefix + "sess:"}
-	rdb.AddHook(gets)
+	cmds := &sessionCmds{prefix: cfg.Redis.KeyPrefix + "sess:"}
+	rdb.AddHook(cmds)
 	g := startGateway(t, cfg, rdb)
 	if r := chat(t, g.URL, chatBody("first turn", 0, 2), nil); r.Status != http.StatusOK {
 		t.Fatalf("first turn: %d %s", r.Status, r.Body)
 	}
-	if n := gets.n.Load(); n != 0 {
+	if n := cmds.gets.Load(); n != 0 {
 		t.Errorf("the first turn read %d session bindings from Redis; want none", n)
 	}
+	eventually(t, 5*time.Second, func() bool {
+		keys := rdb.Keys(t.Context(), cmds.prefix+"*").Val()
+		return len(keys) == 1 && strings.Contains(rdb.Get(t.Context(), keys[0]).Val(), `"ct":`)
+	}, "the completed first turn's binding in Redis, with its cached tokens")
+	if n := cmds.sets.Load(); n != 1 {
+		t.Errorf("the first turn wrote its binding %d times; want once, after its response", n)
+	}
+	cmds.gets.Store(0) // the test's own
 	if r := chat(t, g.URL, chatBody("first turn", 40, 2), nil); r.Status != http.StatusOK {
 		t.Fatalf("second turn: %d %s", r.Status, r.Body)
 	}
-	if n := gets.n.Load(); n != 1 {
+	if n := cmds.gets.Load(); n != 1 {
 		t.Errorf("the second turn read %d session bindings from Redis; want 1", n)
 	}
 }
 
-// sessionGets is a go-redis hook counting GETs of session bindings.
-type sessionGets struct {
-	prefix string
-	n      atomic.Int64
+// sessionCmds is a go-redis hook counting GETs and SETs of session
+// bindings.
+type sessionCmds struct {
+	prefix     string
+	gets, sets atomic.Int64
 }
 
-func (h *sessionGets) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *sessionCmds) DialHook(next redis.DialHook) redis.DialHook { return next }
 
-func (h *sessionGets) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (h *sessionCmds) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if args := cmd.Args(); cmd.Name() == "get" && len(args) == 2 {
-			if k, _ := args[1].(string); strings.HasPrefix(k, h.prefix) {
-				h.n.Add(1)
+		args := cmd.Args()
+		if k, _ := args[min(1, len(args)-1)].(string); len(args) >= 2 && strings.HasPrefix(k, h.prefix) {
+			switch cmd.Name() {
+			case "get":
+				h.gets.Add(1)
+			case "set":
+				h.sets.Add(1)
 			}
 		}
 		return next(ctx, cmd)
 	}
 }
 
-func (h *sessionGets) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (h *sessionCmds) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
 

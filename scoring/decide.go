@@ -124,7 +124,6 @@ const (
 const (
 	ReasonSticky = "sticky" // the bound replica, no prefix information needed
 	ReasonScored = "scored" // the policy scored every available replica
-	ReasonRaced  = "raced"  // another gateway bound the session first (see Plan.Follow)
 )
 
 // Rebind reasons (Plan.Rebind): why a session left its bound replica.
@@ -156,7 +155,7 @@ type Plan struct {
 	Estimates []Estimate
 	// PromptTokens is the prompt length the plan assumed.
 	PromptTokens int
-	// Reason is ReasonSticky or ReasonScored (ReasonRaced after Follow).
+	// Reason is ReasonSticky or ReasonScored.
 	Reason string
 	// Rebind says why the session left its bound replica, "" if it did
 	// not (or was not bound).
@@ -537,28 +536,6 @@ func (p *Policy) rebind(in *Input, bound bool, plan *Plan) {
 	plan.Binding = Binding{Replica: chosen, PromptTokens: in.PromptTokens, PromptBytes: in.TextBytes, Turns: turns}
 	plan.Bind = BindReplace
 	if !bound && plan.Rebind == "" {
-		plan.Bind = BindNew // a first turn: another gateway may bind it first
+		plan.Bind = BindNew // a first turn: written only if no other gateway bound it first
 	}
-}
-
-// Follow moves the candidate at Input.Endpoints index i to the front: the
-// caller found that another gateway bound the session to it first, and
-// both turns should share one replica. It reports whether i was a
-// candidate.
-func (p *Plan) Follow(i int) bool {
-	k := slices.Index(p.Order, i)
-	if k < 0 {
-		return false
-	}
-	if k > 0 {
-		p.Order = slices.Insert(slices.Delete(p.Order, k, k+1), 0, i)
-		pr := p.Predicted[k]
-		p.Predicted = slices.Insert(slices.Delete(p.Predicted, k, k+1), 0, pr)
-		if p.Estimates != nil {
-			e := p.Estimates[k]
-			p.Estimates = slices.Insert(slices.Delete(p.Estimates, k, k+1), 0, e)
-		}
-		p.Reason = ReasonRaced
-	}
-	return true
 }

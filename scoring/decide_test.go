@@ -171,12 +171,6 @@ func TestDecideFirstTurnAndFollow(t *testing.T) {
 	if p.Binding != (Binding{Replica: "b", PromptTokens: 320, PromptBytes: 1280, Turns: 1}) {
 		t.Errorf("binding = %+v", p.Binding)
 	}
-	if !p.Follow(2) || p.Chosen() != 2 || p.Reason != ReasonRaced || len(p.Order) != 3 || p.Predicted[0] != 0 {
-		t.Errorf("after Follow(2): %+v", p)
-	}
-	if p.Follow(7) {
-		t.Error("Follow of a non-candidate succeeded")
-	}
 }
 
 // Policies that need no prefix information decide in one phase; a policy

@@ -164,6 +164,26 @@ func (s *Store) Remember(ctx context.Context, key string, b Binding, onlyIfNew b
 	return b, s.write(ctx, key, b)
 }
 
+// Propose keeps b as this process's copy of the session's binding without
+// writing it to Redis: the session's next Flush does, after its turn (one
+// round trip where binding then completing took two, and none on the
+// request path). A binding Redis never confirmed is flushed with SET NX
+// GET, so when another gateway bound the session meanwhile, its binding
+// replaces this one here (Flush). Until then other processes do not see
+// b, and this process's lookups answer with it when Redis has none (and
+// write it back). Rebindings must not be proposed: Lookup prefers Redis's
+// copy to a local one naming another replica.
+func (s *Store) Propose(key string, b Binding) {
+	if key == "" {
+		return
+	}
+	b.Updated = s.opts.Now()
+	mu := &s.updates[stripe(key)]
+	mu.Lock()
+	defer mu.Unlock()
+	s.rememberUnchecked(key, b)
+}
+
 // setIfAbsent writes b unless Redis already holds a binding, and returns the
 // binding Redis holds afterwards, in one round trip (SET NX GET, Redis ≥
 // 7.0). Only that binding is kept locally, so a losing write never lingers
