@@ -39,6 +39,7 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 		firstByte: func() {
 			x.flight.FirstByte()
 			x.endPending()
+			g.publishBinding(x.route)
 			if x.req.stream {
 				g.m.ttft.WithLabelValues(x.req.model).Observe(time.Since(x.start).Seconds())
 			}

@@ -65,3 +65,10 @@ func (w *workers) Run(ctx context.Context) error {
 	}
 	return nil
 }
+
+// Redis writes off the request path (a session family's placement): the
+// pool's size and backlog.
+const (
+	writeWorkers = 2
+	writeBacklog = 4096
+)

@@ -67,7 +67,8 @@ type Gateway struct {
 	activity    *activity          // what the status page shows
 	tips        *workers           // fill session tips off the request path (tips.go)
 	tipPending  sync.Map           // sessions with a tip job queued or running
-	writes      *workers           // write completed turns' bindings to Redis off the response path
+	writes      *workers           // Redis writes off the request path (family placements)
+	flusher     *bindingFlusher    // write completed turns' bindings to Redis in batches
 	responses   *responses.Service // nil without Redis
 	messages    *anthropic.Service
 	admit       Admitter
@@ -138,6 +139,8 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		return nil, err
 	}
 	g.sessions = session.NewStore(g.rdb, session.Options{Prefix: cfg.Redis.KeyPrefix, TTL: cfg.Routing.SessionTTL, Timeout: cfg.Redis.Timeout, LocalTrust: cfg.Routing.SessionLocalTrust})
+	g.flusher = &bindingFlusher{keys: make(chan string, flushBacklog), flush: g.sessions.FlushAll, timeout: cfg.Redis.Timeout,
+		finish: time.Second, failed: func() { g.m.redisErrors.WithLabelValues("remember").Inc() }}
 
 	fc := cfg.fleetConfig(o, log, wrapped)
 	fc.OnUpdate = g.replicaUpdated

@@ -36,8 +36,9 @@ type route struct {
 	// long prompt are recorded (commit); Do waits for it after forwarding.
 	speculated chan struct{}
 	// proposed is set when commit kept a new or refreshed binding in
-	// process memory only: rememberCompleted writes it to Redis.
-	proposed bool
+	// process memory only: rememberCompleted writes it to Redis, and a new
+	// one (fresh) is also written when the replica's first byte arrives.
+	proposed, fresh bool
 }
 
 // speculateAsideKeys is the prompt length, in block keys, from which commit
@@ -336,10 +337,13 @@ func (g *Gateway) commit(ctx context.Context, r *Request, rt *route, bind sessio
 			g.log.Debug("session remember degraded", "err", err)
 		}
 	case scoring.BindNew, scoring.BindRefresh:
-		// Written when the turn's response ends (rememberCompleted), with
-		// what it left cached: the session's next turn comes after that.
+		// Not on the request path: a new binding is written when the
+		// replica answers (publishBinding), beside the response, so it is
+		// in Redis before the client can send the next turn to another
+		// gateway; both kinds again when the response ends
+		// (rememberCompleted), with what the turn left cached.
 		g.sessions.Propose(rt.session, rt.binding)
-		rt.proposed = true
+		rt.proposed, rt.fresh = true, p.Bind == scoring.BindNew
 	}
 	if fam := r.session.Family; fam != "" && fam != rt.session && (p.Bind == scoring.BindNew || p.Bind == scoring.BindReplace) {
 		// Publish where the family's conversation now runs, for its
@@ -394,12 +398,6 @@ func (g *Gateway) newBinding(r *Request, p *scoring.Plan, bind session.Binding, 
 	return nb
 }
 
-// Completed turns' binding writes: the pool's size and backlog.
-const (
-	writeWorkers = 4
-	writeBacklog = 4096
-)
-
 // rememberCompleted records, when a turn's response ended, what the
 // replica now holds of the session, so the next sticky turn predicts its
 // cache hit without tokenizing: the prompt, and the output but for its
@@ -408,9 +406,9 @@ const (
 // once this turn's KV events have arrived). u is zero when the turn did
 // not complete (an error, a cut stream); a binding commit proposed is
 // written all the same. The binding is updated in process memory at once
-// (this gateway's next lookup prefers it) and written to Redis by the
-// write workers: the response's last bytes do not wait for Redis. A full
-// backlog writes inline rather than lose the update.
+// (this gateway's next lookup prefers it) and written to Redis in a batch
+// (bindingFlusher): the response's last bytes do not wait for Redis. A
+// full backlog writes inline rather than lose the update.
 func (g *Gateway) rememberCompleted(rt *route, replica string, u Usage) {
 	if rt.session == "" {
 		return
@@ -418,16 +416,23 @@ func (g *Gateway) rememberCompleted(rt *route, replica string, u Usage) {
 	if !g.updateCompleted(rt, replica, u) && !rt.proposed {
 		return
 	}
-	key := rt.session
-	flush := func(ctx context.Context) {
-		ctx, cancel := context.WithTimeout(ctx, g.cfg.Redis.Timeout)
-		defer cancel()
-		if err := g.sessions.Flush(ctx, key); err != nil {
-			g.m.redisErrors.WithLabelValues("remember").Inc()
-		}
+	if !g.flusher.add(rt.session) {
+		g.flusher.write(context.Background(), []string{rt.session})
 	}
-	if !g.writes.try(flush) {
-		flush(context.Background())
+}
+
+// publishBinding writes a first turn's binding, which commit kept in
+// process memory, when its replica's first byte arrives: the SET NX GET
+// runs beside the response, where before the request waited for it.
+// Concurrent first turns of the session on other gateways may have
+// started elsewhere; the first write to land binds the session, and the
+// others adopt it (session.Store.FlushAll).
+func (g *Gateway) publishBinding(rt *route) {
+	if rt == nil || !rt.fresh || rt.session == "" {
+		return
+	}
+	if !g.flusher.add(rt.session) {
+		g.flusher.write(context.Background(), []string{rt.session})
 	}
 }
 

@@ -417,14 +417,16 @@ func TestEarlyTokenizeOverlapsLookup(t *testing.T) {
 }
 
 // A chat conversation's first turn asks Redis for no binding (none can be
-// there but a retry's) and writes its binding once, after its response,
-// with what the turn left cached; its later turns read theirs, since
-// another gateway may hold it.
+// there but a retry's) and does not wait for its binding's write: here
+// Redis holds every binding write until the response is in, and the turn
+// is answered all the same, with no Redis error; the binding lands once
+// released, with what the turn left cached. Its later turns read theirs,
+// since another gateway may hold it.
 func TestFirstTurnAsksRedisNothing(t *testing.T) {
 	sim := startSim(t, vllmsim.Config{Replicas: 2})
 	cfg := fleetConfig(sim)
 	rdb := redisFor(t, &cfg)
-	cmds := &sessionCmds{prefix: cfg.Redis.KeyPrefix + "sess:"}
+	cmds := &sessionCmds{prefix: cfg.Redis.KeyPrefix + "sess:", release: make(chan struct{})}
 	rdb.AddHook(cmds)
 	g := startGateway(t, cfg, rdb)
 	if r := chat(t, g.URL, chatBody("first turn", 0, 2), nil); r.Status != http.StatusOK {
@@ -433,13 +435,15 @@ func TestFirstTurnAsksRedisNothing(t *testing.T) {
 	if n := cmds.gets.Load(); n != 0 {
 		t.Errorf("the first turn read %d session bindings from Redis; want none", n)
 	}
+	eventually(t, 5*time.Second, func() bool { return cmds.held.Load() > 0 }, "the binding's write")
+	if n := counter(t, g.reg, "warmpath_redis_errors_total", nil); n != 0 {
+		t.Errorf("%v Redis errors: the turn waited for its binding's write", n)
+	}
+	close(cmds.release)
 	eventually(t, 5*time.Second, func() bool {
 		keys := rdb.Keys(t.Context(), cmds.prefix+"*").Val()
 		return len(keys) == 1 && strings.Contains(rdb.Get(t.Context(), keys[0]).Val(), `"ct":`)
 	}, "the completed first turn's binding in Redis, with its cached tokens")
-	if n := cmds.sets.Load(); n != 1 {
-		t.Errorf("the first turn wrote its binding %d times; want once, after its response", n)
-	}
 	cmds.gets.Store(0) // the test's own
 	if r := chat(t, g.URL, chatBody("first turn", 40, 2), nil); r.Status != http.StatusOK {
 		t.Fatalf("second turn: %d %s", r.Status, r.Body)
@@ -449,32 +453,57 @@ func TestFirstTurnAsksRedisNothing(t *testing.T) {
 	}
 }
 
-// sessionCmds is a go-redis hook counting GETs and SETs of session
-// bindings.
+// sessionCmds is a go-redis hook counting GETs of session bindings and
+// holding their writes (held counts them) until release is closed.
 type sessionCmds struct {
 	prefix     string
-	gets, sets atomic.Int64
+	gets, held atomic.Int64
+	release    chan struct{}
 }
 
 func (h *sessionCmds) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (h *sessionCmds) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		args := cmd.Args()
-		if k, _ := args[min(1, len(args)-1)].(string); len(args) >= 2 && strings.HasPrefix(k, h.prefix) {
-			switch cmd.Name() {
-			case "get":
-				h.gets.Add(1)
-			case "set":
-				h.sets.Add(1)
-			}
+		if err := h.see(ctx, cmd); err != nil {
+			return err
 		}
 		return next(ctx, cmd)
 	}
 }
 
 func (h *sessionCmds) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			if err := h.see(ctx, cmd); err != nil {
+				return err
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// see counts cmd and, when it writes a binding, holds it until release.
+func (h *sessionCmds) see(ctx context.Context, cmd redis.Cmder) error {
+	args := cmd.Args()
+	if len(args) < 2 {
+		return nil
+	}
+	if k, _ := args[1].(string); !strings.HasPrefix(k, h.prefix) {
+		return nil
+	}
+	switch cmd.Name() {
+	case "get":
+		h.gets.Add(1)
+	case "set":
+		h.held.Add(1)
+		select {
+		case <-h.release:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
 }
 
 // The gateway counts the demand for the longest prefix any replica holds

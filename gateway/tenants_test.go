@@ -185,13 +185,18 @@ func TestTenantsHaveTheirOwnSessions(t *testing.T) {
 	chat(t, gw.URL, body(words("tenant a's conversation", 300)), hdr(a))
 	chat(t, gw.URL, body(words("tenant b's conversation", 300)), hdr(b))
 	// One conversation binding per tenant (the session id joined with the
-	// conversation's opening), beside each tenant's family record.
+	// conversation's opening), beside each tenant's family record. Each
+	// is written after its turn's response.
 	var keys []string
-	for _, k := range rdb.Keys(t.Context(), cfg.Redis.KeyPrefix+"sess:*").Val() {
-		if strings.Contains(k, "/") {
-			keys = append(keys, k)
+	eventually(t, 5*time.Second, func() bool {
+		keys = keys[:0]
+		for _, k := range rdb.Keys(t.Context(), cfg.Redis.KeyPrefix+"sess:*").Val() {
+			if strings.Contains(k, "/") {
+				keys = append(keys, k)
+			}
 		}
-	}
+		return len(keys) >= 2
+	}, "both turns' bindings in Redis")
 	if len(keys) != 2 {
 		t.Fatalf("bindings %v; want one per tenant", keys)
 	}

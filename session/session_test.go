@@ -498,6 +498,50 @@ func TestStoreFlushUnconfirmed(t *testing.T) {
 	}
 }
 
+// Proposed bindings reach Redis in one batch: a session no one bound is
+// written, one another gateway bound first is adopted, one Redis
+// confirmed earlier is rewritten with its local change, and a key with
+// no local copy is skipped, all in one pipeline.
+func TestStoreFlushAllProposals(t *testing.T) {
+	rdb, prefix := redistest.Client(t)
+	ctx := context.Background()
+	a := NewStore(rdb, Options{Prefix: prefix})
+	b := NewStore(rdb, Options{Prefix: prefix})
+	if _, err := a.Remember(ctx, "confirmed", bind("r1", 1), false); err != nil {
+		t.Fatal(err)
+	}
+	a.UpdateLocal("confirmed", Binding{}, func(x *Binding) bool { x.CachedTokens = 500; return true })
+	a.Propose("new", bind("r1", 2))
+	a.Propose("taken", bind("r1", 3))
+	b.Propose("taken", bind("r2", 4))
+	if err := b.Flush(ctx, "taken"); err != nil {
+		t.Fatal(err)
+	}
+	a.UpdateLocal("new", Binding{}, func(x *Binding) bool { x.CachedTokens = 200; return true })
+	if err := a.FlushAll(ctx, []string{"new", "taken", "confirmed", "absent"}); err != nil {
+		t.Fatal(err)
+	}
+	stored := func(k string) Binding {
+		b, _ := decode(rdb.Get(ctx, prefix+"sess:"+k).Val())
+		return b
+	}
+	if got := stored("new"); got.Replica != "r1" || got.CachedTokens != 200 {
+		t.Errorf("new: Redis holds %+v; want r1 with 200 cached", got)
+	}
+	if got := stored("taken"); got.Replica != "r2" {
+		t.Errorf("taken: Redis holds %+v; want the first writer's r2", got)
+	}
+	if l, _ := a.Local("taken"); l.Replica != "r2" {
+		t.Errorf("taken: a's copy is %+v; want r2 adopted", l)
+	}
+	if got := stored("confirmed"); got.CachedTokens != 500 {
+		t.Errorf("confirmed: Redis holds %+v; want 500 cached", got)
+	}
+	if n := rdb.Exists(ctx, prefix+"sess:absent").Val(); n != 0 {
+		t.Errorf("absent: written")
+	}
+}
+
 // FuzzIdentify feeds arbitrary session headers and bodies to Identify, a
 // trust boundary: keys stay short and printable, a conversation key
 // extends its family's, and a parent is only ever a named family.

@@ -1,6 +1,7 @@
 package session
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -329,39 +330,136 @@ func (s *Store) UpdateLocal(key string, base Binding, fn func(*Binding) bool) (B
 }
 
 // Flush writes this process's latest copy of the session's binding to
-// Redis, refreshing its TTL; nothing when it has none. A copy Redis never
-// confirmed (a write that failed) is written only if Redis
-// holds no binding for the session, or holds this one (SET NX GET first):
-// when another gateway bound the session first, its binding replaces the
-// local copy instead. Flushes of one key are serialised and each writes
-// the copy as it is when its turn comes, so concurrent flushes never leave
-// an older copy in Redis than a newer one.
+// Redis, refreshing its TTL; nothing when it has none. It is FlushAll of
+// one key.
 func (s *Store) Flush(ctx context.Context, key string) error {
-	if s.rdb == nil || key == "" {
+	return s.FlushAll(ctx, []string{key})
+}
+
+// FlushAll writes this process's latest copies of the sessions' bindings
+// to Redis in one pipelined round trip (two when a key needs it, below),
+// refreshing their TTLs; keys it has no copy of are skipped. A copy Redis
+// never confirmed (a proposed binding, a write that failed) is written
+// only if Redis holds no binding for the session, or holds this one (SET
+// NX GET first, then the write): when another gateway bound the session
+// first, its binding replaces the local copy instead. Flushes of one key
+// are serialised and each writes the copy as it is when its turn comes,
+// so concurrent flushes never leave an older copy in Redis than a newer
+// one. The error is the first key's that failed.
+func (s *Store) FlushAll(ctx context.Context, keys []string) error {
+	if s.rdb == nil || len(keys) == 0 {
 		return nil
 	}
-	mu := &s.flushes[stripe(key)]
-	mu.Lock()
-	defer mu.Unlock()
-	e, ok := s.local.Peek(key)
-	if !ok || s.opts.Now().Sub(e.b.Updated) > s.opts.TTL {
-		return nil
-	}
-	if e.checked.IsZero() {
-		won, wrote, err := s.setNX(ctx, key, e.b)
-		switch {
-		case err != nil:
-			return err
-		case wrote:
-			s.checked(key, e.b)
-			return nil
-		case won.Replica != e.b.Replica:
-			s.updateTo(key, won) // another gateway bound the session first
-			return nil
+	defer s.lockFlushes(keys)()
+	var (
+		nx, set []flushed
+		now     = s.opts.Now()
+	)
+	for _, key := range keys {
+		e, ok := s.local.Peek(key)
+		if !ok || key == "" || now.Sub(e.b.Updated) > s.opts.TTL {
+			continue
 		}
-		// Redis holds this binding already: write the latest copy.
+		if e.checked.IsZero() {
+			nx = append(nx, flushed{key: key, b: e.b})
+		} else {
+			set = append(set, flushed{key: key, b: e.b})
+		}
 	}
-	return s.write(ctx, key, e.b)
+	cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	defer cancel()
+	var nxErr error
+	if len(nx) > 0 {
+		var again []flushed
+		again, nxErr = s.setAllNX(cctx, nx)
+		set = append(set, again...)
+	}
+	return cmp.Or(nxErr, s.writeAll(cctx, set))
+}
+
+// flushed is one binding FlushAll writes.
+type flushed struct {
+	key string
+	b   Binding
+}
+
+// lockFlushes takes the flush locks of keys' stripes, in stripe order so
+// concurrent batches cannot deadlock, and returns their unlock.
+func (s *Store) lockFlushes(keys []string) func() {
+	var taken [len(s.flushes)]bool
+	for _, k := range keys {
+		taken[stripe(k)] = true
+	}
+	for i := range taken {
+		if taken[i] {
+			s.flushes[i].Lock()
+		}
+	}
+	return func() {
+		for i := range taken {
+			if taken[i] {
+				s.flushes[i].Unlock()
+			}
+		}
+	}
+}
+
+// setAllNX writes each binding unless Redis holds one for its session, in
+// one pipeline; it returns those Redis already held as they are (another
+// of this process's writes, or a restore, landed first), to be written.
+func (s *Store) setAllNX(ctx context.Context, bs []flushed) ([]flushed, error) {
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.StatusCmd, len(bs))
+	for i, f := range bs {
+		cmds[i] = pipe.SetArgs(ctx, s.key(f.key), f.b.encode(), redis.SetArgs{Mode: "NX", Get: true, TTL: s.opts.TTL})
+	}
+	_, _ = pipe.Exec(ctx) // each command carries its own error
+	var (
+		again []flushed
+		first error
+	)
+	for i, f := range bs {
+		old, err := cmds[i].Result()
+		switch {
+		case errors.Is(err, redis.Nil): // nothing was there: ours is written
+			s.checked(f.key, f.b)
+		case err != nil:
+			first = cmp.Or(first, fmt.Errorf("session: remember: %w", err))
+		default:
+			won, derr := decode(old)
+			switch {
+			case derr != nil:
+				first = cmp.Or(first, derr)
+			case won.Replica != f.b.Replica:
+				s.updateTo(f.key, won) // another gateway bound the session first
+			default:
+				again = append(again, f) // Redis holds this binding already
+			}
+		}
+	}
+	return again, first
+}
+
+// writeAll writes the bindings in one pipeline.
+func (s *Store) writeAll(ctx context.Context, bs []flushed) error {
+	if len(bs) == 0 {
+		return nil
+	}
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.StatusCmd, len(bs))
+	for i, f := range bs {
+		cmds[i] = pipe.Set(ctx, s.key(f.key), f.b.encode(), s.opts.TTL)
+	}
+	_, _ = pipe.Exec(ctx)
+	var first error
+	for i, f := range bs {
+		if err := cmds[i].Err(); err != nil {
+			first = cmp.Or(first, fmt.Errorf("session: remember: %w", err))
+			continue
+		}
+		s.checked(f.key, f.b)
+	}
+	return first
 }
 
 // updateTo replaces the local copy with b, which Redis holds now.
