@@ -194,12 +194,12 @@ func TestMixedResultBreakdown(t *testing.T) {
 		if i == 50 {
 			over = 90
 		}
-		samples = append(samples, sample{class: classInteractive, queueWait: ms(i % 3), engineTTFT: ms(40 + i%7), ttft: ms(i%3 + 40 + i%7 + over)})
+		samples = append(samples, sample{class: classInteractive, queueWait: ms(i % 3), engineTTFT: ms(40 + i%7), ttft: ms(i%3 + 40 + i%7 + over), gatewayWork: ms(3)})
 	}
 	samples = append(samples, sample{class: classInteractive, ttft: ms(500), engineTTFT: -1}) // no engine figure: no overhead
 	r := mixedResult(&Result{Policy: partFair, samples: samples}, 64, 1)
-	if r.InteractiveOverheadP99Ms < 10 || r.InteractiveOverheadP99Ms > 90 || r.InteractiveEngineTTFTP99Ms != 46 {
-		t.Errorf("overhead p99 %v, engine p99 %v; want within [10, 90] and 46", r.InteractiveOverheadP99Ms, r.InteractiveEngineTTFTP99Ms)
+	if r.InteractiveOverheadP99Ms < 10 || r.InteractiveOverheadP99Ms > 90 || r.InteractiveEngineTTFTP99Ms != 46 || r.InteractiveGatewayP99Ms != 3 {
+		t.Errorf("overhead p99 %v, engine p99 %v, gateway p99 %v; want within [10, 90], 46 and 3", r.InteractiveOverheadP99Ms, r.InteractiveEngineTTFTP99Ms, r.InteractiveGatewayP99Ms)
 	}
 	samples[50].ttft = samples[50].queueWait + samples[50].engineTTFT + ms(10)
 	if r := mixedResult(&Result{Policy: partFair, samples: samples}, 64, 1); r.InteractiveOverheadP99Ms != 10 {

@@ -19,6 +19,7 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 	if g.cfg.Debug {
 		g.debugHeaders(resp.Header, x)
 		queueHeaders(resp.Header, x.req)
+		resp.Header.Set("X-Warmpath-Gateway-Ms", strconv.FormatFloat(float64(x.sent.Sub(x.start)-x.req.queueWait)/float64(time.Millisecond), 'f', 1, 64))
 	}
 	if x.lease != nil {
 		for k, v := range x.lease.Header() {

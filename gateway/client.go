@@ -27,6 +27,9 @@ type exchange struct {
 	// exchange's current step touches it.
 	finished bool
 
+	// sent is when the request was first sent to a replica.
+	sent time.Time
+
 	replica   *fleet.Replica // the replica that answered
 	flight    *fleet.Flight
 	predicted int // cached tokens predicted on replica

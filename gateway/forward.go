@@ -45,6 +45,7 @@ func (g *Gateway) forward(ctx context.Context, x *exchange) (*http.Response, err
 		fl := rep.Begin(int64(max(0, x.route.plan.PromptTokens-predicted)))
 		x.req.placement.unclaim() // the replica's in-flight count has it now
 		if i == 0 {
+			x.sent = time.Now()
 			g.refill(x.req)
 		}
 		x.attempts++

@@ -178,6 +178,11 @@ func TestQueueInProgressFirstThenLeastServed(t *testing.T) {
 		if w, _ := strconv.ParseFloat(d.res.Header.Get("X-Warmpath-Queue-Ms"), 64); !(w > 0) {
 			t.Errorf("%s: X-Warmpath-Queue-Ms = %q; want a wait", d.name, d.res.Header.Get("X-Warmpath-Queue-Ms"))
 		}
+		// The gateway's own time excludes the wait: what is left is small
+		// but never negative.
+		if v, err := strconv.ParseFloat(d.res.Header.Get("X-Warmpath-Gateway-Ms"), 64); err != nil || v < 0 {
+			t.Errorf("%s: X-Warmpath-Gateway-Ms = %q; want a duration", d.name, d.res.Header.Get("X-Warmpath-Gateway-Ms"))
+		}
 		got[d.name] = d.at
 	}
 	if !(got["short"] < got["long"] && got["long"] < got["fresh"]) {
