@@ -168,10 +168,10 @@ func (p *placement) unclaim() {
 // refill re-checks the queue (fairq.Queue.Refill) once a request it
 // dispatched without a place has reached its replica: until then the
 // request held the model's room (counted in the queue's inflight, not yet
-// in the replica's), and where it went had none, so the room it held is
-// still free, on a replica no candidate's routing chose when it left.
-// Nothing else would look again before the next scrape, finished request
-// or recheck.
+// in the replica's), and where it went may have had none (the fallback
+// goes to a replica without room), so the room it held may still be free,
+// on a replica no candidate's routing chose when it left. Nothing else
+// would look again before the next scrape, finished request or recheck.
 func (g *Gateway) refill(r *Request) {
 	if g.queue != nil && r.queueWait > 0 && (r.placement == nil || !r.placement.placed) {
 		g.queue.q.Refill()
