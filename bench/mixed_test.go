@@ -183,6 +183,30 @@ func TestContestedShares(t *testing.T) {
 	}
 }
 
+// The interactive TTFT is split into the gateway's queue, the engine and
+// the rest (overhead), each with its own p99.
+func TestMixedResultBreakdown(t *testing.T) {
+	ms := func(v int) time.Duration { return time.Duration(v) * time.Millisecond }
+	var samples []sample
+	for i := range 100 {
+		// TTFT = queue + engine + overhead; one turn has a 90 ms overhead.
+		over := 10
+		if i == 50 {
+			over = 90
+		}
+		samples = append(samples, sample{class: classInteractive, queueWait: ms(i % 3), engineTTFT: ms(40 + i%7), ttft: ms(i%3 + 40 + i%7 + over), gatewayWork: ms(3)})
+	}
+	samples = append(samples, sample{class: classInteractive, ttft: ms(500), engineTTFT: -1}) // no engine figure: no overhead
+	r := mixedResult(&Result{Policy: partFair, samples: samples}, 64, 1)
+	if r.InteractiveOverheadP99Ms < 10 || r.InteractiveOverheadP99Ms > 90 || r.InteractiveEngineTTFTP99Ms != 46 || r.InteractiveGatewayP99Ms != 3 {
+		t.Errorf("overhead p99 %v, engine p99 %v, gateway p99 %v; want within [10, 90], 46 and 3", r.InteractiveOverheadP99Ms, r.InteractiveEngineTTFTP99Ms, r.InteractiveGatewayP99Ms)
+	}
+	samples[50].ttft = samples[50].queueWait + samples[50].engineTTFT + ms(10)
+	if r := mixedResult(&Result{Policy: partFair, samples: samples}, 64, 1); r.InteractiveOverheadP99Ms != 10 {
+		t.Errorf("overhead p99 %v with every overhead 10 ms", r.InteractiveOverheadP99Ms)
+	}
+}
+
 func TestMixedReportJSON(t *testing.T) {
 	mr := &MixedReport{Workload: "mixed-tenants", NoBurstInteractiveTTFTP99Ms: 200,
 		Results: []MixedResult{{Policy: "fifo", InteractiveTTFTP99Ms: 5000, BackgroundTurns: 10}}}

@@ -28,12 +28,13 @@ type placement struct {
 	keys, chunks []uint64
 
 	// plan is the decision place made, valid when placed; claim is the
-	// room it claimed for it, given back once the request is sent (or
-	// ends before).
-	plan   scoring.Plan
-	placed bool
-	claim  *atomic.Int64
-	once   atomic.Bool
+	// room it claimed for it (claimTokens its uncached prompt), given back
+	// once the request is sent (or ends before).
+	plan        scoring.Plan
+	placed      bool
+	claim       *replicaLoad
+	claimTokens int64
+	once        atomic.Bool
 }
 
 // prepare gathers r's routing inputs and matches its prompt when the
@@ -83,6 +84,9 @@ func (p *placement) refresh(now time.Time) {
 		eps[i].PromptBlocksOnly = p.in.Endpoints[i].PromptBlocksOnly
 	}
 	p.g.keepReserve(p.r, p.reps, eps)
+	if p.g.queue != nil {
+		p.g.queue.capacity.addClaims(p.reps, eps)
+	}
 	p.in.Now, p.in.Endpoints, p.in.Backlog = now, eps, p.g.waiting.of(p.r.model)
 }
 
@@ -102,18 +106,75 @@ func (p *placement) place(c *fleetCapacity) bool {
 	if err != nil || plan.NeedsPrefix {
 		return true
 	}
-	claim, ok := c.claim(p.reps[plan.Chosen()], p.r.class, now)
+	return p.take(c, plan, now)
+}
+
+// take claims room for plan's choice and, when it has room, makes plan
+// the one the request is sent with.
+func (p *placement) take(c *fleetCapacity, plan scoring.Plan, now time.Time) bool {
+	tokens := int64(max(0, plan.PromptTokens-plan.Predicted[0]))
+	claim, ok := c.claim(p.reps[plan.Chosen()], p.r.class, tokens, now)
 	if !ok {
 		return false
 	}
-	p.plan, p.placed, p.claim = plan, true, claim
+	p.plan, p.placed, p.claim, p.claimTokens = plan, true, claim, tokens
 	return true
+}
+
+// move is the request's fairq.Ticket.Move, asked when no request of the
+// scan can start where its routing sends it while the model has room: it
+// routes the request as place does, but with every replica that has no
+// room for its class taken out (as the reserve takes replicas out of a
+// background request's routing), and claims room on the replica chosen.
+// A session leaves its bound replica so (rebind reason "reserved").
+// Otherwise the request would go to a replica without room (to wait in
+// its engine queue, taking the KV headroom kept for interactive turns)
+// while the replica with room stood idle. Prefix matches not made on
+// arrival are taken as none (moving needs no I/O). False when no replica
+// has room or routing finds none.
+func (p *placement) move(c *fleetCapacity) bool {
+	now := time.Now()
+	p.refresh(now)
+	open := false
+	for i, rep := range p.reps {
+		if !c.hasRoom(rep, p.r.class, now) {
+			p.in.Endpoints[i].Reserved = true
+		} else if !p.in.Endpoints[i].Reserved && !p.in.Endpoints[i].Unhealthy {
+			open = true
+		}
+	}
+	if !open {
+		return false
+	}
+	matched := p.in.Matched
+	if matched == nil {
+		p.in.Matched = make([]int, len(p.in.Endpoints))
+	}
+	plan, err := p.g.policy.Decide(p.in)
+	p.in.Matched = matched
+	if err != nil || plan.NeedsPrefix || len(plan.Order) == 0 {
+		return false
+	}
+	return p.take(c, plan, now)
 }
 
 // unclaim gives back the room place claimed, once: when the request has
 // been sent (the replica's in-flight count has it) or ends before.
 func (p *placement) unclaim() {
 	if p != nil && p.claim != nil && p.once.CompareAndSwap(false, true) {
-		p.claim.Add(-1)
+		p.claim.unclaim(p.claimTokens)
+	}
+}
+
+// refill re-checks the queue (fairq.Queue.Refill) once a request it
+// dispatched without a place has reached its replica: until then the
+// request held the model's room (counted in the queue's inflight, not yet
+// in the replica's), and where it went may have had none (the fallback
+// goes to a replica without room), so the room it held may still be free,
+// on a replica no candidate's routing chose when it left. Nothing else
+// would look again before the next scrape, finished request or recheck.
+func (g *Gateway) refill(r *Request) {
+	if g.queue != nil && r.queueWait > 0 && (r.placement == nil || !r.placement.placed) {
+		g.queue.q.Refill()
 	}
 }

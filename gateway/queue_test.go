@@ -178,6 +178,11 @@ func TestQueueInProgressFirstThenLeastServed(t *testing.T) {
 		if w, _ := strconv.ParseFloat(d.res.Header.Get("X-Warmpath-Queue-Ms"), 64); !(w > 0) {
 			t.Errorf("%s: X-Warmpath-Queue-Ms = %q; want a wait", d.name, d.res.Header.Get("X-Warmpath-Queue-Ms"))
 		}
+		// Server-Timing's queue phase is the wait; the gateway's own
+		// phases around it are small but never negative.
+		if tm := d.res.Header.Get("Server-Timing"); !strings.Contains(tm, "queue;dur=") || strings.Contains(tm, "queue;dur=0.00,") || strings.Contains(tm, "dur=-") {
+			t.Errorf("%s: Server-Timing = %q; want a queue wait and no negative phase", d.name, tm)
+		}
 		got[d.name] = d.at
 	}
 	if !(got["short"] < got["long"] && got["long"] < got["fresh"]) {
@@ -958,16 +963,16 @@ func TestQueueDispatchesAroundBoundHead(t *testing.T) {
 		t.Errorf("interactive queue depth %v once %s freed; want the bound turn still waiting for %s", d, away, home)
 	}
 	clock.resume()
+	// The head then goes to whichever replica frees first: its own when
+	// the blocker ends before the request behind it, or else it moves
+	// (TestQueueMovesHeadToIdleReplica).
 	for name, ch := range map[string]<-chan chatResult{"blocker": blocker, "head": head, "behind": behind} {
 		r := <-ch
 		if r.Status != http.StatusOK {
 			t.Fatalf("%s: %d %s", name, r.Status, r.Body)
 		}
-		want := home
-		if name == "behind" {
-			want = away
-		}
-		if r.replica() != want {
+		want := map[string]string{"blocker": home, "behind": away}[name]
+		if want != "" && r.replica() != want {
 			t.Errorf("%s went to %s; want %s", name, r.replica(), want)
 		}
 	}
@@ -993,5 +998,67 @@ func TestQueueNonStreamingRunningLeaveRoom(t *testing.T) {
 	}, fmt.Sprintf("all %d requests running on the engine", n))
 	if q := queued(t, g, nil); q != 0 {
 		t.Errorf("%v requests still queued", q)
+	}
+}
+
+// Over HTTP on two simulated replicas that run one sequence each: the
+// queue's only request is a session's turn bound to a busy replica when
+// the other replica frees. It cannot start where its routing sends it, so
+// it moves to the replica that has room (Ticket.Move) rather than go to
+// its busy replica's engine queue while the other stands idle. Nothing
+// else re-checks the queue here (no scrapes, no recheck).
+func TestQueueMovesHeadToIdleReplica(t *testing.T) {
+	clock := newGatedClock()
+	sim := startSim(t, vllmsim.Config{Clock: clock, Replicas: 2, Profile: vllmsim.Profile{MaxNumSeqs: 1}})
+	cfg := queueConfig(sim)
+	cfg.Queue.RecheckInterval = time.Hour
+	cfg.Health.Interval, cfg.Health.ScrapeInterval, cfg.Health.StaleAfter = time.Hour, time.Hour, 2*time.Hour
+	g := startGateway(t, cfg, redisFor(t, &cfg))
+	inflight := func(replica string) float64 {
+		return counter(t, g.Registry(), "warmpath_replica_inflight_requests", map[string]string{"replica": replica})
+	}
+	inter := map[string]string{"X-Session-ID": "bound", "X-Warmpath-Priority": "interactive"}
+
+	conv := newConversation("you are the bound session", words("bound", 2000))
+	conv.header = inter
+	home := conv.turn(t, g.URL, "and then?").replica()
+	body := map[string]any{"model": conv.model, "messages": conv.messages, "max_tokens": 4, "ignore_eos": true}
+
+	clock.pause()
+	blocker := asyncChat(t.Context(), g.URL, body, inter) // the session's turn, running on home
+	eventually(t, 10*time.Second, func() bool { return inflight(home) == 1 }, "the session's turn on "+home)
+	otherCtx, freeOther := context.WithCancel(t.Context())
+	other := asyncChat(otherCtx, g.URL, chatBody("other", 0, 4), map[string]string{"X-Warmpath-Priority": "background"})
+	away := ""
+	eventually(t, 10*time.Second, func() bool {
+		for _, rep := range sim.Replicas() {
+			if n := rep.Info().Name; n != home && inflight(n) == 1 {
+				away = n
+			}
+		}
+		return away != ""
+	}, "a request on the other replica")
+
+	head := asyncChat(t.Context(), g.URL, body, inter) // bound to home, which is busy
+	eventually(t, 10*time.Second, func() bool { return queued(t, g, nil) == 1 }, "the bound turn queued")
+	freeOther()
+	<-other
+	eventually(t, 10*time.Second, func() bool { return queued(t, g, nil) == 0 }, "the bound turn dispatched")
+	if n := inflight(home); n != 1 {
+		t.Errorf("%v requests in flight on the busy %s; want its one running (the bound turn moved to the idle %s)", n, home, away)
+	}
+	clock.resume()
+	for name, ch := range map[string]<-chan chatResult{"blocker": blocker, "head": head} {
+		r := <-ch
+		if r.Status != http.StatusOK {
+			t.Fatalf("%s: %d %s", name, r.Status, r.Body)
+		}
+		want := home
+		if name == "head" {
+			want = away
+		}
+		if r.replica() != want {
+			t.Errorf("%s went to %s; want %s", name, r.replica(), want)
+		}
 	}
 }

@@ -506,7 +506,7 @@ func (g *Gateway) debugHeaders(h interface{ Set(string, string) }, x *exchange) 
 	var parts []string
 	k := 0
 	for _, e := range x.route.eps {
-		if e.Unhealthy {
+		if e.Unhealthy || e.Reserved {
 			continue
 		}
 		s := fmt.Sprintf("%s=%.3f", e.ID, d.Totals[k])

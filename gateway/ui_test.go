@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/vllmsim"
 )
 
@@ -87,5 +88,16 @@ func TestStatusPageInChromium(t *testing.T) {
 	req.Header.Set("Authorization", "Bearer "+key)
 	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusUnauthorized {
 		t.Errorf("status.json with a tenant key: %v %v; want 401", resp.StatusCode, err)
+	}
+}
+
+// A plan's totals are aligned with the endpoints that could take the
+// request: a replica the decision left out as reserved (the interactive
+// reserve, or one with no room when the queue moves a request) has none.
+func TestScoreSummarySkipsUnavailable(t *testing.T) {
+	eps := []scoring.Endpoint{{ID: "a"}, {ID: "b", Reserved: true}, {ID: "c", Unhealthy: true}, {ID: "d"}}
+	p := &scoring.Plan{Decision: &scoring.Decision{Totals: []float64{1.5, 0.25}}}
+	if got, want := scoreSummary(eps, p), "a=1.50 d=0.25"; got != want {
+		t.Errorf("scoreSummary = %q; want %q", got, want)
 	}
 }
