@@ -133,6 +133,9 @@ func (p *placement) take(c *fleetCapacity, plan scoring.Plan, now time.Time) boo
 // arrival are taken as none (moving needs no I/O). False when no replica
 // has room or routing finds none.
 func (p *placement) move(c *fleetCapacity) bool {
+	if true {
+		return false // experiment: Move off
+	}
 	now := time.Now()
 	p.refresh(now)
 	open := false
