@@ -90,12 +90,26 @@ func (g *Gateway) Do(ctx context.Context, r *Request) (*http.Response, error) {
 // answering replica's headers, which a streaming engine sends with its
 // first token; retries included).
 func (x *exchange) serverTiming() string {
-	ms := func(from, to time.Time) float64 {
-		if from.IsZero() || to.IsZero() || to.Before(from) {
-			return 0
-		}
-		return float64(to.Sub(from)) / float64(time.Millisecond)
-	}
+	ph := x.phases()
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 	return fmt.Sprintf("prepare;dur=%.2f, queue;dur=%.2f, route;dur=%.2f, upstream;dur=%.2f",
-		ms(x.start, x.prepared), ms(x.prepared, x.admitted), ms(x.admitted, x.routed), ms(x.routed, x.answered))
+		ms(ph[phasePrepare]), ms(ph[phaseQueue]), ms(ph[phaseRoute]), ms(span(x.routed, x.answered)))
+}
+
+// phases returns the time the exchange spent in each of the gateway's
+// phases (metrics.go); a phase it has not reached is 0.
+func (x *exchange) phases() [numPhases]time.Duration {
+	return [numPhases]time.Duration{
+		phasePrepare: span(x.start, x.prepared),
+		phaseQueue:   span(x.prepared, x.admitted),
+		phaseRoute:   span(x.admitted, x.routed),
+	}
+}
+
+// span is to − from, or 0 when either is unset or they are out of order.
+func span(from, to time.Time) time.Duration {
+	if from.IsZero() || to.IsZero() || to.Before(from) {
+		return 0
+	}
+	return to.Sub(from)
 }

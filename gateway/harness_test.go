@@ -207,16 +207,33 @@ func (c *conversation) turn(t *testing.T, url string, next string) chatResult {
 // series whose labels include the given ones.
 func counter(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
 	t.Helper()
+	var sum float64
+	eachSeries(t, reg, name, labels, func(m *dto.Metric) { sum += value(m) })
+	return sum
+}
+
+// histSamples sums the sample counts of a histogram's series whose labels
+// include the given ones.
+func histSamples(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) uint64 {
+	t.Helper()
+	var n uint64
+	eachSeries(t, reg, name, labels, func(m *dto.Metric) { n += m.GetHistogram().GetSampleCount() })
+	return n
+}
+
+// eachSeries calls fn for each series of the named metric whose labels
+// include the given ones.
+func eachSeries(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string, fn func(*dto.Metric)) {
+	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var sum float64
 	for _, mf := range mfs {
 		if mf.GetName() != name {
 			continue
 		}
-	metrics:
+	series:
 		for _, m := range mf.GetMetric() {
 			have := map[string]string{}
 			for _, lp := range m.GetLabel() {
@@ -224,13 +241,12 @@ func counter(t *testing.T, reg *prometheus.Registry, name string, labels map[str
 			}
 			for k, v := range labels {
 				if have[k] != v {
-					continue metrics
+					continue series
 				}
 			}
-			sum += value(m)
+			fn(m)
 		}
 	}
-	return sum
 }
 
 func value(m *dto.Metric) float64 {

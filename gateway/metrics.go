@@ -161,9 +161,9 @@ func PhaseNames() []string { return phaseNames[:] }
 
 // observePhases records a routed exchange's phases.
 func (m *metrics) observePhases(x *exchange) {
-	m.phases[phasePrepare].Observe(x.prepared.Sub(x.start).Seconds())
-	m.phases[phaseQueue].Observe(x.admitted.Sub(x.prepared).Seconds())
-	m.phases[phaseRoute].Observe(x.routed.Sub(x.admitted).Seconds())
+	for ph, d := range x.phases() {
+		m.phases[ph].Observe(d.Seconds())
+	}
 }
 
 // account records one completed request's prompt and cache figures.

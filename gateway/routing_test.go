@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/warmpath/warmpath/scoring"
@@ -523,34 +522,4 @@ func TestGatewayPhases(t *testing.T) {
 			t.Errorf("phase %s: %d samples; want 3", ph, n)
 		}
 	}
-}
-
-// histSamples sums the sample counts of a histogram's series whose labels
-// include the given ones.
-func histSamples(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) uint64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var n uint64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range mf.GetMetric() {
-			have := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				have[lp.GetName()] = lp.GetValue()
-			}
-			for k, v := range labels {
-				if have[k] != v {
-					continue series
-				}
-			}
-			n += m.GetHistogram().GetSampleCount()
-		}
-	}
-	return n
 }
