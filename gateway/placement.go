@@ -106,12 +106,6 @@ func (p *placement) place(c *fleetCapacity) bool {
 	if err != nil || plan.NeedsPrefix {
 		return true
 	}
-	return p.take(c, plan, now)
-}
-
-// take claims room for plan's choice and, when it has room, makes plan
-// the one the request is sent with.
-func (p *placement) take(c *fleetCapacity, plan scoring.Plan, now time.Time) bool {
 	tokens := int64(max(0, plan.PromptTokens-plan.Predicted[0]))
 	claim, ok := c.claim(p.reps[plan.Chosen()], p.r.class, tokens, now)
 	if !ok {
@@ -119,46 +113,6 @@ func (p *placement) take(c *fleetCapacity, plan scoring.Plan, now time.Time) boo
 	}
 	p.plan, p.placed, p.claim, p.claimTokens = plan, true, claim, tokens
 	return true
-}
-
-// move is the request's fairq.Ticket.Move, asked when no request of the
-// scan can start where its routing sends it while the model has room: it
-// routes the request as place does, but with every replica that has no
-// room for its class taken out (as the reserve takes replicas out of a
-// background request's routing), and claims room on the replica chosen.
-// A session leaves its bound replica so (rebind reason "reserved").
-// Otherwise the request would go to a replica without room (to wait in
-// its engine queue, taking the KV headroom kept for interactive turns)
-// while the replica with room stood idle. Prefix matches not made on
-// arrival are taken as none (moving needs no I/O). False when no replica
-// has room or routing finds none.
-func (p *placement) move(c *fleetCapacity) bool {
-	if true {
-		return false // experiment: Move off
-	}
-	now := time.Now()
-	p.refresh(now)
-	open := false
-	for i, rep := range p.reps {
-		if !c.hasRoom(rep, p.r.class, now) {
-			p.in.Endpoints[i].Reserved = true
-		} else if !p.in.Endpoints[i].Reserved && !p.in.Endpoints[i].Unhealthy {
-			open = true
-		}
-	}
-	if !open {
-		return false
-	}
-	matched := p.in.Matched
-	if matched == nil {
-		p.in.Matched = make([]int, len(p.in.Endpoints))
-	}
-	plan, err := p.g.policy.Decide(p.in)
-	p.in.Matched = matched
-	if err != nil || plan.NeedsPrefix || len(plan.Order) == 0 {
-		return false
-	}
-	return p.take(c, plan, now)
 }
 
 // unclaim gives back the room place claimed, once: when the request has

@@ -317,7 +317,6 @@ func (a *queueAdmitter) Admit(ctx context.Context, r *Request) (func(Usage), err
 	t := r.ticket()
 	if p := r.placement; p != nil && p.bound() {
 		t.Place = func() bool { return p.place(a.capacity) }
-		t.Move = func() bool { return p.move(a.capacity) }
 	}
 	gr, err := a.q.Admit(ctx, t)
 	if err != nil {
@@ -561,23 +560,16 @@ func (c *fleetCapacity) SaturatedFor(model string, inflight int, class fairq.Cla
 // queue dispatched to it and has not sent yet), and returns the load to
 // give the place back to (replicaLoad.unclaim).
 func (c *fleetCapacity) claim(rep *fleet.Replica, class fairq.Class, tokens int64, now time.Time) (*replicaLoad, bool) {
-	if !c.hasRoom(rep, class, now) {
+	if sat, _ := rep.Saturated(now); sat {
 		return nil, false
 	}
 	l := c.loadFor(rep)
+	if c.room(rep, rep.State(), int(rep.InflightRequests()), class)-int(l.claimed.Load()) <= 0 {
+		return nil, false
+	}
 	l.claimed.Add(1)
 	l.claimedTokens.Add(tokens)
 	return l, true
-}
-
-// hasRoom reports whether rep has room for a request of class, as claim
-// judges it.
-func (c *fleetCapacity) hasRoom(rep *fleet.Replica, class fairq.Class, now time.Time) bool {
-	if sat, _ := rep.Saturated(now); sat {
-		return false
-	}
-	claimed := int(c.loadFor(rep).claimed.Load())
-	return c.room(rep, rep.State(), int(rep.InflightRequests()), class)-claimed > 0
 }
 
 // unclaim gives back a place claim took for tokens.

@@ -963,16 +963,16 @@ func TestQueueDispatchesAroundBoundHead(t *testing.T) {
 		t.Errorf("interactive queue depth %v once %s freed; want the bound turn still waiting for %s", d, away, home)
 	}
 	clock.resume()
-	// The head then goes to whichever replica frees first: its own when
-	// the blocker ends before the request behind it, or else it moves
-	// (TestQueueMovesHeadToIdleReplica).
 	for name, ch := range map[string]<-chan chatResult{"blocker": blocker, "head": head, "behind": behind} {
 		r := <-ch
 		if r.Status != http.StatusOK {
 			t.Fatalf("%s: %d %s", name, r.Status, r.Body)
 		}
-		want := map[string]string{"blocker": home, "behind": away}[name]
-		if want != "" && r.replica() != want {
+		want := home
+		if name == "behind" {
+			want = away
+		}
+		if r.replica() != want {
 			t.Errorf("%s went to %s; want %s", name, r.replica(), want)
 		}
 	}
@@ -1001,23 +1001,29 @@ func TestQueueNonStreamingRunningLeaveRoom(t *testing.T) {
 	}
 }
 
-// Over HTTP on two simulated replicas that run one sequence each: the
-// queue's only request is a session's turn bound to a busy replica when
-// the other replica frees. It cannot start where its routing sends it, so
-// it moves to the replica that has room (Ticket.Move) rather than go to
-// its busy replica's engine queue while the other stands idle. Nothing
-// else re-checks the queue here (no scrapes, no recheck).
-func TestQueueMovesHeadToIdleReplica(t *testing.T) {
+// Over HTTP on two simulated replicas that run one sequence each, with a
+// scan of one candidate: when the other replica frees, the queue's head (a
+// session's turn bound to the busy replica) cannot start where routing
+// sends it and goes there anyway (the fallback), holding the model's room
+// until it is sent; the request behind it, which fits the free replica,
+// waits meanwhile. Once the head has reached its replica, Refill
+// dispatches the request behind it to the free replica. Nothing else
+// re-checks the queue here (no scrapes, no recheck, no finish: the engines'
+// clock is stopped), so without Refill it waited beside the idle replica.
+func TestQueueRefillsAfterUnplacedSend(t *testing.T) {
 	clock := newGatedClock()
 	sim := startSim(t, vllmsim.Config{Clock: clock, Replicas: 2, Profile: vllmsim.Profile{MaxNumSeqs: 1}})
 	cfg := queueConfig(sim)
+	cfg.Queue.ScanDepth = 1
 	cfg.Queue.RecheckInterval = time.Hour
 	cfg.Health.Interval, cfg.Health.ScrapeInterval, cfg.Health.StaleAfter = time.Hour, time.Hour, 2*time.Hour
 	g := startGateway(t, cfg, redisFor(t, &cfg))
 	inflight := func(replica string) float64 {
 		return counter(t, g.Registry(), "warmpath_replica_inflight_requests", map[string]string{"replica": replica})
 	}
+	depth := func(class string) float64 { return queued(t, g, map[string]string{"class": class}) }
 	inter := map[string]string{"X-Session-ID": "bound", "X-Warmpath-Priority": "interactive"}
+	bg := map[string]string{"X-Warmpath-Priority": "background"}
 
 	conv := newConversation("you are the bound session", words("bound", 2000))
 	conv.header = inter
@@ -1028,7 +1034,7 @@ func TestQueueMovesHeadToIdleReplica(t *testing.T) {
 	blocker := asyncChat(t.Context(), g.URL, body, inter) // the session's turn, running on home
 	eventually(t, 10*time.Second, func() bool { return inflight(home) == 1 }, "the session's turn on "+home)
 	otherCtx, freeOther := context.WithCancel(t.Context())
-	other := asyncChat(otherCtx, g.URL, chatBody("other", 0, 4), map[string]string{"X-Warmpath-Priority": "background"})
+	other := asyncChat(otherCtx, g.URL, chatBody("other", 0, 4), bg)
 	away := ""
 	eventually(t, 10*time.Second, func() bool {
 		for _, rep := range sim.Replicas() {
@@ -1040,23 +1046,22 @@ func TestQueueMovesHeadToIdleReplica(t *testing.T) {
 	}, "a request on the other replica")
 
 	head := asyncChat(t.Context(), g.URL, body, inter) // bound to home, which is busy
-	eventually(t, 10*time.Second, func() bool { return queued(t, g, nil) == 1 }, "the bound turn queued")
+	eventually(t, 10*time.Second, func() bool { return depth("interactive") == 1 }, "the bound turn queued")
+	behind := asyncChat(t.Context(), g.URL, chatBody("behind", 0, 4), bg)
+	eventually(t, 10*time.Second, func() bool { return depth("background") == 1 }, "the request behind it queued")
+
 	freeOther()
 	<-other
-	eventually(t, 10*time.Second, func() bool { return queued(t, g, nil) == 0 }, "the bound turn dispatched")
-	if n := inflight(home); n != 1 {
-		t.Errorf("%v requests in flight on the busy %s; want its one running (the bound turn moved to the idle %s)", n, home, away)
-	}
+	eventually(t, 10*time.Second, func() bool { return inflight(home) == 2 }, "the bound turn sent to its busy "+home)
+	eventually(t, 10*time.Second, func() bool { return depth("background") == 0 && inflight(away) == 1 },
+		"the request behind the bound turn dispatched to the idle "+away)
 	clock.resume()
-	for name, ch := range map[string]<-chan chatResult{"blocker": blocker, "head": head} {
+	for name, ch := range map[string]<-chan chatResult{"blocker": blocker, "head": head, "behind": behind} {
 		r := <-ch
 		if r.Status != http.StatusOK {
 			t.Fatalf("%s: %d %s", name, r.Status, r.Body)
 		}
-		want := home
-		if name == "head" {
-			want = away
-		}
+		want := map[string]string{"blocker": home, "head": home, "behind": away}[name]
 		if r.replica() != want {
 			t.Errorf("%s went to %s; want %s", name, r.replica(), want)
 		}

@@ -180,13 +180,12 @@ func (m *model) remove(it *item, now time.Time) {
 // now where routing would send it: the next in the order is tried, then
 // the other class's requests (background only while it has room), at most
 // cfg.ScanDepth candidates in all. When none fits, the first candidate
-// goes if it can start elsewhere (Ticket.Move), or else, with fallback,
-// goes after all, to wait in its replica's engine queue: held in the
-// queue, a request whose replica stays full (a background turn bound to a
-// replica at the KV headroom) would wait out its timeout. Background's
-// credit is spent only on a background dispatch it bought; one made with
-// interactive room that no waiting interactive request could use is
-// extra.
+// goes after all (with fallback; without, none goes), to wait in its
+// replica's engine queue: held in the queue, a request whose replica
+// stays full (a background turn bound to a replica at the KV headroom)
+// would wait out its timeout. Background's credit is spent only on a
+// background dispatch it bought; one made with interactive room that no
+// waiting interactive request could use is extra.
 func (m *model) next(cfg *Config, bgRoom func() bool, fits func(*item) bool, fallback bool) *item {
 	hasI, hasB := m.classes[Interactive].n > 0, m.classes[Background].n > 0
 	room, asked := false, false
@@ -221,10 +220,7 @@ func (m *model) next(cfg *Config, bgRoom func() bool, fits func(*item) bool, fal
 			return it
 		}
 	}
-	if head == nil {
-		return nil
-	}
-	if moved := head.t.Move != nil && head.t.Move(); !moved && !fallback {
+	if head == nil || !fallback {
 		return nil
 	}
 	m.spend(hasI && hasB, credit, head.t.Class == Background && first == Background)

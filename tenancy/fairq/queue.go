@@ -52,13 +52,6 @@ type Ticket struct {
 	// be fast, must not block and must not call the Queue. A request
 	// admitted at once (nothing waits) is not asked.
 	Place func() bool
-	// Move, when not nil, is asked of the first candidate when none of the
-	// scan fits (Place) while the model has room: whether it can start at
-	// once if routed away from the replicas without room. True commits
-	// the dispatch, as Place's does; false (or nil) sends the first
-	// candidate anyway, except on a Refill. The same rules as Place's
-	// apply to the call.
-	Move func() bool
 }
 
 // Capacity tells the queue whether a model's replicas can start another
