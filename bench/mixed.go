@@ -60,6 +60,7 @@ type MixedReport struct {
 	NoBurstEngineTTFTP99Ms float64       `json:"no_burst_interactive_engine_ttft_p99_ms"`
 	NoBurstOverheadP99Ms   float64       `json:"no_burst_interactive_overhead_p99_ms"`
 	NoBurstGatewayP99Ms    float64       `json:"no_burst_interactive_gateway_p99_ms"`
+	NoBurstPhases          PhasesP99     `json:"no_burst_interactive_gateway_phases"`
 	Results                []MixedResult `json:"results"`
 	// Shares is the shares part: each tenant's share of the contested
 	// dispatches (made while every tenant had a request waiting) against
@@ -119,6 +120,20 @@ type MixedResult struct {
 	// admission, queue wait excluded); the rest of the overhead is the
 	// HTTP legs and the host.
 	InteractiveGatewayP99Ms float64 `json:"interactive_gateway_p99_ms"`
+	// InteractivePhases is the p99 of each of the gateway's phases before
+	// the send (Server-Timing), apart: which of them the gateway's part is.
+	InteractivePhases PhasesP99 `json:"interactive_gateway_phases"`
+}
+
+// PhasesP99 is the p99 of each of the gateway's phases before it sends a
+// request (Server-Timing), simulated ms: prepare (the session lookup, the
+// tokenizer call, the prefix match), admission (the Server-Timing queue
+// phase: the queue's wait and its own work, its locks and the dispatches
+// it runs on arrival) and route (the decision and its Redis write).
+type PhasesP99 struct {
+	PrepareMs   float64 `json:"prepare_p99_ms"`
+	AdmissionMs float64 `json:"admission_p99_ms"`
+	RouteMs     float64 `json:"route_p99_ms"`
 }
 
 // TenantShare is one tenant's share of contested dispatches.
@@ -179,7 +194,7 @@ func runMixed(ctx context.Context, cfg Config, mt *MixedTenants, env Env, profil
 		if p.name == partNoBurst {
 			mr.NoBurstInteractiveTTFTP50Ms, mr.NoBurstInteractiveTTFTP99Ms = r.InteractiveTTFTP50Ms, r.InteractiveTTFTP99Ms
 			mr.NoBurstEngineTTFTP99Ms, mr.NoBurstOverheadP99Ms = r.InteractiveEngineTTFTP99Ms, r.InteractiveOverheadP99Ms
-			mr.NoBurstGatewayP99Ms = r.InteractiveGatewayP99Ms
+			mr.NoBurstGatewayP99Ms, mr.NoBurstPhases = r.InteractiveGatewayP99Ms, r.InteractivePhases
 			continue
 		}
 		if mr.NoBurstInteractiveTTFTP99Ms > 0 {
@@ -241,7 +256,7 @@ func runPart(ctx context.Context, cfg Config, p mixedPart, policy string, profil
 // mixedResult computes a part's figures from its samples.
 func mixedResult(res *Result, maxSeqs int, scale float64) MixedResult {
 	r := MixedResult{Policy: res.Policy, OutputTokensPerS: res.OutputTokensPerS, Errors: res.Errors}
-	var ttft, qwait, eng, over, gw []float64
+	var ttft, qwait, eng, over, gw, prep, adm, route []float64
 	var bgTokens int64
 	var bgFirst, bgLast time.Duration = -1, 0
 	for i := range res.samples {
@@ -263,6 +278,9 @@ func mixedResult(res *Result, maxSeqs int, scale float64) MixedResult {
 			if s.gatewayWork >= 0 {
 				gw = append(gw, msOf(s.gatewayWork))
 			}
+			if t := s.timing; t != nil {
+				prep, adm, route = append(prep, msOf(t.prepare)), append(adm, msOf(t.queue)), append(route, msOf(t.route))
+			}
 		case classBackground:
 			r.BackgroundTurns++
 			bgTokens += int64(s.outputTokens)
@@ -272,9 +290,10 @@ func mixedResult(res *Result, maxSeqs int, scale float64) MixedResult {
 			bgLast = max(bgLast, s.end)
 		}
 	}
-	for _, v := range [][]float64{ttft, qwait, eng, over, gw} {
+	for _, v := range [][]float64{ttft, qwait, eng, over, gw, prep, adm, route} {
 		slices.Sort(v)
 	}
+	r.InteractivePhases = PhasesP99{finiteOr0(percentile(prep, 99)), finiteOr0(percentile(adm, 99)), finiteOr0(percentile(route, 99))}
 	r.InteractiveQueueP99Ms, r.InteractiveEngineTTFTP99Ms = finiteOr0(percentile(qwait, 99)), finiteOr0(percentile(eng, 99))
 	r.InteractiveOverheadP99Ms, r.InteractiveGatewayP99Ms = finiteOr0(percentile(over, 99)), finiteOr0(percentile(gw, 99))
 	r.InteractiveRequests = len(ttft)
@@ -519,6 +538,11 @@ func (mr *MixedReport) writeTable(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	fmt.Fprintf(&b, "interactive gateway phases p99 (prepare / admission / route): no-burst %s", mr.NoBurstPhases)
+	for _, r := range mr.Results {
+		fmt.Fprintf(&b, "; %s %s", r.Policy, r.InteractivePhases)
+	}
+	b.WriteByte('\n')
 	if i := slices.IndexFunc(mr.Results, func(r MixedResult) bool { return r.Policy == partFIFO }); i >= 0 {
 		f := mr.Results[i]
 		for _, r := range mr.Results {
@@ -537,6 +561,11 @@ func (mr *MixedReport) writeTable(w io.Writer) error {
 	}
 	_, err := w.Write(b.Bytes())
 	return err
+}
+
+// String renders the three p99s as "prepare / admission / route".
+func (p PhasesP99) String() string {
+	return fmtMsOrZero(p.PrepareMs) + " / " + fmtMsOrZero(p.AdmissionMs) + " / " + fmtMsOrZero(p.RouteMs)
 }
 
 func sharesTotal(ss []TenantShare) int {

@@ -195,11 +195,21 @@ func TestMixedResultBreakdown(t *testing.T) {
 			over = 90
 		}
 		samples = append(samples, sample{class: classInteractive, queueWait: ms(i % 3), engineTTFT: ms(40 + i%7), ttft: ms(i%3 + 40 + i%7 + over), gatewayWork: ms(3)})
+		// Two turns' routes take 80 ms: the route phase's p99, apart from
+		// prepare's and admission's.
+		route := 1
+		if i == 50 || i == 51 {
+			route = 80
+		}
+		samples[i].timing = &gatewayTiming{prepare: ms(2), queue: ms(i % 3), route: ms(route)}
 	}
 	samples = append(samples, sample{class: classInteractive, ttft: ms(500), engineTTFT: -1}) // no engine figure: no overhead
 	r := mixedResult(&Result{Policy: partFair, samples: samples}, 64, 1)
 	if r.InteractiveOverheadP99Ms < 10 || r.InteractiveOverheadP99Ms > 90 || r.InteractiveEngineTTFTP99Ms != 46 || r.InteractiveGatewayP99Ms != 3 {
 		t.Errorf("overhead p99 %v, engine p99 %v, gateway p99 %v; want within [10, 90], 46 and 3", r.InteractiveOverheadP99Ms, r.InteractiveEngineTTFTP99Ms, r.InteractiveGatewayP99Ms)
+	}
+	if want := (PhasesP99{PrepareMs: 2, AdmissionMs: 2, RouteMs: 80}); r.InteractivePhases != want {
+		t.Errorf("phases p99 %+v; want %+v", r.InteractivePhases, want)
 	}
 	samples[50].ttft = samples[50].queueWait + samples[50].engineTTFT + ms(10)
 	if r := mixedResult(&Result{Policy: partFair, samples: samples}, 64, 1); r.InteractiveOverheadP99Ms != 10 {
