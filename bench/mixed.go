@@ -130,10 +130,16 @@ type MixedResult struct {
 // tokenizer call, the prefix match), admission (the Server-Timing queue
 // phase: the queue's wait and its own work, its locks and the dispatches
 // it runs on arrival) and route (the decision and its Redis write).
+// PrepareStickyMs and PrepareScoredMs are prepare's p99 over the turns
+// routed sticky (no tokenizer call; a session lookup unless the local
+// binding is trusted) and over the rest (first turns and rebinds: the
+// tokenizer call to a replica and the prefix match).
 type PhasesP99 struct {
-	PrepareMs   float64 `json:"prepare_p99_ms"`
-	AdmissionMs float64 `json:"admission_p99_ms"`
-	RouteMs     float64 `json:"route_p99_ms"`
+	PrepareMs       float64 `json:"prepare_p99_ms"`
+	AdmissionMs     float64 `json:"admission_p99_ms"`
+	RouteMs         float64 `json:"route_p99_ms"`
+	PrepareStickyMs float64 `json:"prepare_sticky_p99_ms"`
+	PrepareScoredMs float64 `json:"prepare_scored_p99_ms"`
 }
 
 // TenantShare is one tenant's share of contested dispatches.
@@ -256,7 +262,7 @@ func runPart(ctx context.Context, cfg Config, p mixedPart, policy string, profil
 // mixedResult computes a part's figures from its samples.
 func mixedResult(res *Result, maxSeqs int, scale float64) MixedResult {
 	r := MixedResult{Policy: res.Policy, OutputTokensPerS: res.OutputTokensPerS, Errors: res.Errors}
-	var ttft, qwait, eng, over, gw, prep, adm, route []float64
+	var ttft, qwait, eng, over, gw, prep, adm, route, prepSticky, prepScored []float64
 	var bgTokens int64
 	var bgFirst, bgLast time.Duration = -1, 0
 	for i := range res.samples {
@@ -280,6 +286,11 @@ func mixedResult(res *Result, maxSeqs int, scale float64) MixedResult {
 			}
 			if t := s.timing; t != nil {
 				prep, adm, route = append(prep, msOf(t.prepare)), append(adm, msOf(t.queue)), append(route, msOf(t.route))
+				if s.reason == "sticky" {
+					prepSticky = append(prepSticky, msOf(t.prepare))
+				} else {
+					prepScored = append(prepScored, msOf(t.prepare))
+				}
 			}
 		case classBackground:
 			r.BackgroundTurns++
@@ -290,10 +301,11 @@ func mixedResult(res *Result, maxSeqs int, scale float64) MixedResult {
 			bgLast = max(bgLast, s.end)
 		}
 	}
-	for _, v := range [][]float64{ttft, qwait, eng, over, gw, prep, adm, route} {
+	for _, v := range [][]float64{ttft, qwait, eng, over, gw, prep, adm, route, prepSticky, prepScored} {
 		slices.Sort(v)
 	}
-	r.InteractivePhases = PhasesP99{finiteOr0(percentile(prep, 99)), finiteOr0(percentile(adm, 99)), finiteOr0(percentile(route, 99))}
+	r.InteractivePhases = PhasesP99{finiteOr0(percentile(prep, 99)), finiteOr0(percentile(adm, 99)), finiteOr0(percentile(route, 99)),
+		finiteOr0(percentile(prepSticky, 99)), finiteOr0(percentile(prepScored, 99))}
 	r.InteractiveQueueP99Ms, r.InteractiveEngineTTFTP99Ms = finiteOr0(percentile(qwait, 99)), finiteOr0(percentile(eng, 99))
 	r.InteractiveOverheadP99Ms, r.InteractiveGatewayP99Ms = finiteOr0(percentile(over, 99)), finiteOr0(percentile(gw, 99))
 	r.InteractiveRequests = len(ttft)
@@ -563,9 +575,11 @@ func (mr *MixedReport) writeTable(w io.Writer) error {
 	return err
 }
 
-// String renders the three p99s as "prepare / admission / route".
+// String renders the p99s as "prepare (sticky, scored) / admission /
+// route".
 func (p PhasesP99) String() string {
-	return fmtMsOrZero(p.PrepareMs) + " / " + fmtMsOrZero(p.AdmissionMs) + " / " + fmtMsOrZero(p.RouteMs)
+	return fmt.Sprintf("%s (sticky %s, scored %s) / %s / %s", fmtMsOrZero(p.PrepareMs), fmtMsOrZero(p.PrepareStickyMs),
+		fmtMsOrZero(p.PrepareScoredMs), fmtMsOrZero(p.AdmissionMs), fmtMsOrZero(p.RouteMs))
 }
 
 func sharesTotal(ss []TenantShare) int {

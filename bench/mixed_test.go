@@ -202,13 +202,18 @@ func TestMixedResultBreakdown(t *testing.T) {
 			route = 80
 		}
 		samples[i].timing = &gatewayTiming{prepare: ms(2), queue: ms(i % 3), route: ms(route)}
+		if i%10 == 0 { // first turns: the tokenizer's 20 ms
+			samples[i].timing.prepare = ms(20)
+		} else {
+			samples[i].reason = "sticky"
+		}
 	}
 	samples = append(samples, sample{class: classInteractive, ttft: ms(500), engineTTFT: -1}) // no engine figure: no overhead
 	r := mixedResult(&Result{Policy: partFair, samples: samples}, 64, 1)
 	if r.InteractiveOverheadP99Ms < 10 || r.InteractiveOverheadP99Ms > 90 || r.InteractiveEngineTTFTP99Ms != 46 || r.InteractiveGatewayP99Ms != 3 {
 		t.Errorf("overhead p99 %v, engine p99 %v, gateway p99 %v; want within [10, 90], 46 and 3", r.InteractiveOverheadP99Ms, r.InteractiveEngineTTFTP99Ms, r.InteractiveGatewayP99Ms)
 	}
-	if want := (PhasesP99{PrepareMs: 2, AdmissionMs: 2, RouteMs: 80}); r.InteractivePhases != want {
+	if want := (PhasesP99{PrepareMs: 20, AdmissionMs: 2, RouteMs: 80, PrepareStickyMs: 2, PrepareScoredMs: 20}); r.InteractivePhases != want {
 		t.Errorf("phases p99 %+v; want %+v", r.InteractivePhases, want)
 	}
 	samples[50].ttft = samples[50].queueWait + samples[50].engineTTFT + ms(10)
