@@ -550,11 +550,13 @@ func (mr *MixedReport) writeTable(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(&b, "interactive gateway phases p99 (prepare / admission / route): no-burst %s", mr.NoBurstPhases)
-	for _, r := range mr.Results {
-		fmt.Fprintf(&b, "; %s %s", r.Policy, r.InteractivePhases)
+	if mr.NoBurstInteractiveTTFTP99Ms > 0 || len(mr.Results) > 0 {
+		fmt.Fprintf(&b, "interactive gateway phases p99 (prepare / admission / route): no-burst %s", mr.NoBurstPhases)
+		for _, r := range mr.Results {
+			fmt.Fprintf(&b, "; %s %s", r.Policy, r.InteractivePhases)
+		}
+		b.WriteByte('\n')
 	}
-	b.WriteByte('\n')
 	if i := slices.IndexFunc(mr.Results, func(r MixedResult) bool { return r.Policy == partFIFO }); i >= 0 {
 		f := mr.Results[i]
 		for _, r := range mr.Results {
