@@ -41,6 +41,10 @@ type sample struct {
 	// timing is the gateway's Server-Timing phases (a debug header),
 	// simulated; nil without it.
 	timing *gatewayTiming
+	// gatewayWork is the gateway's own time before it sent the request,
+	// queue wait excluded (Server-Timing's prepare + route), simulated; -1
+	// when unknown.
+	gatewayWork time.Duration
 
 	promptTokens, cachedTokens, outputTokens int
 	// replica, reason and predicted come from the gateway's debug headers
@@ -213,7 +217,7 @@ type chatBody struct {
 
 // send performs one turn: a streamed chat completion, read chunk by chunk.
 func (d *driver) send(ctx context.Context, s *Session, t *Turn, t0 time.Time) (smp sample, out Outcome) {
-	smp = sample{class: s.Class, tenant: s.Tenant, warmup: s.Warmup, ttft: -1, e2e: -1, engineTTFT: -1, estimate: -1,
+	smp = sample{class: s.Class, tenant: s.Tenant, warmup: s.Warmup, ttft: -1, e2e: -1, engineTTFT: -1, estimate: -1, gatewayWork: -1,
 		messages: t.Messages, tools: t.Tools, promptKey: t.PromptKey}
 	cb := chatBody{Model: d.model, Messages: t.Messages, Tools: t.Tools, ToolChoice: t.ToolChoice,
 		MaxTokens: t.MaxTokens, IgnoreEOS: t.IgnoreEOS, Stream: true}
@@ -279,7 +283,9 @@ func (d *driver) send(ctx context.Context, s *Session, t *Turn, t0 time.Time) (s
 	if ms, err := strconv.ParseFloat(h.Get("X-Warmpath-Queue-Ms"), 64); err == nil && ms > 0 {
 		smp.queueWait = d.sim(time.Duration(ms * float64(time.Millisecond)))
 	}
-	smp.timing = parseServerTiming(h.Get("Server-Timing"), d.speed)
+	if smp.timing = parseServerTiming(h.Get("Server-Timing"), d.speed); smp.timing != nil {
+		smp.gatewayWork = smp.timing.prepare + smp.timing.route
+	}
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		smp.err = fmt.Sprintf("status %d: %s", resp.StatusCode, bytes.TrimSpace(msg))

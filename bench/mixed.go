@@ -52,9 +52,16 @@ const idleKVUsage = 0.9
 type MixedReport struct {
 	Workload string `json:"workload"`
 	// NoBurst is A alone, on the same fleet and seed.
-	NoBurstInteractiveTTFTP50Ms float64       `json:"no_burst_interactive_ttft_p50_ms"`
-	NoBurstInteractiveTTFTP99Ms float64       `json:"no_burst_interactive_ttft_p99_ms"`
-	Results                     []MixedResult `json:"results"`
+	NoBurstInteractiveTTFTP50Ms float64 `json:"no_burst_interactive_ttft_p50_ms"`
+	NoBurstInteractiveTTFTP99Ms float64 `json:"no_burst_interactive_ttft_p99_ms"`
+	// NoBurstEngineTTFTP99Ms and NoBurstOverheadP99Ms are the no-burst
+	// run's as MixedResult's InteractiveEngineTTFTP99Ms and
+	// InteractiveOverheadP99Ms.
+	NoBurstEngineTTFTP99Ms float64       `json:"no_burst_interactive_engine_ttft_p99_ms"`
+	NoBurstOverheadP99Ms   float64       `json:"no_burst_interactive_overhead_p99_ms"`
+	NoBurstGatewayP99Ms    float64       `json:"no_burst_interactive_gateway_p99_ms"`
+	NoBurstPhases          PhasesP99     `json:"no_burst_interactive_gateway_phases"`
+	Results                []MixedResult `json:"results"`
 	// Shares is the shares part: each tenant's share of the contested
 	// dispatches (made while every tenant had a request waiting) against
 	// its weight's share.
@@ -103,6 +110,36 @@ type MixedResult struct {
 	// where the interactive p99 comes from.
 	InteractiveQueueP99Ms      float64 `json:"interactive_queue_wait_p99_ms"`
 	InteractiveEngineTTFTP99Ms float64 `json:"interactive_engine_ttft_p99_ms"`
+	// InteractiveOverheadP99Ms is the p99 of the rest of each interactive
+	// turn's TTFT (TTFT − queue wait − engine TTFT): the gateway's own
+	// work (parse, routing, its Redis calls), the HTTP legs and the
+	// host's scheduling of the load generator, gateway and simulator.
+	InteractiveOverheadP99Ms float64 `json:"interactive_overhead_p99_ms"`
+	// InteractiveGatewayP99Ms is the p99 of the gateway's own part of it
+	// (Server-Timing's prepare and route: routing's work before and after
+	// admission, queue wait excluded); the rest of the overhead is the
+	// HTTP legs and the host.
+	InteractiveGatewayP99Ms float64 `json:"interactive_gateway_p99_ms"`
+	// InteractivePhases is the p99 of each of the gateway's phases before
+	// the send (Server-Timing), apart: which of them the gateway's part is.
+	InteractivePhases PhasesP99 `json:"interactive_gateway_phases"`
+}
+
+// PhasesP99 is the p99 of each of the gateway's phases before it sends a
+// request (Server-Timing), simulated ms: prepare (the session lookup, the
+// tokenizer call, the prefix match), admission (the Server-Timing queue
+// phase: the queue's wait and its own work, its locks and the dispatches
+// it runs on arrival) and route (the decision and its Redis write).
+// PrepareStickyMs and PrepareScoredMs are prepare's p99 over the turns
+// routed sticky (no tokenizer call; a session lookup unless the local
+// binding is trusted) and over the rest (first turns and rebinds: the
+// tokenizer call to a replica and the prefix match).
+type PhasesP99 struct {
+	PrepareMs       float64 `json:"prepare_p99_ms"`
+	AdmissionMs     float64 `json:"admission_p99_ms"`
+	RouteMs         float64 `json:"route_p99_ms"`
+	PrepareStickyMs float64 `json:"prepare_sticky_p99_ms"`
+	PrepareScoredMs float64 `json:"prepare_scored_p99_ms"`
 }
 
 // TenantShare is one tenant's share of contested dispatches.
@@ -162,6 +199,8 @@ func runMixed(ctx context.Context, cfg Config, mt *MixedTenants, env Env, profil
 		r := mixedResult(res, profile.MaxNumSeqs, cfg.Scale)
 		if p.name == partNoBurst {
 			mr.NoBurstInteractiveTTFTP50Ms, mr.NoBurstInteractiveTTFTP99Ms = r.InteractiveTTFTP50Ms, r.InteractiveTTFTP99Ms
+			mr.NoBurstEngineTTFTP99Ms, mr.NoBurstOverheadP99Ms = r.InteractiveEngineTTFTP99Ms, r.InteractiveOverheadP99Ms
+			mr.NoBurstGatewayP99Ms, mr.NoBurstPhases = r.InteractiveGatewayP99Ms, r.InteractivePhases
 			continue
 		}
 		if mr.NoBurstInteractiveTTFTP99Ms > 0 {
@@ -223,7 +262,7 @@ func runPart(ctx context.Context, cfg Config, p mixedPart, policy string, profil
 // mixedResult computes a part's figures from its samples.
 func mixedResult(res *Result, maxSeqs int, scale float64) MixedResult {
 	r := MixedResult{Policy: res.Policy, OutputTokensPerS: res.OutputTokensPerS, Errors: res.Errors}
-	var ttft, qwait, eng []float64
+	var ttft, qwait, eng, over, gw, prep, adm, route, prepSticky, prepScored []float64
 	var bgTokens int64
 	var bgFirst, bgLast time.Duration = -1, 0
 	for i := range res.samples {
@@ -240,6 +279,18 @@ func mixedResult(res *Result, maxSeqs int, scale float64) MixedResult {
 			qwait = append(qwait, msOf(s.queueWait))
 			if s.engineTTFT >= 0 {
 				eng = append(eng, msOf(s.engineTTFT))
+				over = append(over, msOf(s.ttft-s.queueWait-s.engineTTFT))
+			}
+			if s.gatewayWork >= 0 {
+				gw = append(gw, msOf(s.gatewayWork))
+			}
+			if t := s.timing; t != nil {
+				prep, adm, route = append(prep, msOf(t.prepare)), append(adm, msOf(t.queue)), append(route, msOf(t.route))
+				if s.reason == "sticky" {
+					prepSticky = append(prepSticky, msOf(t.prepare))
+				} else {
+					prepScored = append(prepScored, msOf(t.prepare))
+				}
 			}
 		case classBackground:
 			r.BackgroundTurns++
@@ -250,10 +301,13 @@ func mixedResult(res *Result, maxSeqs int, scale float64) MixedResult {
 			bgLast = max(bgLast, s.end)
 		}
 	}
-	for _, v := range [][]float64{ttft, qwait, eng} {
+	for _, v := range [][]float64{ttft, qwait, eng, over, gw, prep, adm, route, prepSticky, prepScored} {
 		slices.Sort(v)
 	}
+	r.InteractivePhases = PhasesP99{finiteOr0(percentile(prep, 99)), finiteOr0(percentile(adm, 99)), finiteOr0(percentile(route, 99)),
+		finiteOr0(percentile(prepSticky, 99)), finiteOr0(percentile(prepScored, 99))}
 	r.InteractiveQueueP99Ms, r.InteractiveEngineTTFTP99Ms = finiteOr0(percentile(qwait, 99)), finiteOr0(percentile(eng, 99))
+	r.InteractiveOverheadP99Ms, r.InteractiveGatewayP99Ms = finiteOr0(percentile(over, 99)), finiteOr0(percentile(gw, 99))
 	r.InteractiveRequests = len(ttft)
 	r.InteractiveTTFTP50Ms, r.InteractiveTTFTP99Ms = finiteOr0(percentile(ttft, 50)), finiteOr0(percentile(ttft, 99))
 	if bgFirst >= 0 && bgLast > bgFirst {
@@ -484,16 +538,24 @@ func (mr *MixedReport) writeTable(w io.Writer) error {
 		}
 	}
 	fmt.Fprintf(&b, " · %d gateway(s) · wall %v\n", mr.Gateways, (time.Duration(mr.Wall * float64(time.Second))).Round(time.Second))
-	fmt.Fprintf(&b, "no-burst (tenant a alone): interactive TTFT p50 %s, p99 %s\n", fmtMs(mr.NoBurstInteractiveTTFTP50Ms), fmtMs(mr.NoBurstInteractiveTTFTP99Ms))
+	fmt.Fprintf(&b, "no-burst (tenant a alone): interactive TTFT p50 %s, p99 %s (engine p99 %s, overhead p99 %s, of it gateway p99 %s)\n", fmtMs(mr.NoBurstInteractiveTTFTP50Ms), fmtMs(mr.NoBurstInteractiveTTFTP99Ms),
+		fmtMsOrZero(mr.NoBurstEngineTTFTP99Ms), fmtMsOrZero(mr.NoBurstOverheadP99Ms), fmtMsOrZero(mr.NoBurstGatewayP99Ms))
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\tinteractive TTFT p50\tp99\tp99 vs no-burst\t(queue p99\tengine p99)\tbg turns\tbg out tok/s\tout tok/s\tqueued\tlongest idle wait\t(own replica)\terrors\t")
+	fmt.Fprintln(tw, "policy\tinteractive TTFT p50\tp99\tp99 vs no-burst\t(queue p99\tengine p99\toverhead p99\tof it gateway p99)\tbg turns\tbg out tok/s\tout tok/s\tqueued\tlongest idle wait\t(own replica)\terrors\t")
 	for _, r := range mr.Results {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f×\t%s\t%s\t%d\t%.0f\t%.0f\t%d\t%s\t%s\t%d\t\n", r.Policy, fmtMs(r.InteractiveTTFTP50Ms), fmtMs(r.InteractiveTTFTP99Ms),
-			r.InteractiveP99VsNoBurst, fmtMsOrZero(r.InteractiveQueueP99Ms), fmtMsOrZero(r.InteractiveEngineTTFTP99Ms), r.BackgroundTurns, r.BackgroundOutputTokensPerS,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f×\t%s\t%s\t%s\t%s\t%d\t%.0f\t%.0f\t%d\t%s\t%s\t%d\t\n", r.Policy, fmtMs(r.InteractiveTTFTP50Ms), fmtMs(r.InteractiveTTFTP99Ms),
+			r.InteractiveP99VsNoBurst, fmtMsOrZero(r.InteractiveQueueP99Ms), fmtMsOrZero(r.InteractiveEngineTTFTP99Ms), fmtMsOrZero(r.InteractiveOverheadP99Ms), fmtMsOrZero(r.InteractiveGatewayP99Ms), r.BackgroundTurns, r.BackgroundOutputTokensPerS,
 			r.OutputTokensPerS, r.Queued, fmtMsOrZero(r.LongestIdleWaitMs), fmtMsOrZero(r.LongestOwnIdleWaitMs), r.Errors)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if mr.NoBurstInteractiveTTFTP99Ms > 0 || len(mr.Results) > 0 {
+		fmt.Fprintf(&b, "interactive gateway phases p99 (prepare / admission / route): no-burst %s", mr.NoBurstPhases)
+		for _, r := range mr.Results {
+			fmt.Fprintf(&b, "; %s %s", r.Policy, r.InteractivePhases)
+		}
+		b.WriteByte('\n')
 	}
 	if i := slices.IndexFunc(mr.Results, func(r MixedResult) bool { return r.Policy == partFIFO }); i >= 0 {
 		f := mr.Results[i]
@@ -513,6 +575,13 @@ func (mr *MixedReport) writeTable(w io.Writer) error {
 	}
 	_, err := w.Write(b.Bytes())
 	return err
+}
+
+// String renders the p99s as "prepare (sticky, scored) / admission /
+// route".
+func (p PhasesP99) String() string {
+	return fmt.Sprintf("%s (sticky %s, scored %s) / %s / %s", fmtMsOrZero(p.PrepareMs), fmtMsOrZero(p.PrepareStickyMs),
+		fmtMsOrZero(p.PrepareScoredMs), fmtMsOrZero(p.AdmissionMs), fmtMsOrZero(p.RouteMs))
 }
 
 func sharesTotal(ss []TenantShare) int {

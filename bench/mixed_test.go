@@ -183,6 +183,45 @@ func TestContestedShares(t *testing.T) {
 	}
 }
 
+// The interactive TTFT is split into the gateway's queue, the engine and
+// the rest (overhead), each with its own p99.
+func TestMixedResultBreakdown(t *testing.T) {
+	ms := func(v int) time.Duration { return time.Duration(v) * time.Millisecond }
+	var samples []sample
+	for i := range 100 {
+		// TTFT = queue + engine + overhead; one turn has a 90 ms overhead.
+		over := 10
+		if i == 50 {
+			over = 90
+		}
+		samples = append(samples, sample{class: classInteractive, queueWait: ms(i % 3), engineTTFT: ms(40 + i%7), ttft: ms(i%3 + 40 + i%7 + over), gatewayWork: ms(3)})
+		// Two turns' routes take 80 ms: the route phase's p99, apart from
+		// prepare's and admission's.
+		route := 1
+		if i == 50 || i == 51 {
+			route = 80
+		}
+		samples[i].timing = &gatewayTiming{prepare: ms(2), queue: ms(i % 3), route: ms(route)}
+		if i%10 == 0 { // first turns: the tokenizer's 20 ms
+			samples[i].timing.prepare = ms(20)
+		} else {
+			samples[i].reason = "sticky"
+		}
+	}
+	samples = append(samples, sample{class: classInteractive, ttft: ms(500), engineTTFT: -1}) // no engine figure: no overhead
+	r := mixedResult(&Result{Policy: partFair, samples: samples}, 64, 1)
+	if r.InteractiveOverheadP99Ms < 10 || r.InteractiveOverheadP99Ms > 90 || r.InteractiveEngineTTFTP99Ms != 46 || r.InteractiveGatewayP99Ms != 3 {
+		t.Errorf("overhead p99 %v, engine p99 %v, gateway p99 %v; want within [10, 90], 46 and 3", r.InteractiveOverheadP99Ms, r.InteractiveEngineTTFTP99Ms, r.InteractiveGatewayP99Ms)
+	}
+	if want := (PhasesP99{PrepareMs: 20, AdmissionMs: 2, RouteMs: 80, PrepareStickyMs: 2, PrepareScoredMs: 20}); r.InteractivePhases != want {
+		t.Errorf("phases p99 %+v; want %+v", r.InteractivePhases, want)
+	}
+	samples[50].ttft = samples[50].queueWait + samples[50].engineTTFT + ms(10)
+	if r := mixedResult(&Result{Policy: partFair, samples: samples}, 64, 1); r.InteractiveOverheadP99Ms != 10 {
+		t.Errorf("overhead p99 %v with every overhead 10 ms", r.InteractiveOverheadP99Ms)
+	}
+}
+
 func TestMixedReportJSON(t *testing.T) {
 	mr := &MixedReport{Workload: "mixed-tenants", NoBurstInteractiveTTFTP99Ms: 200,
 		Results: []MixedResult{{Policy: "fifo", InteractiveTTFTP99Ms: 5000, BackgroundTurns: 10}}}

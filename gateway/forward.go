@@ -44,6 +44,9 @@ func (g *Gateway) forward(ctx context.Context, x *exchange) (*http.Response, err
 		rep, predicted := x.route.candidate(i)
 		fl := rep.Begin(int64(max(0, x.route.plan.PromptTokens-predicted)))
 		x.req.placement.unclaim() // the replica's in-flight count has it now
+		if i == 0 {
+			g.refill(x.req)
+		}
 		x.attempts++
 		resp, err := g.attempt(ctx, x, rep)
 		if err == nil && !retryable(resp.StatusCode) {

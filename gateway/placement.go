@@ -28,12 +28,13 @@ type placement struct {
 	keys, chunks []uint64
 
 	// plan is the decision place made, valid when placed; claim is the
-	// room it claimed for it, given back once the request is sent (or
-	// ends before).
-	plan   scoring.Plan
-	placed bool
-	claim  *atomic.Int64
-	once   atomic.Bool
+	// room it claimed for it (claimTokens its uncached prompt), given back
+	// once the request is sent (or ends before).
+	plan        scoring.Plan
+	placed      bool
+	claim       *replicaLoad
+	claimTokens int64
+	once        atomic.Bool
 }
 
 // prepare gathers r's routing inputs and matches its prompt when the
@@ -83,6 +84,9 @@ func (p *placement) refresh(now time.Time) {
 		eps[i].PromptBlocksOnly = p.in.Endpoints[i].PromptBlocksOnly
 	}
 	p.g.keepReserve(p.r, p.reps, eps)
+	if p.g.queue != nil {
+		p.g.queue.capacity.addClaims(p.reps, eps)
+	}
 	p.in.Now, p.in.Endpoints, p.in.Backlog = now, eps, p.g.waiting.of(p.r.model)
 }
 
@@ -102,11 +106,12 @@ func (p *placement) place(c *fleetCapacity) bool {
 	if err != nil || plan.NeedsPrefix {
 		return true
 	}
-	claim, ok := c.claim(p.reps[plan.Chosen()], p.r.class, now)
+	tokens := int64(max(0, plan.PromptTokens-plan.Predicted[0]))
+	claim, ok := c.claim(p.reps[plan.Chosen()], p.r.class, tokens, now)
 	if !ok {
 		return false
 	}
-	p.plan, p.placed, p.claim = plan, true, claim
+	p.plan, p.placed, p.claim, p.claimTokens = plan, true, claim, tokens
 	return true
 }
 
@@ -114,6 +119,19 @@ func (p *placement) place(c *fleetCapacity) bool {
 // been sent (the replica's in-flight count has it) or ends before.
 func (p *placement) unclaim() {
 	if p != nil && p.claim != nil && p.once.CompareAndSwap(false, true) {
-		p.claim.Add(-1)
+		p.claim.unclaim(p.claimTokens)
+	}
+}
+
+// refill re-checks the queue (fairq.Queue.Refill) once a request it
+// dispatched without a place has reached its replica: until then the
+// request held the model's room (counted in the queue's inflight, not yet
+// in the replica's), and where it went may have had none (the fallback
+// goes to a replica without room), so the room it held may still be free,
+// on a replica no candidate's routing chose when it left. Nothing else
+// would look again before the next scrape, finished request or recheck.
+func (g *Gateway) refill(r *Request) {
+	if g.queue != nil && r.queueWait > 0 && (r.placement == nil || !r.placement.placed) {
+		g.queue.q.Refill()
 	}
 }

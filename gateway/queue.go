@@ -405,8 +405,9 @@ type replicaLoad struct {
 	reserved        atomic.Bool
 	// claimed counts the requests the queue dispatched to the replica
 	// (placement.place) that have not been sent yet: room they hold
-	// before the replica's in-flight count shows them.
-	claimed atomic.Int64
+	// before the replica's in-flight count shows them; claimedTokens is
+	// their uncached prompt tokens, the prefill they bring.
+	claimed, claimedTokens atomic.Int64
 }
 
 func (c *fleetCapacity) loadFor(rep *fleet.Replica) *replicaLoad {
@@ -553,11 +554,12 @@ func (c *fleetCapacity) SaturatedFor(model string, inflight int, class fairq.Cla
 	return room-max(0, inflight-routed) <= 0
 }
 
-// claim takes a place for a request of class on rep, the replica its
-// routing chose, if rep has room for it by the rule SaturatedFor sums
-// (an available replica, room less what the queue dispatched to it and
-// has not sent yet), and returns the count to give the place back to.
-func (c *fleetCapacity) claim(rep *fleet.Replica, class fairq.Class, now time.Time) (*atomic.Int64, bool) {
+// claim takes a place for a request of class with tokens of uncached
+// prompt on rep, the replica its routing chose, if rep has room for it by
+// the rule SaturatedFor sums (an available replica, room less what the
+// queue dispatched to it and has not sent yet), and returns the load to
+// give the place back to (replicaLoad.unclaim).
+func (c *fleetCapacity) claim(rep *fleet.Replica, class fairq.Class, tokens int64, now time.Time) (*replicaLoad, bool) {
 	if sat, _ := rep.Saturated(now); sat {
 		return nil, false
 	}
@@ -566,7 +568,27 @@ func (c *fleetCapacity) claim(rep *fleet.Replica, class fairq.Class, now time.Ti
 		return nil, false
 	}
 	l.claimed.Add(1)
-	return &l.claimed, true
+	l.claimedTokens.Add(tokens)
+	return l, true
+}
+
+// unclaim gives back a place claim took for tokens.
+func (l *replicaLoad) unclaim(tokens int64) {
+	l.claimed.Add(-1)
+	l.claimedTokens.Add(-tokens)
+}
+
+// addClaims counts, in eps (the endpoints of reps), the requests claimed
+// on each replica and not sent yet as this gateway's in flight, with
+// their prefill: routing then sees the load the queue has just sent
+// there, so that the requests a dispatch considers one after another do
+// not all pick the replica that looked least loaded before the first.
+func (c *fleetCapacity) addClaims(reps []*fleet.Replica, eps []scoring.Endpoint) {
+	for i, rep := range reps {
+		l := c.loadFor(rep)
+		eps[i].InflightRequests += l.claimed.Load()
+		eps[i].InflightPrefillTokens += l.claimedTokens.Load()
+	}
 }
 
 // room is an available replica's room for class (negative when its queue

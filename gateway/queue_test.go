@@ -178,6 +178,11 @@ func TestQueueInProgressFirstThenLeastServed(t *testing.T) {
 		if w, _ := strconv.ParseFloat(d.res.Header.Get("X-Warmpath-Queue-Ms"), 64); !(w > 0) {
 			t.Errorf("%s: X-Warmpath-Queue-Ms = %q; want a wait", d.name, d.res.Header.Get("X-Warmpath-Queue-Ms"))
 		}
+		// Server-Timing's queue phase is the wait; the gateway's own
+		// phases around it are small but never negative.
+		if tm := d.res.Header.Get("Server-Timing"); !strings.Contains(tm, "queue;dur=") || strings.Contains(tm, "queue;dur=0.00,") || strings.Contains(tm, "dur=-") {
+			t.Errorf("%s: Server-Timing = %q; want a queue wait and no negative phase", d.name, tm)
+		}
 		got[d.name] = d.at
 	}
 	if !(got["short"] < got["long"] && got["long"] < got["fresh"]) {
@@ -993,5 +998,72 @@ func TestQueueNonStreamingRunningLeaveRoom(t *testing.T) {
 	}, fmt.Sprintf("all %d requests running on the engine", n))
 	if q := queued(t, g, nil); q != 0 {
 		t.Errorf("%v requests still queued", q)
+	}
+}
+
+// Over HTTP on two simulated replicas that run one sequence each, with a
+// scan of one candidate: when the other replica frees, the queue's head (a
+// session's turn bound to the busy replica) cannot start where routing
+// sends it and goes there anyway (the fallback), holding the model's room
+// until it is sent; the request behind it, which fits the free replica,
+// waits meanwhile. Once the head has reached its replica, Refill
+// dispatches the request behind it to the free replica. Nothing else
+// re-checks the queue here (no scrapes, no recheck, no finish: the engines'
+// clock is stopped), so without Refill it waited beside the idle replica.
+func TestQueueRefillsAfterUnplacedSend(t *testing.T) {
+	clock := newGatedClock()
+	sim := startSim(t, vllmsim.Config{Clock: clock, Replicas: 2, Profile: vllmsim.Profile{MaxNumSeqs: 1}})
+	cfg := queueConfig(sim)
+	cfg.Queue.ScanDepth = 1
+	cfg.Queue.RecheckInterval = time.Hour
+	cfg.Health.Interval, cfg.Health.ScrapeInterval, cfg.Health.StaleAfter = time.Hour, time.Hour, 2*time.Hour
+	g := startGateway(t, cfg, redisFor(t, &cfg))
+	inflight := func(replica string) float64 {
+		return counter(t, g.Registry(), "warmpath_replica_inflight_requests", map[string]string{"replica": replica})
+	}
+	depth := func(class string) float64 { return queued(t, g, map[string]string{"class": class}) }
+	inter := map[string]string{"X-Session-ID": "bound", "X-Warmpath-Priority": "interactive"}
+	bg := map[string]string{"X-Warmpath-Priority": "background"}
+
+	conv := newConversation("you are the bound session", words("bound", 2000))
+	conv.header = inter
+	home := conv.turn(t, g.URL, "and then?").replica()
+	body := map[string]any{"model": conv.model, "messages": conv.messages, "max_tokens": 4, "ignore_eos": true}
+
+	clock.pause()
+	blocker := asyncChat(t.Context(), g.URL, body, inter) // the session's turn, running on home
+	eventually(t, 10*time.Second, func() bool { return inflight(home) == 1 }, "the session's turn on "+home)
+	otherCtx, freeOther := context.WithCancel(t.Context())
+	other := asyncChat(otherCtx, g.URL, chatBody("other", 0, 4), bg)
+	away := ""
+	eventually(t, 10*time.Second, func() bool {
+		for _, rep := range sim.Replicas() {
+			if n := rep.Info().Name; n != home && inflight(n) == 1 {
+				away = n
+			}
+		}
+		return away != ""
+	}, "a request on the other replica")
+
+	head := asyncChat(t.Context(), g.URL, body, inter) // bound to home, which is busy
+	eventually(t, 10*time.Second, func() bool { return depth("interactive") == 1 }, "the bound turn queued")
+	behind := asyncChat(t.Context(), g.URL, chatBody("behind", 0, 4), bg)
+	eventually(t, 10*time.Second, func() bool { return depth("background") == 1 }, "the request behind it queued")
+
+	freeOther()
+	<-other
+	eventually(t, 10*time.Second, func() bool { return inflight(home) == 2 }, "the bound turn sent to its busy "+home)
+	eventually(t, 10*time.Second, func() bool { return depth("background") == 0 && inflight(away) == 1 },
+		"the request behind the bound turn dispatched to the idle "+away)
+	clock.resume()
+	for name, ch := range map[string]<-chan chatResult{"blocker": blocker, "head": head, "behind": behind} {
+		r := <-ch
+		if r.Status != http.StatusOK {
+			t.Fatalf("%s: %d %s", name, r.Status, r.Body)
+		}
+		want := map[string]string{"blocker": home, "head": home, "behind": away}[name]
+		if r.replica() != want {
+			t.Errorf("%s went to %s; want %s", name, r.replica(), want)
+		}
 	}
 }

@@ -78,7 +78,7 @@ func (g *Grant) Done() {
 	m.running--
 	g.c.inflight--
 	if m.queued > 0 {
-		g.q.dispatchLocked(m)
+		g.q.dispatchLocked(m, true)
 	}
 	m.mu.Unlock()
 }

@@ -180,13 +180,13 @@ func (m *model) remove(it *item, now time.Time) {
 // now where routing would send it: the next in the order is tried, then
 // the other class's requests (background only while it has room), at most
 // cfg.ScanDepth candidates in all. When none fits, the first candidate
-// goes after all, to wait in its replica's engine queue: held in the
-// queue, a request whose replica stays full (a background turn bound to a
-// replica at the KV headroom) would wait out its timeout. Background's
-// credit is spent only on a background dispatch it bought; one made with
-// interactive room that no waiting interactive request could use is
-// extra.
-func (m *model) next(cfg *Config, bgRoom func() bool, fits func(*item) bool) *item {
+// goes after all (with fallback; without, none goes), to wait in its
+// replica's engine queue: held in the queue, a request whose replica
+// stays full (a background turn bound to a replica at the KV headroom)
+// would wait out its timeout. Background's credit is spent only on a
+// background dispatch it bought; one made with interactive room that no
+// waiting interactive request could use is extra.
+func (m *model) next(cfg *Config, bgRoom func() bool, fits func(*item) bool, fallback bool) *item {
 	hasI, hasB := m.classes[Interactive].n > 0, m.classes[Background].n > 0
 	room, asked := false, false
 	bgOK := func() bool {
@@ -220,9 +220,10 @@ func (m *model) next(cfg *Config, bgRoom func() bool, fits func(*item) bool) *it
 			return it
 		}
 	}
-	if head != nil {
-		m.spend(hasI && hasB, credit, head.t.Class == Background && first == Background)
+	if head == nil || !fallback {
+		return nil
 	}
+	m.spend(hasI && hasB, credit, head.t.Class == Background && first == Background)
 	return head
 }
 

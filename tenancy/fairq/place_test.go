@@ -44,6 +44,34 @@ func TestPlaceDispatchesFirstThatFits(t *testing.T) {
 	}
 }
 
+// Refill dispatches what fits and never the fallback: when nothing that
+// waits can start where it goes, all wait; then the first that can goes.
+func TestRefillDispatchesOnlyWhatFits(t *testing.T) {
+	c := newCap(1)
+	q, _ := newTestQueue(t, Config{}, c, nil)
+	c.forced.Store(true)
+	var bound, free placeable
+	head := enqueue(t, q, Ticket{Tenant: "a", Model: "m", Session: "s", Turn: 3, Place: bound.place})
+	behind := enqueue(t, q, Ticket{Tenant: "a", Model: "m", Place: free.place})
+	c.forced.Store(false)
+	q.Refill()
+	if ready(head) || ready(behind) {
+		t.Fatal("Refill dispatched a request that cannot start where it goes")
+	}
+	if bound.calls.Load() == 0 || free.calls.Load() == 0 {
+		t.Errorf("Place asked %d and %d times; want both asked", bound.calls.Load(), free.calls.Load())
+	}
+	free.ok.Store(true)
+	q.Refill()
+	if ready(head) || !ready(behind) {
+		t.Fatalf("after Refill: head dispatched %v, the request that fits %v; want only the one that fits", ready(head), ready(behind))
+	}
+	behind.grant.Done() // a finish dispatches as before: with the fallback
+	if !ready(head) {
+		t.Error("the head held once room freed though nothing else waits")
+	}
+}
+
 func TestPlaceScanIsBounded(t *testing.T) {
 	q, _ := newTestQueue(t, Config{ScanDepth: 3}, newCap(1), nil)
 	running := grantNow(t, q, Ticket{Tenant: "a", Model: "m"})

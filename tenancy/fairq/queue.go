@@ -195,7 +195,7 @@ func (q *Queue) submit(t Ticket) (*Grant, *item, error) {
 	it.depth.Inc()
 	ten.winBacklogged.Store(true)
 	m.push(it, c, now)
-	q.dispatchLocked(m)
+	q.dispatchLocked(m, true)
 	return nil, it, nil
 }
 
@@ -263,13 +263,13 @@ func (q *Queue) leave(it *item, timedOut bool) *Grant {
 }
 
 // dispatchLocked grants waiting requests, best first (the first of the
-// order that fits, see model.next), while the model has capacity. The
-// caller holds m.mu.
-func (q *Queue) dispatchLocked(m *model) {
+// order that fits, see model.next; with fallback the first candidate when
+// none fits), while the model has capacity. The caller holds m.mu.
+func (q *Queue) dispatchLocked(m *model, fallback bool) {
 	var now time.Time
 	bgRoom := func() bool { return q.classCap == nil || !q.saturated(m, Background) }
 	for m.queued > 0 && !q.saturated(m, Interactive) {
-		it := m.next(&q.cfg, bgRoom, fits)
+		it := m.next(&q.cfg, bgRoom, fits, fallback)
 		if it == nil {
 			break // the room left is interactive's, or no candidate can use it
 		}
@@ -311,11 +311,24 @@ func fits(it *item) bool { return it.t.Place == nil || it.t.Place() }
 // dispatches what it allows. Call it whenever capacity may have changed
 // (the gateway calls it on every metrics scrape). It does not block on
 // anything but the queue's locks.
-func (q *Queue) Kick() {
+func (q *Queue) Kick() { q.kick(true) }
+
+// Refill is Kick without the fallback: it dispatches only requests that
+// can start where routing sends them (Ticket.Place reports true), never a
+// first candidate that cannot. Call it when room may have appeared on a
+// replica that no waiting request's routing chose: a request dispatched
+// without a place (the fallback, or one whose routing was left to the
+// moment it is sent) held the model's room until it reached its replica
+// (see Capacity's inflight), and went to one without room. A Kick there
+// would send the next such candidate to its busy replica too, one each
+// time a request reaches its replica.
+func (q *Queue) Refill() { q.kick(false) }
+
+func (q *Queue) kick(fallback bool) {
 	for _, m := range q.models.snapshot() {
 		m.mu.Lock()
 		if m.queued > 0 {
-			q.dispatchLocked(m)
+			q.dispatchLocked(m, fallback)
 		}
 		m.mu.Unlock()
 	}
