@@ -52,7 +52,9 @@
 // the per-replica topology; in the central topology one goroutine for the
 // socket bound per rank, or connected to a kv-relay, whose topics are
 // resolved to fleet names by kv_topic, name or URL host:port), which feed
-// the precise prefix index; the two session-tip workers (tips.go) and the
+// the precise prefix index; with routing.tokenizer set, the worker that
+// checks the in-process tokenizer against the replicas' /tokenize
+// (localtok.go); the two session-tip workers (tips.go) and the
 // four workers that write completed turns' bindings to Redis off the
 // response path (background.go, rememberCompleted; queued writes get a
 // second on shutdown); the Responses API's background workers when Redis
