@@ -495,8 +495,6 @@ func runGateway(ctx context.Context, cfg Config, policy string, urls, kv, replay
 		gc.Replicas = append(gc.Replicas, fleet.ReplicaSpec{URL: u, Model: cfg.Model, KVEndpoint: kv[i], ReplayEndpoint: replay[i]})
 	}
 	gc.Routing.Policy = policy
-	// As a gateway in front of a simulated fleet is configured.
-	gc.Routing.Tokenizer = gateway.TokenizerSimulator
 	gc.Auth.Mode = tenancy.ModeNone // the load generator is one anonymous tenant
 	if len(plan.Tenants) > 0 {
 		// The workload's tenants, each with its own API key.

@@ -195,7 +195,7 @@ type RoutingConfig struct {
 	// "simulator" tokenizes in process with the simulated model's
 	// vocabulary and chat template (vllmsim.TokenizeBody, the simulator's
 	// own /tokenize code), for a fleet of simulated replicas (warmpath
-	// serve's embedded fleet, warmpath bench and overhead turn it on). A
+	// serve's embedded fleet and warmpath overhead turn it on). A
 	// replica's /tokenize checks the local ids (see TokenizerVerifyEvery)
 	// and stays the fallback.
 	Tokenizer string `yaml:"tokenizer"`
