@@ -24,10 +24,14 @@ type localTokenizer interface {
 	Tokens(body []byte) ([]uint32, error)
 }
 
-// simulatorTokenizer is the simulator's /tokenize code itself.
+// simulatorTokenizer is the simulator's /tokenize code itself. The body
+// is built from a request ParseRequest validated, so it is not validated
+// again.
 type simulatorTokenizer struct{}
 
-func (simulatorTokenizer) Tokens(body []byte) ([]uint32, error) { return vllmsim.TokenizeBody(body) }
+func (simulatorTokenizer) Tokens(body []byte) ([]uint32, error) {
+	return vllmsim.TokenizeValidBody(body)
+}
 
 // newLocalTokenizer returns routing.tokenizer's tokenizer, nil for none.
 func newLocalTokenizer(name string) localTokenizer {

@@ -94,7 +94,12 @@ func FuzzDecodeMessage(f *testing.F) {
 	for _, s := range messageSeeds {
 		f.Add([]byte(s))
 	}
-	f.Fuzz(checkMessage)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		checkMessage(t, data)
+		// Any bytes, as a message or a body: an answer, never a panic.
+		_, _ = TokenizeValidBody(data)
+		_, _ = TokenizeValidBody(append(append([]byte(`{"messages":[`), data...), "]}"...))
+	})
 }
 
 // TestTokenizeRequestFields: /tokenize bodies decode as encoding/json
@@ -111,13 +116,13 @@ func TestTokenizeRequestFields(t *testing.T) {
 		if err := json.Unmarshal([]byte(s), &want); err != nil {
 			t.Fatal(err)
 		}
-		got, err := decodeTokenizeRequest([]byte(s))
+		got, err := decodeTokenizeRequest([]byte(s), true)
 		if err != nil || !reflect.DeepEqual(got, want) {
 			t.Errorf("%s: decoded %+v, %v; encoding/json %+v", s, got, err, want)
 		}
 	}
 	for _, s := range []string{`{"prompt":5}`, `{"messages":{}}`, `{"add_generation_prompt":"yes"}`, `[1]`, `{"model":`, `{"tools":[5]}`} {
-		if _, err := decodeTokenizeRequest([]byte(s)); err == nil {
+		if _, err := decodeTokenizeRequest([]byte(s), true); err == nil {
 			t.Errorf("%s decoded", s)
 		}
 	}

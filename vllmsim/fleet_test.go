@@ -685,6 +685,9 @@ func TestHTTPSurface(t *testing.T) {
 		if json.Unmarshal(r.body, &tok) != nil || err != nil || len(got) == 0 || !slices.Equal(got, tok.Tokens) {
 			t.Errorf("TokenizeBody(%s) = %v, %v; /tokenize answered %s", body, got, err, r.body)
 		}
+		if v, err := TokenizeValidBody([]byte(body)); err != nil || !slices.Equal(v, got) {
+			t.Errorf("TokenizeValidBody(%s) = %v, %v; TokenizeBody %v", body, v, err, got)
+		}
 	}
 	for _, body := range []string{`{"messages":[],"continue_final_message":true}`, `{"model":"m"}`, `[`} {
 		if r := post(t, base+"/tokenize", body); r.status == 200 {
