@@ -92,6 +92,10 @@ type OverheadConfig struct {
 	// of the CPU figures, which count the load generator, the proxy and
 	// the gateways only. Empty runs the fleets in this process.
 	FleetCommand []string
+	// Tokenizer is the warmpath targets' routing.tokenizer; default
+	// "simulator" (in process, as a gateway in front of a simulated fleet
+	// is configured), "replicas" asks the replicas' /tokenize.
+	Tokenizer string
 	// Seed seeds the prompts; default 1.
 	Seed int64
 	// Logger receives the gateway's and simulator's logs; nil discards.
@@ -124,6 +128,9 @@ func (c *OverheadConfig) withDefaults() {
 	}
 	if c.Seed == 0 {
 		c.Seed = 1
+	}
+	if c.Tokenizer == "" {
+		c.Tokenizer = gateway.TokenizerSimulator
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -342,6 +349,7 @@ func startOverheadGateway(ctx context.Context, eg *errgroup.Group, cfg OverheadC
 	}
 	gc := gateway.Config{Listen: "127.0.0.1:0", Replicas: specs, DevKey: overheadKey}
 	gc.Routing.Policy = pol
+	gc.Routing.Tokenizer = cfg.Tokenizer
 	gc.Redis.KeyPrefix = fmt.Sprintf("wp-overhead-%d-%s:", time.Now().UnixNano(), pol)
 	gc.Health.Interval, gc.Health.ScrapeInterval = 250*time.Millisecond, 250*time.Millisecond
 	gc.Server.MaxConnsPerClient = -1 // the load generator is one client

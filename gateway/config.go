@@ -190,6 +190,21 @@ type RoutingConfig struct {
 	// render or tokenize-only server, asked before any replica. Empty
 	// means the replicas tokenize.
 	TokenizeURL string `yaml:"tokenize_url"`
+	// Tokenizer picks where token ids come from first: "replicas" (the
+	// default, also "") asks the replicas' (or tokenize_url's) /tokenize;
+	// "simulator" tokenizes in process with the simulated model's
+	// vocabulary and chat template (vllmsim.TokenizeBody, the simulator's
+	// own /tokenize code), for a fleet of simulated replicas (warmpath
+	// serve's embedded fleet and warmpath overhead turn it on). A
+	// replica's /tokenize checks the local ids (see TokenizerVerifyEvery)
+	// and stays the fallback.
+	Tokenizer string `yaml:"tokenizer"`
+	// TokenizerVerifyEvery: the in-process tokenizer's ids for a model's
+	// first prompt, and then for one prompt in this many, are compared
+	// with a replica's /tokenize off the request path; a mismatch stops
+	// the local tokenizer for that model (see localtok.go). Default 256;
+	// negative checks only the first prompt.
+	TokenizerVerifyEvery int `yaml:"tokenizer_verify_every"`
 }
 
 // HealthConfig tunes active checks and metrics scraping. Zero fields take
@@ -276,6 +291,7 @@ func (c *Config) applyEnv(getenv func(string) string) error {
 	str("WARMPATH_KV_BIND", &c.KVEvents.Bind)
 	str("WARMPATH_KV_CONNECT", &c.KVEvents.Connect)
 	str("WARMPATH_TOKENIZE_URL", &c.Routing.TokenizeURL)
+	str("WARMPATH_TOKENIZER", &c.Routing.Tokenizer)
 	str("WARMPATH_DEV_KEY", &c.DevKey)
 	str("WARMPATH_AUTH_MODE", &c.Auth.Mode)
 	str("WARMPATH_ADMIN_KEY", &c.Auth.AdminKey)
@@ -385,6 +401,12 @@ func (c Config) withDefaults() Config {
 	r.Saturation = r.Saturation.WithDefaults()
 	if r.TokenizeCacheBytes == 0 {
 		r.TokenizeCacheBytes = 256 << 20
+	}
+	if r.Tokenizer == "" {
+		r.Tokenizer = TokenizerReplicas
+	}
+	if r.TokenizerVerifyEvery == 0 {
+		r.TokenizerVerifyEvery = 256
 	}
 	if r.IndexMaxEntries == 0 {
 		r.IndexMaxEntries = blockindex.DefaultMaxEntries
@@ -540,6 +562,9 @@ func (c *Config) validate() error {
 	errs = append(errs, c.validateKVEvents()...)
 	if u, err := url.Parse(c.Routing.TokenizeURL); c.Routing.TokenizeURL != "" && (err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "") {
 		bad("routing.tokenize_url", "%q is not an http(s) base URL", c.Routing.TokenizeURL)
+	}
+	if t := c.Routing.Tokenizer; t != TokenizerReplicas && t != TokenizerSimulator {
+		bad("routing.tokenizer", "%q is not %q (the default) or %q", t, TokenizerReplicas, TokenizerSimulator)
 	}
 	if !slices.Contains(scoring.Policies(), c.Routing.Policy) {
 		bad("routing.policy", "%q is not one of %s", c.Routing.Policy, strings.Join(scoring.Policies(), ", "))

@@ -34,7 +34,9 @@ func TestExampleConfig(t *testing.T) {
 			Failures: fleet.DefaultFailureThreshold, ScrapeInterval: fleet.DefaultScrapeInterval, StaleAfter: fleet.DefaultStaleAfter}) ||
 		got.Redis.Timeout != def.Redis.Timeout ||
 		got.MaxBodyBytes != def.MaxBodyBytes ||
-		got.Routing.IndexMaxEntries != def.Routing.IndexMaxEntries {
+		got.Routing.IndexMaxEntries != def.Routing.IndexMaxEntries ||
+		got.Routing.Tokenizer != def.Routing.Tokenizer ||
+		got.Routing.TokenizerVerifyEvery != def.Routing.TokenizerVerifyEvery {
 		t.Errorf("the example's stated defaults drifted from the code's:\nexample %+v\ncode    %+v", got.Routing, def.Routing)
 	}
 }
@@ -50,6 +52,7 @@ func TestLoadConfigEnv(t *testing.T) {
 		"WARMPATH_REPLICAS":     "http://a:8000|tcp://a:5557|tcp://a:5558, http://b:8000, http://c:8000|tcp://c:5557|tcp://c:5657|2",
 		"WARMPATH_KV_CONNECT":   "tcp://relay:5560",
 		"WARMPATH_TOKENIZE_URL": "http://render:8000",
+		"WARMPATH_TOKENIZER":    "simulator",
 		"WARMPATH_DEBUG":        "true",
 		"WARMPATH_DEV_KEY":      "sk-x",
 	}
@@ -64,8 +67,8 @@ func TestLoadConfigEnv(t *testing.T) {
 		c.Replicas[2].DataParallelSize != 2 || c.Replicas[0].DataParallelSize != 0 {
 		t.Errorf("replicas = %+v", c.Replicas)
 	}
-	if c.KVEvents.Connect != "tcp://relay:5560" || c.Routing.TokenizeURL != "http://render:8000" {
-		t.Errorf("kv_events = %+v, tokenize_url = %q", c.KVEvents, c.Routing.TokenizeURL)
+	if c.KVEvents.Connect != "tcp://relay:5560" || c.Routing.TokenizeURL != "http://render:8000" || c.Routing.Tokenizer != TokenizerSimulator {
+		t.Errorf("kv_events = %+v, tokenize_url = %q, tokenizer = %q", c.KVEvents, c.Routing.TokenizeURL, c.Routing.Tokenizer)
 	}
 	for _, bad := range []string{"http://a:8000|||x", "http://a:8000|tcp://a:1|tcp://a:2|2|extra"} {
 		if _, err := LoadConfig("", func(k string) string {
@@ -124,6 +127,8 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 		{name: "bad kv topic", cfg: Config{Replicas: []fleet.ReplicaSpec{{URL: "http://a:1", KVTopic: "kv@a b@m"}}}, field: "replicas[0].kv_topic"},
 		{name: "bad tokenize url", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Routing: RoutingConfig{TokenizeURL: "render:8000"}},
 			field: "routing.tokenize_url"},
+		{name: "bad tokenizer", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Routing: RoutingConfig{Tokenizer: "/models/qwen"}},
+			field: "routing.tokenizer"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -52,10 +52,12 @@
 // the per-replica topology; in the central topology one goroutine for the
 // socket bound per rank, or connected to a kv-relay, whose topics are
 // resolved to fleet names by kv_topic, name or URL host:port), which feed
-// the precise prefix index; the two session-tip workers (tips.go), the
-// two that publish session families' placements (background.go) and the
-// one that writes completed turns' bindings to Redis in batches off the
-// response path (flusher.go, rememberCompleted; queued writes get a
+// the precise prefix index; with routing.tokenizer set, the worker that
+// checks the in-process tokenizer against the replicas' /tokenize
+// (localtok.go); the two session-tip workers (tips.go), the two that
+// publish session families' placements (background.go) and the one that
+// writes session bindings to Redis in batches off the response path
+// (flusher.go, publishBinding, rememberCompleted; queued writes get a
 // second on shutdown); the Responses API's background workers when Redis
 // is configured; the fair queue's Run (counter exchange with Redis,
 // re-checks, share gauges; every scrape also kicks it); and a

@@ -37,6 +37,9 @@ func (g *Gateway) Run(ctx context.Context) error {
 		eg.Go(func() error { return ignoreCanceled(g.responses.Run(ectx)) })
 	}
 	eg.Go(func() error { return g.tips.Run(ectx) })
+	if g.tok.localTok != nil {
+		eg.Go(func() error { return g.tok.localTok.Run(ectx) })
+	}
 	eg.Go(func() error { return g.writes.Run(ectx) })
 	eg.Go(func() error { return g.flusher.Run(ectx) })
 	eg.Go(func() error { return g.fleet.Run(ectx) })

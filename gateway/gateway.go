@@ -164,6 +164,9 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	}
 	g.tok = newTokenizer(&http.Client{Transport: g.upstream, Timeout: cfg.Upstream.TokenizeTimeout}, cfg.Routing.TokenizeCacheBytes, g.m)
 	g.tok.service, g.tok.log = strings.TrimRight(cfg.Routing.TokenizeURL, "/"), log.With("component", "tokenizer")
+	if lt := newLocalTokenizer(cfg.Routing.Tokenizer); lt != nil {
+		g.tok.localTok = newLocalTokens(lt, cfg.Routing.TokenizerVerifyEvery)
+	}
 	g.admit = o.Admitter
 	if g.admit == nil && !cfg.Queue.Disabled {
 		if g.queue, err = newQueueAdmitter(&cfg, g.fleet, g.rdb, g.tenants.labels, wrapped, log); err != nil {

@@ -25,6 +25,8 @@ type metrics struct {
 	copies          prometheus.Counter
 	tokenizer       *prometheus.CounterVec // result
 	tokBackoff      *prometheus.GaugeVec   // replica
+	tokChecks       *prometheus.CounterVec // result
+	tokMismatch     *prometheus.CounterVec // model
 	tokenizeAvoided prometheus.Counter
 	tokenizeUnseen  prometheus.Counter
 	tips            *prometheus.CounterVec
@@ -87,11 +89,17 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "warmpath_prefix_copies_total", Help: "Requests placed on a replica holding less of their prompt than the best holder with a positive replication term: a copy of a shared prefix made for the requests that will share it.",
 		}),
 		tokenizer: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "warmpath_tokenizer_calls_total", Help: "Prompt tokenizations, by result: cached, ok, error, unavailable (every tokenizer backed off; no call made). Identical prompts in flight share one call.",
+			Name: "warmpath_tokenizer_calls_total", Help: "Prompt tokenizations, by result: local (in process, routing.tokenizer), cached, ok, error, unavailable (every tokenizer backed off; no call made). Identical prompts in flight share one call.",
 		}, []string{"result"}),
 		tokBackoff: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "warmpath_tokenizer_backoff", Help: "1 while the gateway does not ask a replica's (or the tokenize_url service's, replica=\"tokenize_url\") /tokenize, which had none to offer; 0 once it answers again.",
 		}, []string{"replica"}),
+		tokChecks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warmpath_tokenizer_checks_total", Help: "In-process tokenizations (routing.tokenizer) compared with a replica's /tokenize off the request path, by result: match, mismatch, failed (no answer), dropped (the checker's backlog was full).",
+		}, []string{"result"}),
+		tokMismatch: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warmpath_tokenizer_mismatch_total", Help: "Checks that found the in-process tokenizer's ids differ from a replica's /tokenize; the model is then tokenized by the replicas.",
+		}, []string{"model"}),
 		tokenizeAvoided: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "warmpath_tokenizer_avoided_total", Help: "Turns routed without tokenizing (sticky sessions whose replica still holds their prefix).",
 		}),
@@ -135,6 +143,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	reg.MustRegister(phases)
 	reg.MustRegister(m.requests, m.duration, m.ttft, m.ttftError, m.promptTokens, m.cachedTokens, m.predictedTokens,
 		m.cachedFraction, m.mispredicted, m.mispredictedTok, m.decisions, m.rebinds, m.copies, m.tokenizer, m.tokBackoff,
+		m.tokChecks, m.tokMismatch,
 		m.tokenizeAvoided, m.tokenizeUnseen, m.tips, m.retries, m.upstreamErrors, m.redisErrors, m.streamsCut, m.connsRejected,
 		m.replicaRestarts, m.inflight)
 	return m

@@ -177,7 +177,7 @@ func (g *Gateway) lookup(ctx context.Context, r *Request) (session.Binding, bool
 // the tokenize cache unused, or for the session's tip. Under
 // routing.skip_unseen the prompt may need no tokens, so nothing starts.
 func (g *Gateway) tokenizeEarly(ctx context.Context, r *Request, reps []*fleet.Replica, in *scoring.Input) {
-	if !g.policy.UsesPrecise || g.cfg.Routing.SkipUnseen {
+	if !g.policy.UsesPrecise || g.skipUnseen(r) {
 		return
 	}
 	if _, ok := g.sessions.Local(in.SessionKey); ok {
@@ -243,7 +243,7 @@ func (g *Gateway) matchPrefix(ctx context.Context, r *Request, reps []*fleet.Rep
 	}
 	switch {
 	case g.policy.UsesPrecise:
-		if g.cfg.Routing.SkipUnseen {
+		if g.skipUnseen(r) {
 			// A prompt whose opening no replica was sent (as far as this
 			// gateway's record of sent text tells) has nothing to match:
 			// route it on load without the tokenizer round trip.
@@ -278,6 +278,12 @@ func (g *Gateway) matchPrefix(ctx context.Context, r *Request, reps []*fleet.Rep
 		in.Matched = g.approx.matchTokens(chunks, names, in.PromptTokens, r.bytesPerToken)
 	}
 	return keys, chunks
+}
+
+// skipUnseen reports whether routing.skip_unseen applies to r: not when
+// an in-process tokenizer makes its ids cheap.
+func (g *Gateway) skipUnseen(r *Request) bool {
+	return g.cfg.Routing.SkipUnseen && !g.tok.localFor(r.model)
 }
 
 // observeDemand counts r as a request sharing the longest prefix of its

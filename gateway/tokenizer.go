@@ -24,10 +24,11 @@ import (
 	"github.com/warmpath/warmpath/gateway/fleet"
 )
 
-// tokenizer gets a prompt's token ids, after the chat template, from a
-// POST /tokenize (vLLM serves it; so does the simulator): the tokenizer
-// service (routing.tokenize_url) first when there is one, then the
-// replicas. It caches them by request body: agents often resend an
+// tokenizer gets a prompt's token ids, after the chat template, from the
+// in-process tokenizer when there is one for the model (routing.tokenizer,
+// localtok.go), else from a POST /tokenize (vLLM serves it; so does the
+// simulator): the tokenizer service (routing.tokenize_url) first when
+// there is one, then the replicas. It caches the answers by request body: agents often resend an
 // identical prompt (retries, parallel tool calls), and every replica
 // tokenizes alike. Concurrent requests for the same prompt share one
 // call. Targets whose last call failed are asked last, and a replica that
@@ -46,6 +47,9 @@ type tokenizer struct {
 	next    atomic.Uint64 // rotates calls over replicas
 	fails   sync.Map      // target name → *atomic.Int64: Unix nanos of its last failed or refused call
 	backoff sync.Map      // target name → *tokenizeBackoff
+	// localTok is the in-process tokenizer (routing.tokenizer), asked
+	// before the cache and the replicas; nil for none.
+	localTok *localTokens
 }
 
 // serviceTarget names the tokenizer service in fails, backoff and the
@@ -113,6 +117,9 @@ func (t *tokenizer) start(ctx context.Context, r *Request, reps []*fleet.Replica
 	body := r.tokenizeBody()
 	if body == nil {
 		return &tokenCall{err: fmt.Errorf("gateway: prompt cannot be tokenized")}
+	}
+	if ids, ok := t.local(r.model, body, reps); ok {
+		return &tokenCall{ids: ids} // not cached: tokenizing again costs less than the memory
 	}
 	key := xxhash.Sum64(body)
 	if ids, ok := t.cache.get(key); ok {

@@ -3,9 +3,9 @@ package vllmsim
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"strings"
+
+	"github.com/tidwall/gjson"
 )
 
 // Message is one chat message as accepted by /v1/chat/completions and
@@ -27,48 +27,13 @@ type Message struct {
 }
 
 // UnmarshalJSON implements json.Unmarshaler, accepting string, null or
-// array-of-parts content.
+// array-of-parts content (see decodeMessage).
 func (m *Message) UnmarshalJSON(data []byte) error {
-	var raw struct {
-		Role       string          `json:"role"`
-		Content    json.RawMessage `json:"content"`
-		ToolCalls  []ToolCall      `json:"tool_calls"`
-		ToolCallID string          `json:"tool_call_id"`
-		Name       string          `json:"name"`
-	}
-	if err := json.Unmarshal(data, &raw); err != nil {
+	dm, err := decodeMessage(gjson.ParseBytes(data)) // encoding/json passes only valid JSON
+	if err != nil {
 		return err
 	}
-	*m = Message{Role: raw.Role, ToolCalls: raw.ToolCalls, ToolCallID: raw.ToolCallID, Name: raw.Name}
-	c := bytes.TrimSpace(raw.Content)
-	switch {
-	case len(c) == 0 || string(c) == "null":
-	case c[0] == '"':
-		return json.Unmarshal(c, &m.Content)
-	case c[0] == '[':
-		var parts []struct {
-			Type string `json:"type"`
-			Text string `json:"text"`
-		}
-		if err := json.Unmarshal(c, &parts); err != nil {
-			return fmt.Errorf("message content: %w", err)
-		}
-		var b strings.Builder
-		n := 0
-		for _, p := range parts {
-			if p.Type != "text" && p.Type != "input_text" {
-				continue
-			}
-			if n > 0 {
-				b.WriteByte('\n')
-			}
-			b.WriteString(p.Text)
-			n++
-		}
-		m.Content = b.String()
-	default:
-		return errors.New("message content must be a string, an array of parts or null")
-	}
+	*m = dm
 	return nil
 }
 

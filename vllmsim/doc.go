@@ -24,7 +24,8 @@
 //
 // Endpoints: POST /v1/chat/completions and /v1/completions (streaming SSE
 // with stream_options.include_usage, or not), GET /v1/models, POST
-// /tokenize and /detokenize (prompt and chat forms, return_token_strs),
+// /tokenize and /detokenize (prompt and chat forms, return_token_strs;
+// TokenizeBody is /tokenize's code for a gateway tokenizing in process),
 // GET /health, GET /version, GET /metrics (vLLM's metric names from a
 // per-replica prometheus.Registry), POST /reset_prefix_cache, and the
 // admin endpoints GET/POST /sim/faults ({"error_rate","extra_latency_ms",

@@ -672,6 +672,31 @@ func TestHTTPSurface(t *testing.T) {
 	if json.Unmarshal(r.body, &tok) != nil || !slices.Equal(tok.Tokens, TokenizeChat(msgs, nil, false)) {
 		t.Errorf("/tokenize chat without generation prompt: %s", r.body)
 	}
+	// TokenizeBody (the gateway's in-process tokenizer) answers as /tokenize.
+	for _, body := range []string{
+		`{"prompt":"hello <|im_start|> big, world\n"}`,
+		`{"model":"` + DefaultModel + `","messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]}`,
+		`{"messages":[{"role":"user","content":"x"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"q\":1}"}}]},{"role":"tool","tool_call_id":"c1","content":"42"}],` +
+			`"tools":[{"type":"function","function":{"name":"f","description":"d","parameters":{"type":"object"}}}],"add_generation_prompt":true}`,
+		`{"messages":[{"role":"user","content":"x"},{"role":"assistant","content":"partial"}],"add_generation_prompt":false,"continue_final_message":true}`,
+	} {
+		r = post(t, base+"/tokenize", body)
+		got, err := TokenizeBody([]byte(body))
+		if json.Unmarshal(r.body, &tok) != nil || err != nil || len(got) == 0 || !slices.Equal(got, tok.Tokens) {
+			t.Errorf("TokenizeBody(%s) = %v, %v; /tokenize answered %s", body, got, err, r.body)
+		}
+		if v, err := TokenizeValidBody([]byte(body)); err != nil || !slices.Equal(v, got) {
+			t.Errorf("TokenizeValidBody(%s) = %v, %v; TokenizeBody %v", body, v, err, got)
+		}
+	}
+	for _, body := range []string{`{"messages":[],"continue_final_message":true}`, `{"model":"m"}`, `[`} {
+		if r := post(t, base+"/tokenize", body); r.status == 200 {
+			t.Errorf("/tokenize %s answered 200", body)
+		}
+		if _, err := TokenizeBody([]byte(body)); err == nil {
+			t.Errorf("TokenizeBody(%s) succeeded", body)
+		}
+	}
 	r = post(t, base+"/detokenize", map[string]any{"tokens": TokenizeChat(msgs, nil, true)})
 	var detok struct {
 		Prompt string `json:"prompt"`

@@ -221,25 +221,20 @@ type tokenizeRequest struct {
 }
 
 func (r *Replica) handleTokenize(w http.ResponseWriter, req *http.Request) error {
-	var tr tokenizeRequest
-	if err := decodeBody(req, &tr); err != nil {
+	body, err := io.ReadAll(http.MaxBytesReader(nil, req.Body, maxBody))
+	if err != nil {
+		return badRequest("reading request body: %v", err)
+	}
+	tr, err := decodeTokenizeRequest(body, true)
+	if err != nil {
 		return err
 	}
 	if err := r.checkModel(tr.Model); err != nil {
 		return err
 	}
-	var toks []uint32
-	switch {
-	case tr.Messages != nil:
-		addGen := tr.AddGenerationPrompt == nil || *tr.AddGenerationPrompt
-		if addGen && tr.ContinueFinalMessage {
-			return badRequest("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
-		}
-		toks = Tokenize(string(appendChat(nil, tr.Messages, tr.Tools, addGen, tr.ContinueFinalMessage)))
-	case tr.Prompt != nil:
-		toks = Tokenize(*tr.Prompt)
-	default:
-		return badRequest("either prompt or messages is required")
+	toks, err := tr.tokens()
+	if err != nil {
+		return err
 	}
 	resp := map[string]any{"count": len(toks), "max_model_len": r.cfg.Profile.MaxModelLen, "tokens": nonNil(toks)}
 	if tr.ReturnTokenStrs {
@@ -251,6 +246,49 @@ func (r *Replica) handleTokenize(w http.ResponseWriter, req *http.Request) error
 	}
 	writeJSON(w, resp)
 	return nil
+}
+
+// TokenizeBody returns the token ids a replica's POST /tokenize answers
+// for body (vLLM's /tokenize request: a prompt, or messages with optional
+// tools, add_generation_prompt and continue_final_message), by the
+// handler's own code: a gateway that knows its fleet is simulated
+// tokenizes in process with it. It does not check the body's model, which
+// every simulated replica tokenizes alike. Its errors are the 400s
+// /tokenize answers.
+func TokenizeBody(body []byte) ([]uint32, error) {
+	tr, err := decodeTokenizeRequest(body, true)
+	if err != nil {
+		return nil, err
+	}
+	return tr.tokens()
+}
+
+// TokenizeValidBody is TokenizeBody for a body known to be valid JSON
+// (a gateway builds it from parts of a request it has validated): it
+// skips the validation pass, about half of TokenizeBody's time on a long
+// prompt. Invalid JSON gives an error or some ids, never a panic.
+func TokenizeValidBody(body []byte) ([]uint32, error) {
+	tr, err := decodeTokenizeRequest(body, false)
+	if err != nil {
+		return nil, err
+	}
+	return tr.tokens()
+}
+
+// tokens renders and tokenizes the request as /tokenize does.
+func (tr *tokenizeRequest) tokens() ([]uint32, error) {
+	switch {
+	case tr.Messages != nil:
+		addGen := tr.AddGenerationPrompt == nil || *tr.AddGenerationPrompt
+		if addGen && tr.ContinueFinalMessage {
+			return nil, badRequest("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+		}
+		return Tokenize(string(appendChat(nil, tr.Messages, tr.Tools, addGen, tr.ContinueFinalMessage))), nil
+	case tr.Prompt != nil:
+		return Tokenize(*tr.Prompt), nil
+	default:
+		return nil, badRequest("either prompt or messages is required")
+	}
 }
 
 func (r *Replica) handleDetokenize(w http.ResponseWriter, req *http.Request) error {

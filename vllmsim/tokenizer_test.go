@@ -253,6 +253,25 @@ func BenchmarkTokenize(b *testing.B) {
 	b.ReportMetric(float64(tokens)*float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
 }
 
+// BenchmarkTokenizeBody is a 16,000-word chat prompt's /tokenize body
+// tokenized in process, as a gateway with routing.tokenizer: simulator does.
+func BenchmarkTokenizeBody(b *testing.B) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	words := make([]string, 16000)
+	for i := range words {
+		words[i] = Word(WordBase + uint32(rng.IntN(NumWords)))
+	}
+	body, _ := json.Marshal(map[string]any{"model": DefaultModel, "add_generation_prompt": true,
+		"messages": []Message{{Role: "user", Content: strings.Join(words, " ")}}})
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := TokenizeBody(body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 func BenchmarkDetokenize(b *testing.B) {
 	p := planOutput([]uint32{1, 2, 3}, genSpec{maxTokens: 100000, ignoreEOS: true, eos: IMEndToken})
 	dst := make([]byte, 0, len(p.tokens)*6)

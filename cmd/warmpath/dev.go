@@ -72,6 +72,11 @@ func startDev(cfg *gateway.Config, log *slog.Logger) (*devStack, error) {
 	if cfg.Server.PreStop == 0 {
 		cfg.Server.PreStop = -1 // no load balancer in front of a developer's gateway
 	}
+	if cfg.Routing.Tokenizer == "" {
+		// The fleet is simulated: tokenize with its vocabulary in process
+		// (routing.tokenizer: replicas asks its /tokenize instead).
+		cfg.Routing.Tokenizer = gateway.TokenizerSimulator
+	}
 	if cfg.DevKey == "" {
 		var b [16]byte
 		_, _ = rand.Read(b[:])

@@ -30,6 +30,7 @@ func runOverhead(ctx context.Context, args []string) error {
 	jsonPath := fs.String("json", "", "write the report as JSON to FILE")
 	quiet := fs.Bool("quiet", false, "no progress lines")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run (gateway, proxy and load; the simulator too with --fleet in-process) to FILE; samples carry a target label (pprof -tagfocus target=warmpath:warmpath)")
+	fs.StringVar(&cfg.Tokenizer, "tokenizer", "", "the warmpath targets' routing.tokenizer: simulator (default, in process) or replicas (their /tokenize)")
 	fleetMode := fs.String("fleet", "child", "where the simulated replicas run: child (a `warmpath sim` process per fleet, their CPU not counted) or in-process")
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -1,0 +1,185 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/vllmsim"
+)
+
+// routing.tokenizer's values: the replicas' /tokenize (the default, also
+// ""), and the simulated model's vocabulary tokenized in process.
+const (
+	TokenizerReplicas  = "replicas"
+	TokenizerSimulator = "simulator"
+)
+
+// localTokenizer tokenizes a vLLM POST /tokenize body in process, giving
+// the ids a replica's /tokenize would. It takes the very body the replica
+// would be sent, so a check compares the two on the same input.
+type localTokenizer interface {
+	Tokens(body []byte) ([]uint32, error)
+}
+
+// simulatorTokenizer is the simulator's /tokenize code itself. The body
+// is built from a request ParseRequest validated, so it is not validated
+// again.
+type simulatorTokenizer struct{}
+
+func (simulatorTokenizer) Tokens(body []byte) ([]uint32, error) {
+	return vllmsim.TokenizeValidBody(body)
+}
+
+// newLocalTokenizer returns routing.tokenizer's tokenizer, nil for none.
+func newLocalTokenizer(name string) localTokenizer {
+	if name == TokenizerSimulator {
+		return simulatorTokenizer{}
+	}
+	return nil
+}
+
+// localTokens is the in-process tokenizer and what its checks found.
+// A model's first prompt, and then one in every (a sampled check), is
+// also tokenized by a replica off the request path (checker); ids that
+// differ stop the in-process tokenizer for that model until the gateway
+// restarts, which the log says once with the first differing position.
+// A check that gets no answer counts as failed and changes nothing (the
+// first prompt's is tried again with the next prompt).
+type localTokens struct {
+	impl    localTokenizer
+	every   uint64   // sampled check period; 0 checks only a model's first prompt
+	checker *workers // one worker: checks are cheap and may be dropped
+	models  sync.Map // model → *localModel
+}
+
+// localModel is one model's state.
+type localModel struct {
+	n       atomic.Uint64 // prompts tokenized in process
+	checked atomic.Bool   // a check matched
+	pending atomic.Bool   // the first prompt's check is queued or running
+	off     atomic.Bool   // a check mismatched: the replicas tokenize it
+}
+
+const checkBacklog = 64
+
+func newLocalTokens(impl localTokenizer, every int) *localTokens {
+	return &localTokens{impl: impl, every: uint64(max(every, 0)), checker: newWorkers(1, checkBacklog, 0)}
+}
+
+func (l *localTokens) model(name string) *localModel {
+	if v, ok := l.models.Load(name); ok {
+		return v.(*localModel)
+	}
+	v, _ := l.models.LoadOrStore(name, new(localModel))
+	return v.(*localModel)
+}
+
+// Run runs the checker until ctx ends.
+func (l *localTokens) Run(ctx context.Context) error { return l.checker.Run(ctx) }
+
+// wantCheck reports whether this prompt of lm is to be checked, and
+// whether it is the first prompt's check.
+func (l *localTokens) wantCheck(lm *localModel) (check, first bool) {
+	n := lm.n.Add(1)
+	if !lm.checked.Load() && lm.pending.CompareAndSwap(false, true) {
+		return true, true
+	}
+	return l.every > 0 && n%l.every == 0, false
+}
+
+// localFor reports whether model's prompts are tokenized in process.
+func (t *tokenizer) localFor(model string) bool {
+	return t.localTok != nil && !t.localTok.model(model).off.Load()
+}
+
+// local returns r's ids from the in-process tokenizer, when there is one
+// for its model, queueing a check when one is due. ok is false when the
+// replicas are to be asked: no local tokenizer, the model's turned off,
+// or it refused the body.
+func (t *tokenizer) local(model string, body []byte, reps []*fleet.Replica) (ids []uint32, ok bool) {
+	l := t.localTok
+	if l == nil {
+		return nil, false
+	}
+	lm := l.model(model)
+	if lm.off.Load() {
+		return nil, false
+	}
+	ids, err := l.impl.Tokens(body)
+	if err != nil {
+		return nil, false // the replica answers it, or says why not
+	}
+	t.m.tokenizer.WithLabelValues("local").Inc()
+	if check, first := l.wantCheck(lm); check && len(reps) > 0 {
+		t.checkLater(model, lm, first, body, ids, reps)
+	} else if first {
+		lm.pending.Store(false)
+	}
+	return ids, true
+}
+
+// checkLater queues a comparison of ids with a replica's /tokenize of
+// body, or drops it when the checker's backlog is full.
+func (t *tokenizer) checkLater(model string, lm *localModel, first bool, body []byte, ids []uint32, reps []*fleet.Replica) {
+	job := func(ctx context.Context) {
+		if first {
+			defer lm.pending.Store(false)
+		}
+		t.check(ctx, model, lm, body, ids, reps)
+	}
+	if !t.localTok.checker.try(job) {
+		if first {
+			lm.pending.Store(false)
+		}
+		t.m.tokChecks.WithLabelValues("dropped").Inc()
+	}
+}
+
+// check asks a replica to tokenize body and compares its ids with ids.
+func (t *tokenizer) check(ctx context.Context, model string, lm *localModel, body []byte, ids []uint32, reps []*fleet.Replica) {
+	want, err := t.ask(ctx, t.order(reps), body)
+	if err != nil {
+		t.m.tokChecks.WithLabelValues("failed").Inc()
+		t.log.Debug("tokenizer: check of the in-process tokenizer got no answer", "model", model, "err", err)
+		return
+	}
+	i := firstDiff(ids, want)
+	if i < 0 {
+		lm.checked.Store(true)
+		t.m.tokChecks.WithLabelValues("match").Inc()
+		return
+	}
+	t.m.tokChecks.WithLabelValues("mismatch").Inc()
+	t.m.tokMismatch.WithLabelValues(model).Inc()
+	if lm.off.Swap(true) {
+		return // logged by the first mismatch
+	}
+	t.log.Error("tokenizer: the in-process tokenizer disagrees with the replicas' /tokenize; asking the replicas for this model from now on",
+		"model", model, "position", i, "local", idAt(ids, i), "replica", idAt(want, i), "local_tokens", len(ids), "replica_tokens", len(want))
+}
+
+// firstDiff returns the first position where a and b differ (the shorter
+// one's length when one is a prefix of the other), or -1 when equal.
+func firstDiff(a, b []uint32) int {
+	n := min(len(a), len(b))
+	for i := range n {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	if len(a) != len(b) {
+		return n
+	}
+	return -1
+}
+
+// idAt renders ids[i], or "end" past the end, for the mismatch log.
+func idAt(ids []uint32, i int) string {
+	if i >= len(ids) {
+		return "end"
+	}
+	return fmt.Sprint(ids[i])
+}
