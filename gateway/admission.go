@@ -2,10 +2,13 @@ package gateway
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/tenancy"
 )
 
@@ -49,7 +52,7 @@ func (g *Gateway) admitExchange(ctx context.Context, x *exchange) error {
 		return err
 	}
 	x.prepared = time.Now()
-	release, err := g.waiting.wait(r.model, func() (func(Usage), error) { return g.admit.Admit(ctx, r) })
+	release, err := g.waiting.wait(r, func() (func(Usage), error) { return g.admit.Admit(ctx, r) })
 	if err != nil {
 		r.placement.unclaim()
 		if x.lease != nil {
@@ -88,17 +91,97 @@ func (g *Gateway) finish(x *exchange, u Usage, have bool) {
 
 // backlog counts, per model, the requests waiting in the Admitter: the
 // queue the warmpath policy prices a decision's replica time against
-// (scoring.Input.Backlog). The zero value is empty and ready.
+// (scoring.Input.Backlog). It also keeps, for each waiting request the
+// queue has placed (placement.place), the replica its latest plan chose
+// and that plan's uncached prefill: the requests held for room on a
+// replica, which reach its engine before any request behind them in the
+// queue (scoring.Endpoint.GatewayAhead). The zero value is empty and
+// ready.
 type backlog struct {
 	models sync.Map // model → *atomic.Int64
+	seq    atomic.Uint64
+
+	mu sync.Mutex // guards order and plans
+	// order holds each waiting request's arrival in the Admitter (the
+	// queue's order, but for its tenant fairness and turn priority), and
+	// plans the placed ones' latest plans.
+	order map[*placement]uint64
+	plans map[*placement]planned
 }
 
-// wait runs admit, counting it among model's waiting requests meanwhile.
-func (b *backlog) wait(model string, admit func() (func(Usage), error)) (func(Usage), error) {
-	n := b.counter(model)
+// planned is a waiting request's latest plan: the replica it chose, its
+// uncached prompt there, and whether it had room (the request is being
+// dispatched, so it is ahead of every waiting one).
+type planned struct {
+	seq    uint64
+	rep    *fleet.Replica
+	tokens int64
+	sent   bool
+}
+
+// wait runs admit for r, counting it among its model's waiting requests
+// meanwhile, and its plans while it is placed.
+func (b *backlog) wait(r *Request, admit func() (func(Usage), error)) (func(Usage), error) {
+	n := b.counter(r.model)
 	n.Add(1)
 	defer n.Add(-1)
+	if p := r.placement; p != nil {
+		b.enter(p)
+		defer b.leave(p)
+	}
 	return admit()
+}
+
+func (b *backlog) enter(p *placement) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.order == nil {
+		b.order, b.plans = map[*placement]uint64{}, map[*placement]planned{}
+	}
+	b.order[p] = b.seq.Add(1)
+}
+
+func (b *backlog) leave(p *placement) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.order, p)
+	delete(b.plans, p)
+}
+
+// plan records the plan p's placement made while it waits: its chosen
+// replica rep, and whether rep had room (sent).
+func (b *backlog) plan(p *placement, rep *fleet.Replica, plan *scoring.Plan, sent bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	seq, ok := b.order[p]
+	if !ok {
+		return
+	}
+	tokens := int64(max(0, plan.PromptTokens-plan.Predicted[0]))
+	b.plans[p] = planned{seq: seq, rep: rep, tokens: tokens, sent: sent}
+}
+
+// fill sets, on eps (the endpoints of reps), the other waiting requests
+// planned for each replica: those ahead of p (dispatched, or before it in
+// the Admitter while p waits there) in GatewayAhead and their uncached
+// prefill in GatewayAheadTokens, the others in GatewayBehind. Once p has
+// left the queue every one is behind it.
+func (b *backlog) fill(p *placement, reps []*fleet.Replica, eps []scoring.Endpoint) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	mine, waiting := b.order[p]
+	for q, pl := range b.plans {
+		i := slices.Index(reps, pl.rep)
+		if q == p || i < 0 {
+			continue
+		}
+		if pl.sent || waiting && pl.seq < mine {
+			eps[i].GatewayAhead++
+			eps[i].GatewayAheadTokens += pl.tokens
+		} else {
+			eps[i].GatewayBehind++
+		}
+	}
 }
 
 // of returns how many of model's requests wait now.

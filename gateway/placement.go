@@ -83,6 +83,7 @@ func (p *placement) refresh(now time.Time) {
 		eps[i].PromptBlocksOnly = p.in.Endpoints[i].PromptBlocksOnly
 	}
 	p.g.keepReserve(p.r, p.reps, eps)
+	p.g.waiting.fill(p, p.reps, eps)
 	p.in.Now, p.in.Endpoints, p.in.Backlog = now, eps, p.g.waiting.of(p.r.model)
 }
 
@@ -103,6 +104,7 @@ func (p *placement) place(c *fleetCapacity) bool {
 		return true
 	}
 	claim, ok := c.claim(p.reps[plan.Chosen()], p.r.class, now)
+	p.g.waiting.plan(p, p.reps[plan.Chosen()], &plan, ok)
 	if !ok {
 		return false
 	}
