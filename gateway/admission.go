@@ -93,9 +93,9 @@ func (g *Gateway) finish(x *exchange, u Usage, have bool) {
 // queue the warmpath policy prices a decision's replica time against
 // (scoring.Input.Backlog). It also keeps, for each waiting request the
 // queue has placed (placement.place), the replica its latest plan chose
-// and that plan's uncached prefill: the requests held for room on a
-// replica, which reach its engine before any request behind them in the
-// queue (scoring.Endpoint.GatewayAhead). The zero value is empty and
+// and that plan's uncached prefill, while it found no room there: the
+// requests held for room on a replica, which reach its engine before any
+// request behind them in the queue (scoring.Endpoint.GatewayAhead). The zero value is empty and
 // ready.
 type backlog struct {
 	models sync.Map // model → *atomic.Int64
@@ -109,14 +109,12 @@ type backlog struct {
 	plans map[*placement]planned
 }
 
-// planned is a waiting request's latest plan: the replica it chose, its
-// uncached prompt there, and whether it had room (the request is being
-// dispatched, so it is ahead of every waiting one).
+// planned is a waiting request's latest plan that found no room: the
+// replica it chose and its uncached prompt there.
 type planned struct {
 	seq    uint64
 	rep    *fleet.Replica
 	tokens int64
-	sent   bool
 }
 
 // wait runs admit for r, counting it among its model's waiting requests
@@ -149,21 +147,24 @@ func (b *backlog) leave(p *placement) {
 }
 
 // plan records the plan p's placement made while it waits: its chosen
-// replica rep, and whether rep had room (sent).
-func (b *backlog) plan(p *placement, rep *fleet.Replica, plan *scoring.Plan, sent bool) {
+// replica rep, and whether rep had room for it. A request with room is
+// being dispatched, and the room it claimed counts it from then on; one
+// without is held for rep.
+func (b *backlog) plan(p *placement, rep *fleet.Replica, plan *scoring.Plan, room bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	seq, ok := b.order[p]
-	if !ok {
+	if !ok || room {
+		delete(b.plans, p)
 		return
 	}
 	tokens := int64(max(0, plan.PromptTokens-plan.Predicted[0]))
-	b.plans[p] = planned{seq: seq, rep: rep, tokens: tokens, sent: sent}
+	b.plans[p] = planned{seq: seq, rep: rep, tokens: tokens}
 }
 
 // fill sets, on eps (the endpoints of reps), the other waiting requests
-// planned for each replica: those ahead of p (dispatched, or before it in
-// the Admitter while p waits there) in GatewayAhead and their uncached
+// held for each replica: those ahead of p (before it in the Admitter,
+// while p waits there) in GatewayAhead and their uncached
 // prefill in GatewayAheadTokens, the others in GatewayBehind. Once p has
 // left the queue every one is behind it.
 func (b *backlog) fill(p *placement, reps []*fleet.Replica, eps []scoring.Endpoint) {
@@ -175,7 +176,7 @@ func (b *backlog) fill(p *placement, reps []*fleet.Replica, eps []scoring.Endpoi
 		if q == p || i < 0 {
 			continue
 		}
-		if pl.sent || waiting && pl.seq < mine {
+		if waiting && pl.seq < mine {
 			eps[i].GatewayAhead++
 			eps[i].GatewayAheadTokens += pl.tokens
 		} else {

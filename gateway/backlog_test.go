@@ -34,10 +34,10 @@ func TestBacklogCountsWaiting(t *testing.T) {
 	}
 }
 
-// The queue's plans: a request placed on a replica is ahead of the
+// The queue's plans: a request held for a replica is ahead of the
 // requests that arrived after it and behind those that arrived before,
-// a dispatched one is ahead of all, and once a request has left the
-// queue every waiting one is behind it.
+// a request with room is no longer held (the room it claimed counts it),
+// and once a request has left the queue every waiting one is behind it.
 func TestBacklogPlans(t *testing.T) {
 	var b backlog
 	a, c := new(fleet.Replica), new(fleet.Replica)
@@ -51,7 +51,7 @@ func TestBacklogPlans(t *testing.T) {
 	}
 	b.plan(p1, a, plan(1000, 200), false)
 	b.plan(p3, a, plan(500, 0), false)
-	b.plan(p2, c, plan(300, 100), true)
+	b.plan(p2, c, plan(300, 100), false)
 	fill := func(p *placement) []scoring.Endpoint {
 		eps := make([]scoring.Endpoint, len(reps))
 		b.fill(p, reps, eps)
@@ -69,13 +69,16 @@ func TestBacklogPlans(t *testing.T) {
 	check("p2 on c (its own plan)", eps[1], 0, 0, 0)
 	eps = fill(p3)
 	check("p3 on a", eps[0], 1, 800, 0)
-	check("p3 on c (dispatched)", eps[1], 1, 200, 0)
+	check("p3 on c", eps[1], 1, 200, 0)
 	eps = fill(p1)
 	check("p1 on a", eps[0], 0, 0, 1)
+	check("p1 on c", eps[1], 0, 0, 1)
+	b.plan(p2, c, plan(300, 100), true) // room on c: dispatched
+	check("p3 on c once p2 has room", fill(p3)[1], 0, 0, 0)
+	b.plan(p2, a, plan(300, 0), false)
 	b.leave(p2)
 	eps = fill(p2)
 	check("p2 routed, on a", eps[0], 0, 0, 2)
-	check("p2 routed, on c", eps[1], 0, 0, 0)
 	// A plan made after the request left the queue is not kept.
 	b.plan(p2, c, plan(300, 0), false)
 	check("p3 on c after p2 left", fill(p3)[1], 0, 0, 0)
