@@ -105,14 +105,23 @@ type backlog struct {
 	// order holds each waiting request's arrival in the Admitter (the
 	// queue's order, but for its tenant fairness and turn priority), and
 	// plans the placed ones' latest plans.
-	order map[*placement]uint64
+	order map[*placement]arrival
 	plans map[*placement]planned
+	// remote is the other gateways' backlog (backlogSync), nil without.
+	remote atomic.Pointer[remoteBacklog]
+}
+
+// arrival is when a request entered the Admitter: its place in this
+// gateway's order and the time, to order it among other gateways'.
+type arrival struct {
+	seq uint64
+	at  int64 // Unix nanoseconds
 }
 
 // planned is a waiting request's latest plan that found no room: the
 // replica it chose and its uncached prompt there.
 type planned struct {
-	seq    uint64
+	arrival
 	rep    *fleet.Replica
 	tokens int64
 }
@@ -134,9 +143,9 @@ func (b *backlog) enter(p *placement) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.order == nil {
-		b.order, b.plans = map[*placement]uint64{}, map[*placement]planned{}
+		b.order, b.plans = map[*placement]arrival{}, map[*placement]planned{}
 	}
-	b.order[p] = b.seq.Add(1)
+	b.order[p] = arrival{seq: b.seq.Add(1), at: time.Now().UnixNano()}
 }
 
 func (b *backlog) leave(p *placement) {
@@ -153,44 +162,65 @@ func (b *backlog) leave(p *placement) {
 func (b *backlog) plan(p *placement, rep *fleet.Replica, plan *scoring.Plan, room bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	seq, ok := b.order[p]
+	a, ok := b.order[p]
 	if !ok || room {
 		delete(b.plans, p)
 		return
 	}
 	tokens := int64(max(0, plan.PromptTokens-plan.Predicted[0]))
-	b.plans[p] = planned{seq: seq, rep: rep, tokens: tokens}
+	b.plans[p] = planned{arrival: a, rep: rep, tokens: tokens}
 }
 
 // fill sets, on eps (the endpoints of reps), the other waiting requests
-// held for each replica: those ahead of p (before it in the Admitter,
-// while p waits there) in GatewayAhead and their uncached
-// prefill in GatewayAheadTokens, the others in GatewayBehind. Once p has
-// left the queue every one is behind it.
+// held for each replica, this gateway's and the others': those ahead of
+// p (before it in the Admitter, while p waits there; another gateway's
+// by the time they arrived) in GatewayAhead and their uncached prefill
+// in GatewayAheadTokens, the others in GatewayBehind. Once p has left
+// the queue every one is behind it.
 func (b *backlog) fill(p *placement, reps []*fleet.Replica, eps []scoring.Endpoint) {
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	mine, waiting := b.order[p]
 	for q, pl := range b.plans {
 		i := slices.Index(reps, pl.rep)
 		if q == p || i < 0 {
 			continue
 		}
-		if waiting && pl.seq < mine {
-			eps[i].GatewayAhead++
-			eps[i].GatewayAheadTokens += pl.tokens
-		} else {
-			eps[i].GatewayBehind++
+		hold(&eps[i], waiting && pl.seq < mine.seq, pl.tokens)
+	}
+	b.mu.Unlock()
+	r := b.remote.Load()
+	if r == nil {
+		return
+	}
+	for i, rep := range reps {
+		for _, h := range r.held[rep.Spec.Name] {
+			hold(&eps[i], waiting && h.Since < mine.at, h.Tokens)
 		}
 	}
 }
 
-// of returns how many of model's requests wait now.
-func (b *backlog) of(model string) int {
-	if v, ok := b.models.Load(model); ok {
-		return int(max(0, v.(*atomic.Int64).Load()))
+// hold counts a request held for e's replica, ahead of the one being
+// decided or behind it.
+func hold(e *scoring.Endpoint, ahead bool, tokens int64) {
+	if ahead {
+		e.GatewayAhead++
+		e.GatewayAheadTokens += tokens
+	} else {
+		e.GatewayBehind++
 	}
-	return 0
+}
+
+// of returns how many of model's requests wait now, in this gateway's
+// Admitter and, as last exchanged, in the other gateways'.
+func (b *backlog) of(model string) int {
+	n := 0
+	if v, ok := b.models.Load(model); ok {
+		n = int(max(0, v.(*atomic.Int64).Load()))
+	}
+	if r := b.remote.Load(); r != nil {
+		n += r.waiting[model]
+	}
+	return n
 }
 
 func (b *backlog) counter(model string) *atomic.Int64 {

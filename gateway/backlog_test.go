@@ -1,9 +1,13 @@
 package gateway
 
 import (
+	"context"
+	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/internal/redistest"
 	"github.com/warmpath/warmpath/scoring"
 )
 
@@ -82,4 +86,81 @@ func TestBacklogPlans(t *testing.T) {
 	// A plan made after the request left the queue is not kept.
 	b.plan(p2, c, plan(300, 0), false)
 	check("p3 on c after p2 left", fill(p3)[1], 0, 0, 0)
+}
+
+// Two gateways share their backlogs through a real Redis: each counts
+// the other's waiting requests, and the other's requests held for a
+// replica (named alike in both fleets) as ahead of its own when they
+// arrived earlier. A gateway that stops writing drops out, and one that
+// stops removes its part.
+func TestBacklogShared(t *testing.T) {
+	rdb, prefix := redistest.Client(t)
+	key := prefix + backlogHash
+	var a, b backlog
+	mk := func(bl *backlog, id string) *backlogSync {
+		return &backlogSync{b: bl, rdb: rdb, key: key, id: id, every: 100 * time.Millisecond, limit: 2 * time.Second,
+			failed: func() { t.Errorf("%s: exchange failed", id) }, log: slog.Default()}
+	}
+	sa, sb := mk(&a, "a"), mk(&b, "b")
+	repA, repB := &fleet.Replica{Spec: fleet.ReplicaSpec{Name: "r1"}}, &fleet.Replica{Spec: fleet.ReplicaSpec{Name: "r1"}}
+	a.counter("m").Add(3)
+	b.counter("m").Add(1)
+	held, early, late := new(placement), new(placement), new(placement)
+	a.enter(held)
+	b.enter(early)
+	b.enter(late)
+	// Arrival times set apart (the clock may not tick between enters).
+	a.order[held] = arrival{seq: 1, at: 200}
+	b.order[early], b.order[late] = arrival{seq: 1, at: 100}, arrival{seq: 2, at: 300}
+	a.plan(held, repA, &scoring.Plan{PromptTokens: 1000, Predicted: []int{200}}, false)
+
+	ctx := t.Context()
+	now := time.Now()
+	for _, s := range []*backlogSync{sa, sb, sa} {
+		if err := s.exchange(ctx, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := b.of("m"); got != 4 {
+		t.Errorf("b's backlog %d; want 4 (1 + a's 3)", got)
+	}
+	if got := a.of("m"); got != 4 {
+		t.Errorf("a's backlog %d; want 4 (3 + b's 1)", got)
+	}
+	fill := func(p *placement) scoring.Endpoint {
+		eps := make([]scoring.Endpoint, 1)
+		b.fill(p, []*fleet.Replica{repB}, eps)
+		return eps[0]
+	}
+	if e := fill(late); e.GatewayAhead != 1 || e.GatewayAheadTokens != 800 || e.GatewayBehind != 0 {
+		t.Errorf("late arrival at b: ahead %d (%d tokens), behind %d; want a's held request ahead (800)", e.GatewayAhead, e.GatewayAheadTokens, e.GatewayBehind)
+	}
+	if e := fill(early); e.GatewayAhead != 0 || e.GatewayBehind != 1 {
+		t.Errorf("early arrival at b: ahead %d, behind %d; want a's held request behind", e.GatewayAhead, e.GatewayBehind)
+	}
+
+	// a stops writing: past the TTL b no longer counts it, and b's next
+	// exchange deletes its part.
+	later := now.Add(backlogTTL(sb.every) + time.Second)
+	for range 2 {
+		if err := sb.exchange(ctx, later); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := b.of("m"); got != 1 {
+		t.Errorf("b's backlog with a gone %d; want 1", got)
+	}
+	if n, err := rdb.HExists(ctx, key, "a").Result(); err != nil || n {
+		t.Errorf("a's part still in Redis (%v, %v)", n, err)
+	}
+
+	// b stops: Run removes its part.
+	rctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := sb.Run(rctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := rdb.HExists(ctx, key, "b").Result(); err != nil || n {
+		t.Errorf("b's part still in Redis after Run (%v, %v)", n, err)
+	}
 }
