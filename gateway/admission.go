@@ -2,10 +2,13 @@ package gateway
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/tenancy"
 )
 
@@ -49,7 +52,7 @@ func (g *Gateway) admitExchange(ctx context.Context, x *exchange) error {
 		return err
 	}
 	x.prepared = time.Now()
-	release, err := g.waiting.wait(r.model, func() (func(Usage), error) { return g.admit.Admit(ctx, r) })
+	release, err := g.waiting.wait(r, func() (func(Usage), error) { return g.admit.Admit(ctx, r) })
 	if err != nil {
 		r.placement.unclaim()
 		if x.lease != nil {
@@ -88,25 +91,136 @@ func (g *Gateway) finish(x *exchange, u Usage, have bool) {
 
 // backlog counts, per model, the requests waiting in the Admitter: the
 // queue the warmpath policy prices a decision's replica time against
-// (scoring.Input.Backlog). The zero value is empty and ready.
+// (scoring.Input.Backlog). It also keeps, for each waiting request the
+// queue has placed (placement.place), the replica its latest plan chose
+// and that plan's uncached prefill, while it found no room there: the
+// requests held for room on a replica, which reach its engine before any
+// request behind them in the queue (scoring.Endpoint.GatewayAhead). The zero value is empty and
+// ready.
 type backlog struct {
 	models sync.Map // model → *atomic.Int64
+	seq    atomic.Uint64
+
+	mu sync.Mutex // guards order and plans
+	// order holds each waiting request's arrival in the Admitter (the
+	// queue's order, but for its tenant fairness and turn priority), and
+	// plans the placed ones' latest plans.
+	order map[*placement]arrival
+	plans map[*placement]planned
+	// remote is the other gateways' backlog (backlogSync), nil without.
+	remote atomic.Pointer[remoteBacklog]
 }
 
-// wait runs admit, counting it among model's waiting requests meanwhile.
-func (b *backlog) wait(model string, admit func() (func(Usage), error)) (func(Usage), error) {
-	n := b.counter(model)
+// arrival is when a request entered the Admitter: its place in this
+// gateway's order and the time, to order it among other gateways'.
+type arrival struct {
+	seq uint64
+	at  int64 // Unix nanoseconds
+}
+
+// planned is a waiting request's latest plan that found no room: the
+// replica it chose and its uncached prompt there.
+type planned struct {
+	arrival
+	rep    *fleet.Replica
+	tokens int64
+}
+
+// wait runs admit for r, counting it among its model's waiting requests
+// meanwhile, and its plans while it is placed.
+func (b *backlog) wait(r *Request, admit func() (func(Usage), error)) (func(Usage), error) {
+	n := b.counter(r.model)
 	n.Add(1)
 	defer n.Add(-1)
+	if p := r.placement; p != nil {
+		b.enter(p)
+		defer b.leave(p)
+	}
 	return admit()
 }
 
-// of returns how many of model's requests wait now.
-func (b *backlog) of(model string) int {
-	if v, ok := b.models.Load(model); ok {
-		return int(max(0, v.(*atomic.Int64).Load()))
+func (b *backlog) enter(p *placement) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.order == nil {
+		b.order, b.plans = map[*placement]arrival{}, map[*placement]planned{}
 	}
-	return 0
+	b.order[p] = arrival{seq: b.seq.Add(1), at: time.Now().UnixNano()}
+}
+
+func (b *backlog) leave(p *placement) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.order, p)
+	delete(b.plans, p)
+}
+
+// plan records the plan p's placement made while it waits: its chosen
+// replica rep, and whether rep had room for it. A request with room is
+// being dispatched, and the room it claimed counts it from then on; one
+// without is held for rep.
+func (b *backlog) plan(p *placement, rep *fleet.Replica, plan *scoring.Plan, room bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	a, ok := b.order[p]
+	if !ok || room {
+		delete(b.plans, p)
+		return
+	}
+	tokens := int64(max(0, plan.PromptTokens-plan.Predicted[0]))
+	b.plans[p] = planned{arrival: a, rep: rep, tokens: tokens}
+}
+
+// fill sets, on eps (the endpoints of reps), the other waiting requests
+// held for each replica, this gateway's and the others': those ahead of
+// p (before it in the Admitter, while p waits there; another gateway's
+// by the time they arrived) in GatewayAhead and their uncached prefill
+// in GatewayAheadTokens, the others in GatewayBehind. Once p has left
+// the queue every one is behind it.
+func (b *backlog) fill(p *placement, reps []*fleet.Replica, eps []scoring.Endpoint) {
+	b.mu.Lock()
+	mine, waiting := b.order[p]
+	for q, pl := range b.plans {
+		i := slices.Index(reps, pl.rep)
+		if q == p || i < 0 {
+			continue
+		}
+		hold(&eps[i], waiting && pl.seq < mine.seq, pl.tokens)
+	}
+	b.mu.Unlock()
+	r := b.remote.Load()
+	if r == nil {
+		return
+	}
+	for i, rep := range reps {
+		for _, h := range r.held[rep.Spec.Name] {
+			hold(&eps[i], waiting && h.Since < mine.at, h.Tokens)
+		}
+	}
+}
+
+// hold counts a request held for e's replica, ahead of the one being
+// decided or behind it.
+func hold(e *scoring.Endpoint, ahead bool, tokens int64) {
+	if ahead {
+		e.GatewayAhead++
+		e.GatewayAheadTokens += tokens
+	} else {
+		e.GatewayBehind++
+	}
+}
+
+// of returns how many of model's requests wait now, in this gateway's
+// Admitter and, as last exchanged, in the other gateways'.
+func (b *backlog) of(model string) int {
+	n := 0
+	if v, ok := b.models.Load(model); ok {
+		n = int(max(0, v.(*atomic.Int64).Load()))
+	}
+	if r := b.remote.Load(); r != nil {
+		n += r.waiting[model]
+	}
+	return n
 }
 
 func (b *backlog) counter(model string) *atomic.Int64 {

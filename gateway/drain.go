@@ -46,6 +46,9 @@ func (g *Gateway) Run(ctx context.Context) error {
 	if g.queue != nil {
 		eg.Go(func() error { return g.queue.q.Run(ectx) })
 	}
+	if g.shareQueue != nil {
+		eg.Go(func() error { return g.shareQueue.Run(ectx) })
+	}
 	eg.Go(func() error { return g.runKVEvents(ectx) })
 	servers := []*http.Server{g.srv}
 	serve(eg, g.srv, g.ln)

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -74,6 +75,7 @@ type Gateway struct {
 	admit       Admitter
 	waiting     backlog               // requests waiting in admit, by model
 	queue       *queueAdmitter        // nil: no fair queue (disabled, or Options.Admitter)
+	shareQueue  *backlogSync          // shares waiting with the other gateways; nil without a queue or Redis
 	wrapped     prometheus.Registerer // reg with the policy label
 	upstream    *http.Transport
 	upstreamKey string
@@ -174,6 +176,11 @@ func New(cfg Config, o Options) (*Gateway, error) {
 			return nil, err
 		}
 		g.admit = g.queue
+		if g.rdb != nil {
+			g.shareQueue = &backlogSync{b: &g.waiting, rdb: g.rdb, key: cfg.Redis.KeyPrefix + backlogHash, id: rand.Text(),
+				every: cfg.Queue.SyncInterval, limit: cfg.Redis.Timeout, log: log.With("component", "backlog"),
+				failed: func() { g.m.redisErrors.WithLabelValues("backlog").Inc() }}
+		}
 	}
 	if g.admit == nil {
 		g.admit = admitAll{}

@@ -87,6 +87,7 @@ func (p *placement) refresh(now time.Time) {
 	if p.g.queue != nil {
 		p.g.queue.capacity.addClaims(p.reps, eps)
 	}
+	p.g.waiting.fill(p, p.reps, eps)
 	p.in.Now, p.in.Endpoints, p.in.Backlog = now, eps, p.g.waiting.of(p.r.model)
 }
 
@@ -108,6 +109,7 @@ func (p *placement) place(c *fleetCapacity) bool {
 	}
 	tokens := int64(max(0, plan.PromptTokens-plan.Predicted[0]))
 	claim, ok := c.claim(p.reps[plan.Chosen()], p.r.class, tokens, now)
+	p.g.waiting.plan(p, p.reps[plan.Chosen()], &plan, ok)
 	if !ok {
 		return false
 	}

@@ -97,7 +97,9 @@ type Input struct {
 	Sharers float64
 	// Backlog is how many requests for Model wait in the caller's
 	// admission queue for room on the replicas (this gateway's; 0 without
-	// a queue): each waits a share of any replica time a decision spends,
+	// a queue), not counting this one: each waits a share of any replica
+	// time a decision spends (all of it on its own replica, for those
+	// whose plan chose one: Endpoint.GatewayAhead and GatewayBehind),
 	// which the warmpath policy prices in Estimate.Others.
 	Backlog int
 	// Rand breaks ties; nil uses the goroutine-safe top-level generator.
@@ -383,14 +385,20 @@ func (p *Policy) placed(in *Input, c *Cost, l load, prompt, cached float64) Esti
 }
 
 // backlogShare is the part of the admission queue's backlog that waits
-// for each replica: Backlog over the available endpoints (the queue
-// dispatches to whichever has room, so a second of any replica's time
-// delays the whole backlog's drain by a second over their number).
+// for each replica with no replica chosen yet: Backlog less the requests
+// whose plan chose one (Endpoint.GatewayAhead and GatewayBehind, priced
+// on their replica), over the available endpoints (the queue dispatches
+// those to whichever has room, so a second of any replica's time delays
+// their drain by a second over their number).
 func (in *Input) backlogShare() float64 {
-	if in.Backlog <= 0 {
+	n := in.Backlog
+	for i := range in.Endpoints {
+		n -= max(0, in.Endpoints[i].GatewayAhead) + max(0, in.Endpoints[i].GatewayBehind)
+	}
+	if n <= 0 {
 		return 0
 	}
-	return float64(in.Backlog) / float64(max(1, len(available(in.Endpoints))))
+	return float64(n) / float64(max(1, len(available(in.Endpoints))))
 }
 
 // turn is the request's turn in its session: 1 without a binding.

@@ -40,14 +40,22 @@
 //	queued = InflightPrefillTokens − what the head of this gateway's line has
 //	         computed since it got there (HeadElapsed ÷ perToken, at most its tokens)
 //	         + (Waiting − InflightPrefillRequests) × RequestTokens      requests others sent
+//	         + GatewayAheadTokens           held for it in the caller's queue, leaving first
 //	W      = queued + (P − M)                       prefill tokens before the first token
 //	o      = StepBase + Running × DecodePerSeq + KVUsage × KVTokens × DecodePerContextToken
 //	steps  = ⌈W ÷ max(StepTokens − Running, StepTokens ÷ 8)⌉, + ½ for the step in progress
-//	admit  = (Waiting + 1) ÷ ArrivalRate when the engine is not draining its queue
+//	admit  = (Waiting + GatewayAhead + 1) ÷ ArrivalRate when the engine is not draining its queue
 //	         (fewer scheduled over the last MeterWindow than are waiting, and its KV
 //	         cache full or prefill under half its time); else 0
 //	TTFT   = max(QueueScale × queued × PrefillPerToken, admit)
 //	         + TokenScale × (P − M) × PrefillPerToken + StepScale × steps × o + Overhead
+//
+// Under routing-aware dispatch the caller's admission queue holds a
+// request for room on the replica its plan chose, so the requests held for
+// a replica form a second queue in front of its engine's: those that will
+// leave before this request (GatewayAhead, with their uncached prefill in
+// GatewayAheadTokens) are ahead of it exactly as the engine's waiting
+// requests are.
 //
 // RequestTokens (the engine's recent mean uncached prompt per request) is
 // what a waiting request costs; it replaces the fixed 1,024-token price
@@ -61,18 +69,21 @@
 // warmpath sends each request to the replica with the lowest
 //
 //	cost        = TTFT + Others + Future − Replication
-//	Others      = (P − M) × perToken × (1 + ArrivalRate × (TTFT − Overhead) + Backlog ÷ N)
+//	Others      = (P − M) × perToken × (1 + ArrivalRate × (TTFT − Overhead) + GatewayBehind + B ÷ N)
+//	B           = Backlog − Σ (GatewayAhead + GatewayBehind)   waiting with no replica chosen
 //	Future      = remaining turns × P(gap > life) × P × perToken
 //	life        = (1 − KVUsage) × CacheTokens ÷ UncachedRate
 //	Replication = Sharers × max(0, held − as)     on a replica holding less than H
 //
 // Others is what the request's own prefill costs everyone else: the
 // replica's time (paid once: the fleet can do nothing else with it), the
-// wait of each request that arrives behind it before it is done, and the
-// wait of the requests the gateway's admission queue holds for room on
-// the fleet (Input.Backlog of them over the N available replicas: the
-// queue drains at the replicas' pace, so a second of one replica's time
-// delays each by 1 ÷ N of it). Future
+// wait of each request that arrives behind it before it is done, the wait
+// of each request the admission queue holds for this replica after it
+// (GatewayBehind: all of the replica's time), and the wait of the
+// requests it holds for room on the fleet with no replica chosen yet (B
+// of Input.Backlog over the N available replicas: the queue drains at the
+// replicas' pace, so a second of one replica's time delays each by 1 ÷ N
+// of it). Future
 // is what the conversation's next turns pay for being placed there: an LRU
 // cache that admits UncachedRate tokens a second forgets an unused prefix
 // after life seconds, and each turn still to come

@@ -64,6 +64,17 @@ type Endpoint struct {
 	// Unhealthy reports that the replica may take no traffic at all. Only
 	// Decide reads it: Route and the scorers are given available endpoints.
 	Unhealthy bool
+	// GatewayAheadTokens and GatewayAhead are the uncached prefill tokens
+	// and the requests waiting in the caller's admission queue whose plan
+	// chose this replica and that leave the queue before this request
+	// (routing-aware dispatch holds each for room on its replica): they
+	// reach the engine's queue first, so the model prices them as it
+	// prices that queue. GatewayBehind counts those that leave after it
+	// (all of them, once this request has left the queue): its prefill
+	// here delays each, which Estimate.Others prices. 0 without a queue
+	// (the offline analyzer).
+	GatewayAheadTokens          int64
+	GatewayAhead, GatewayBehind int
 	// Reserved reports that the replica takes none of this request's
 	// class (the admission queue's interactive reserve, for background):
 	// like Unhealthy it takes no traffic, but a session leaving it is

@@ -133,6 +133,7 @@ type load struct {
 	rate    float64 // requests scheduled per second
 	admit   float64 // seconds until a new request is admitted, when KV-bound; else 0
 	life    float64 // seconds an unused prefix survives in the cache; +Inf when unknown
+	behind  float64 // requests in the caller's queue that wait for this replica after this one
 }
 
 // queuePrice is the price of a waiting request this gateway did not send,
@@ -157,7 +158,8 @@ func queuePrice(eps []Endpoint, fallback float64) float64 {
 // loadOf resolves e's load under cost c: this gateway's in-flight
 // prefill less what the head of the line has computed since it got there,
 // plus each engine-reported waiting request beyond this gateway's own
-// priced at price tokens.
+// priced at price tokens, plus the uncached prefill of the requests
+// waiting in the gateway's queue for this replica ahead of this one.
 func (c *Cost) loadOf(e *Endpoint, price float64) load {
 	p := price
 	if e.RequestTokens > 0 {
@@ -168,6 +170,7 @@ func (c *Cost) loadOf(e *Endpoint, price float64) load {
 		context: max(0, e.KVUsage) * float64(max(e.KVTokens, 0)),
 		rate:    max(0, e.ArrivalRate),
 		life:    math.Inf(1),
+		behind:  float64(max(e.GatewayBehind, 0)),
 	}
 	// An LRU cache evicts a token for every token it admits: a prefix left
 	// unused survives as long as the free part of the cache takes to fill.
@@ -179,7 +182,7 @@ func (c *Cost) loadOf(e *Endpoint, price float64) load {
 		own -= min(float64(e.HeadPrefillTokens), e.HeadElapsed/c.perToken(l))
 	}
 	foreign := max(0, e.Waiting-e.InflightPrefillRequests)
-	l.queued = max(0, own) + float64(foreign)*p
+	l.queued = max(0, own) + float64(foreign)*p + float64(max(e.GatewayAheadTokens, 0))
 	// A queue the engine is not draining by prefill is served by Little's
 	// law: each waiting request, and this one, at the rate the engine has
 	// been scheduling (no slower than one per MeterWindow; not at all when
@@ -189,8 +192,9 @@ func (c *Cost) loadOf(e *Endpoint, price float64) load {
 	// took less than half the replica's time while it scheduled at least
 	// one request over the window (its batch is full): a replica busier
 	// with prefill than that drains its queue at prefill speed, which
-	// queued already prices.
-	if ahead := float64(e.Waiting); ahead > 0 && l.rate > 0 && l.rate*MeterWindow < ahead {
+	// queued already prices. The requests the gateway holds for the
+	// replica ahead of this one wait in that queue too, only earlier.
+	if ahead := float64(e.Waiting + max(e.GatewayAhead, 0)); ahead > 0 && l.rate > 0 && l.rate*MeterWindow < ahead {
 		free := (1 - min(max(e.KVUsage, 0), 1)) * float64(max(e.KVTokens, 0))
 		kvFull := e.KVTokens > 0 && free < p
 		// A batch that is full keeps scheduling as its sequences finish:
@@ -252,30 +256,33 @@ func (c *Cost) perToken(l load) float64 {
 
 // others is the delay the request's own prefill (uncached tokens) costs
 // everyone but the request itself, on a replica under load l whose
-// estimate for it is e, with backlog requests waiting per replica in the
-// gateway's admission queue:
+// estimate for it is e, with backlog requests per replica waiting in the
+// gateway's admission queue for room on the fleet and l.behind waiting
+// there for this replica after this request:
 //
-//	Others = uncached × perToken × (1 + ArrivalRate × TTFT + backlog)
+//	Others = uncached × perToken × (1 + ArrivalRate × TTFT + backlog + behind)
 //
 // The prefill's seconds are paid once by the fleet, whose replica can do
 // nothing else meanwhile, once more by each request that arrives at the
 // replica before it is done and waits behind it (ArrivalRate × TTFT of
 // them in expectation, TTFT here without the fixed overhead, which holds
-// no replica up), and once more by each request the admission queue holds
-// for room on the fleet: the queue drains at the replicas' pace, so a
-// second of one replica's time delays it by that second over the
-// replicas (backlog is the queue's share per replica). A cache hit
-// shrinks uncached and so every term: at low load the fleet's share
-// keeps a conversation where its prefix is unless another replica is
-// faster by more than the prefix costs to recompute, and under load the
-// queue's share grows with every request that would wait; when the
-// gateway's queue holds a backlog, a miss is priced at its cost to all of
-// it, which is what keeps an overloaded fleet's cache hits.
+// no replica up), once more by each request the admission queue holds
+// for room on this replica after this one (behind), and once more by each
+// request it holds for room on the fleet, no replica chosen yet: the
+// queue drains at the replicas' pace, so a second of one replica's time
+// delays it by that second over the replicas (backlog is the queue's
+// share per replica). A cache hit shrinks uncached and so every term: at
+// low load the fleet's share keeps a conversation where its prefix is
+// unless another replica is faster by more than the prefix costs to
+// recompute, and under load the queue's share grows with every request
+// that would wait; when the gateway's queue holds a backlog, a miss is
+// priced at its cost to all of it, which is what keeps an overloaded
+// fleet's cache hits.
 func (c *Cost) others(l load, e Estimate, backlog float64) float64 {
 	if e.UncachedTokens <= 0 {
 		return 0
 	}
-	return float64(e.UncachedTokens) * c.perToken(l) * (1 + l.rate*max(0, e.TTFT-c.Overhead) + max(0, backlog))
+	return float64(e.UncachedTokens) * c.perToken(l) * (1 + l.rate*max(0, e.TTFT-c.Overhead) + max(0, backlog) + l.behind)
 }
 
 // future is what the conversation's next turns are expected to pay for

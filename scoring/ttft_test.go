@@ -480,3 +480,63 @@ func TestBacklogKeepsHits(t *testing.T) {
 		t.Errorf("cold-1's Others with the backlog %v; want %v (+ uncached × perToken × 40/4)", got, want)
 	}
 }
+
+// Requests the gateway's queue holds for room on a replica are ahead of
+// a request that would join them: an idle holder behind ten of them
+// (60,000 uncached tokens, 4 s of prefill) loses to a cold replica, and
+// its estimate queues their tokens like the engine's own queue. Without
+// the term the holder's estimate is its idle engine's and it wins.
+func TestGatewayQueueAhead(t *testing.T) {
+	warm, _ := NewPolicy(PolicyWarmpath, nil)
+	in := harnessInput(0, 0)
+	p, err := warm.Decide(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := in.Endpoints[p.Chosen()].ID; got != "hot" {
+		t.Fatalf("with nothing queued chose %s; want hot (estimates %+v)", got, p.Estimates)
+	}
+	idle := p.Estimates[0]
+	in = harnessInput(0, 0)
+	in.Endpoints[0].GatewayAhead, in.Endpoints[0].GatewayAheadTokens = 10, 60000
+	in.Backlog = 10
+	if p, err = warm.Decide(in); err != nil {
+		t.Fatal(err)
+	}
+	if got := in.Endpoints[p.Chosen()].ID; got == "hot" {
+		t.Errorf("behind ten queued for it chose hot; want a cold replica (estimates %+v)", p.Estimates)
+	}
+	hot := p.Estimates[slices.Index(p.Order, 0)]
+	c := DefaultCost()
+	if hot.QueuedTokens != 60000 || !(hot.TTFT-idle.TTFT >= 60000*c.PrefillPerToken) {
+		t.Errorf("hot's estimate queues %d tokens, TTFT %v (idle %v); want 60000 and 4 s more",
+			hot.QueuedTokens, hot.TTFT, idle.TTFT)
+	}
+}
+
+// A request the queue holds for a replica after this one waits out this
+// one's prefill there: each adds the prefill's replica time to Others,
+// and none of them counts again in the fleet-wide backlog share.
+func TestGatewayQueueBehind(t *testing.T) {
+	warm, _ := NewPolicy(PolicyWarmpath, nil)
+	in := harnessInput(0, 0)
+	in.Endpoints[1].GatewayBehind = 5
+	in.Backlog = 5
+	p, err := warm.Decide(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	est := func(id string) Estimate {
+		k := slices.IndexFunc(p.Order, func(i int) bool { return in.Endpoints[i].ID == id })
+		return p.Estimates[k]
+	}
+	c := DefaultCost()
+	l := c.loadOf(&Endpoint{ID: "cold-2"}, 13000)
+	base := 13000 * c.perToken(l)
+	if got := est("cold-2").Others; !nearly(got, base) {
+		t.Errorf("cold-2's Others %v; want %v (uncached × perToken, no backlog share)", got, base)
+	}
+	if got := est("cold-1").Others; !nearly(got, 6*base) {
+		t.Errorf("cold-1's Others %v; want %v (× (1 + 5 behind))", got, 6*base)
+	}
+}
