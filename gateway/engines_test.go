@@ -5,14 +5,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	neturl "net/url"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -377,14 +372,7 @@ func TestKVTopicNamesTheEngine(t *testing.T) {
 	spec := fleet.ReplicaSpec{Name: "engine-a", URL: "http://localhost:" + httpPort, Model: a.Model, ReplayEndpoint: a.ReplayEndpoint, KVTopic: a.Topic}
 	cfg := engineConfig(scoring.PolicyPrecisePrefix, spec)
 	cfg.KVEvents = KVEventsConfig{Topology: TopologyCentral, Bind: "tcp://127.0.0.1:" + strconv.Itoa(port)}
-	logs := &logCapture{}
-	gw, err := New(cfg, Options{Logger: slog.New(logs)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	testrun.Start(t, "gateway", gw.Run)
-	g := &testGateway{Gateway: gw, URL: "http://" + gw.Addr()}
-	eventually(t, 10*time.Second, func() bool { r := g.fleet.Replica("engine-a"); return r != nil && r.State().Healthy }, "engine-a healthy")
+	g, logs := startLoggedGateway(t, cfg) // engine-a is the fleet
 
 	g.warmEngine(t, "engine-a", a.URL)
 	p := userPrompt("topic", 200)
@@ -442,32 +430,6 @@ func TestEngineNumberingFromOne(t *testing.T) {
 	}
 }
 
-// countingProxy fronts an engine and counts the /tokenize calls it
-// passes on.
-type countingProxy struct {
-	URL      string
-	tokenize atomic.Int64
-}
-
-func newCountingProxy(t *testing.T, target string) *countingProxy {
-	t.Helper()
-	u, err := neturl.Parse(target)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &countingProxy{}
-	rp := httputil.NewSingleHostReverseProxy(u)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/tokenize" {
-			p.tokenize.Add(1)
-		}
-		rp.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	p.URL = srv.URL
-	return p
-}
-
 // TestEnginesWithoutTokenize runs engines behind proxies that hide
 // /tokenize (404): each is asked once and then backed off (no /tokenize
 // storm), the backoff is logged once per replica and shown in /metrics,
@@ -478,28 +440,14 @@ func newCountingProxy(t *testing.T, target string) *countingProxy {
 func TestEnginesWithoutTokenize(t *testing.T) {
 	f := startSim(t, vllmsim.Config{Replicas: 2, NoTokenize: true})
 	var specs []fleet.ReplicaSpec
-	var proxies []*countingProxy
+	var proxies []*tokenizeProxy
 	for _, r := range f.Replicas() {
-		p := newCountingProxy(t, r.Info().URL)
+		p := newTokenizeProxy(t, r.Info().URL)
 		s := specOf(r)
 		s.Name, s.URL = r.Info().Name, p.URL // named as its topic names it
 		specs, proxies = append(specs, s), append(proxies, p)
 	}
-	logs := &logCapture{}
-	gw, err := New(engineConfig(scoring.PolicyPrecisePrefix, specs...), Options{Logger: slog.New(logs)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	testrun.Start(t, "gateway", gw.Run)
-	g := &testGateway{Gateway: gw, URL: "http://" + gw.Addr()}
-	eventually(t, 10*time.Second, func() bool {
-		for _, r := range g.fleet.Snapshot().Replicas {
-			if !r.State().Healthy {
-				return false
-			}
-		}
-		return true
-	}, "every replica healthy")
+	g, logs := startLoggedGateway(t, engineConfig(scoring.PolicyPrecisePrefix, specs...))
 
 	var first, last float64 // relative error of the estimate
 	for i := range 40 {
@@ -535,7 +483,7 @@ func TestEnginesWithoutTokenize(t *testing.T) {
 	}
 
 	// A tokenizer service: an engine that is not a routing target.
-	svc := newCountingProxy(t, startSim(t, vllmsim.Config{}).Replicas()[0].Info().URL)
+	svc := newTokenizeProxy(t, startSim(t, vllmsim.Config{}).Replicas()[0].Info().URL)
 	cfg := engineConfig(scoring.PolicyPrecisePrefix, specs...)
 	cfg.Routing.TokenizeURL = svc.URL
 	g2 := startGateway(t, cfg, nil)

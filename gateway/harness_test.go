@@ -74,7 +74,29 @@ func startGateway(t *testing.T, cfg Config, rdb redis.UniversalClient) *testGate
 	if err := g.WaitReady(wctx); err != nil {
 		t.Fatalf("gateway not ready: %v", err)
 	}
-	// Wait until every replica is healthy, so tests see the whole fleet.
+	tg := &testGateway{Gateway: g, URL: "http://" + g.Addr()}
+	tg.waitHealthy(t) // so tests see the whole fleet
+	return tg
+}
+
+// startLoggedGateway starts a gateway on cfg (no Redis) whose log lines
+// the returned capture keeps, once every replica is healthy.
+func startLoggedGateway(t *testing.T, cfg Config) (*testGateway, *logCapture) {
+	t.Helper()
+	logs := &logCapture{}
+	gw, err := New(cfg, Options{Logger: slog.New(logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testrun.Start(t, "gateway", gw.Run)
+	g := &testGateway{Gateway: gw, URL: "http://" + gw.Addr()}
+	g.waitHealthy(t)
+	return g, logs
+}
+
+// waitHealthy waits until every replica in the fleet is healthy.
+func (g *testGateway) waitHealthy(t *testing.T) {
+	t.Helper()
 	eventually(t, 10*time.Second, func() bool {
 		for _, r := range g.fleet.Snapshot().Replicas {
 			if !r.State().Healthy {
@@ -83,7 +105,6 @@ func startGateway(t *testing.T, cfg Config, rdb redis.UniversalClient) *testGate
 		}
 		return true
 	}, "every replica healthy")
-	return &testGateway{Gateway: g, URL: "http://" + g.Addr()}
 }
 
 // redisFor returns a client of the shared test Redis with a per-test key

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -16,7 +15,6 @@ import (
 	"time"
 
 	"github.com/warmpath/warmpath/gateway/fleet"
-	"github.com/warmpath/warmpath/internal/testrun"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/vllmsim"
 )
@@ -87,21 +85,7 @@ func localTokenizerGateway(t *testing.T) (*testGateway, []*tokenizeProxy, *logCa
 	cfg := engineConfig(scoring.PolicyPrecisePrefix, specs...)
 	cfg.Routing.Tokenizer = TokenizerSimulator
 	cfg.Routing.TokenizerVerifyEvery = 4
-	logs := &logCapture{}
-	gw, err := New(cfg, Options{Logger: slog.New(logs)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	testrun.Start(t, "gateway", gw.Run)
-	g := &testGateway{Gateway: gw, URL: "http://" + gw.Addr()}
-	eventually(t, 10*time.Second, func() bool {
-		for _, r := range g.fleet.Snapshot().Replicas {
-			if !r.State().Healthy {
-				return false
-			}
-		}
-		return true
-	}, "every replica healthy")
+	g, logs := startLoggedGateway(t, cfg)
 	return g, proxies, logs
 }
 

@@ -918,64 +918,14 @@ func TestQueueInteractiveReserve(t *testing.T) {
 // scrapes, no recheck), so before routing-aware dispatch the head went to
 // its busy replica's engine queue and the second request waited.
 func TestQueueDispatchesAroundBoundHead(t *testing.T) {
-	clock := newGatedClock()
-	sim := startSim(t, vllmsim.Config{Clock: clock, Replicas: 2, Profile: vllmsim.Profile{MaxNumSeqs: 1}})
-	cfg := queueConfig(sim)
-	cfg.Queue.RecheckInterval = time.Hour
-	cfg.Health.Interval, cfg.Health.ScrapeInterval, cfg.Health.StaleAfter = time.Hour, time.Hour, 2*time.Hour
-	g := startGateway(t, cfg, redisFor(t, &cfg))
-	inflight := func(replica string) float64 {
-		return counter(t, g.Registry(), "warmpath_replica_inflight_requests", map[string]string{"replica": replica})
+	r := startBoundHead(t, 0)
+	r.freeOther()
+	<-r.other
+	eventually(t, 10*time.Second, func() bool { return r.depth("background") == 0 }, "the request behind the bound turn dispatched")
+	if d := r.depth("interactive"); d != 1 {
+		t.Errorf("interactive queue depth %v once %s freed; want the bound turn still waiting for %s", d, r.away, r.home)
 	}
-	depth := func(class string) float64 { return queued(t, g, map[string]string{"class": class}) }
-	inter := map[string]string{"X-Session-ID": "bound", "X-Warmpath-Priority": "interactive"}
-	bg := map[string]string{"X-Warmpath-Priority": "background"}
-
-	conv := newConversation("you are the bound session", words("bound", 2000))
-	conv.header = inter
-	home := conv.turn(t, g.URL, "and then?").replica()
-	body := map[string]any{"model": conv.model, "messages": conv.messages, "max_tokens": 4, "ignore_eos": true}
-
-	clock.pause()
-	blocker := asyncChat(t.Context(), g.URL, body, inter) // the session's turn, running on home
-	eventually(t, 10*time.Second, func() bool { return inflight(home) == 1 }, "the session's turn on "+home)
-	otherCtx, freeOther := context.WithCancel(t.Context())
-	other := asyncChat(otherCtx, g.URL, chatBody("other", 0, 4), bg)
-	away := ""
-	eventually(t, 10*time.Second, func() bool {
-		for _, rep := range sim.Replicas() {
-			if n := rep.Info().Name; n != home && inflight(n) == 1 {
-				away = n
-			}
-		}
-		return away != ""
-	}, "a request on the other replica")
-
-	head := asyncChat(t.Context(), g.URL, body, inter) // bound to home, which is busy
-	eventually(t, 10*time.Second, func() bool { return depth("interactive") == 1 }, "the bound turn queued")
-	behind := asyncChat(t.Context(), g.URL, chatBody("behind", 0, 4), bg)
-	eventually(t, 10*time.Second, func() bool { return depth("background") == 1 }, "the request behind it queued")
-
-	freeOther()
-	<-other
-	eventually(t, 10*time.Second, func() bool { return depth("background") == 0 }, "the request behind the bound turn dispatched")
-	if d := depth("interactive"); d != 1 {
-		t.Errorf("interactive queue depth %v once %s freed; want the bound turn still waiting for %s", d, away, home)
-	}
-	clock.resume()
-	for name, ch := range map[string]<-chan chatResult{"blocker": blocker, "head": head, "behind": behind} {
-		r := <-ch
-		if r.Status != http.StatusOK {
-			t.Fatalf("%s: %d %s", name, r.Status, r.Body)
-		}
-		want := home
-		if name == "behind" {
-			want = away
-		}
-		if r.replica() != want {
-			t.Errorf("%s went to %s; want %s", name, r.replica(), want)
-		}
-	}
+	r.finish(t)
 }
 
 // A non-streaming request's first byte is its end, so only the scrapes
@@ -1011,59 +961,86 @@ func TestQueueNonStreamingRunningLeaveRoom(t *testing.T) {
 // re-checks the queue here (no scrapes, no recheck, no finish: the engines'
 // clock is stopped), so without Refill it waited beside the idle replica.
 func TestQueueRefillsAfterUnplacedSend(t *testing.T) {
-	clock := newGatedClock()
-	sim := startSim(t, vllmsim.Config{Clock: clock, Replicas: 2, Profile: vllmsim.Profile{MaxNumSeqs: 1}})
+	r := startBoundHead(t, 1)
+	r.freeOther()
+	<-r.other
+	eventually(t, 10*time.Second, func() bool { return r.inflight(r.home) == 2 }, "the bound turn sent to its busy "+r.home)
+	eventually(t, 10*time.Second, func() bool { return r.depth("background") == 0 && r.inflight(r.away) == 1 },
+		"the request behind the bound turn dispatched to the idle "+r.away)
+	r.finish(t)
+}
+
+// boundHead is the scene both bound-head tests start from: two simulated
+// replicas that run one sequence each, on a stopped clock, with no
+// scrapes or recheck; a session's turn running on its home replica
+// (blocker), a background request on the other one, away (other, which
+// freeOther cancels), the session's next turn queued for its busy home
+// (head) and a background request queued behind it (behind).
+type boundHead struct {
+	clock                        *gatedClock
+	home, away                   string
+	inflight, depth              func(string) float64
+	blocker, other, head, behind <-chan chatResult
+	freeOther                    context.CancelFunc
+}
+
+// startBoundHead sets the scene, with the queue's scan depth set to
+// scanDepth when it is positive.
+func startBoundHead(t *testing.T, scanDepth int) *boundHead {
+	r := &boundHead{clock: newGatedClock()}
+	sim := startSim(t, vllmsim.Config{Clock: r.clock, Replicas: 2, Profile: vllmsim.Profile{MaxNumSeqs: 1}})
 	cfg := queueConfig(sim)
-	cfg.Queue.ScanDepth = 1
+	if scanDepth > 0 {
+		cfg.Queue.ScanDepth = scanDepth
+	}
 	cfg.Queue.RecheckInterval = time.Hour
 	cfg.Health.Interval, cfg.Health.ScrapeInterval, cfg.Health.StaleAfter = time.Hour, time.Hour, 2*time.Hour
 	g := startGateway(t, cfg, redisFor(t, &cfg))
-	inflight := func(replica string) float64 {
+	r.inflight = func(replica string) float64 {
 		return counter(t, g.Registry(), "warmpath_replica_inflight_requests", map[string]string{"replica": replica})
 	}
-	depth := func(class string) float64 { return queued(t, g, map[string]string{"class": class}) }
+	r.depth = func(class string) float64 { return queued(t, g, map[string]string{"class": class}) }
 	inter := map[string]string{"X-Session-ID": "bound", "X-Warmpath-Priority": "interactive"}
 	bg := map[string]string{"X-Warmpath-Priority": "background"}
 
 	conv := newConversation("you are the bound session", words("bound", 2000))
 	conv.header = inter
-	home := conv.turn(t, g.URL, "and then?").replica()
+	r.home = conv.turn(t, g.URL, "and then?").replica()
 	body := map[string]any{"model": conv.model, "messages": conv.messages, "max_tokens": 4, "ignore_eos": true}
 
-	clock.pause()
-	blocker := asyncChat(t.Context(), g.URL, body, inter) // the session's turn, running on home
-	eventually(t, 10*time.Second, func() bool { return inflight(home) == 1 }, "the session's turn on "+home)
+	r.clock.pause()
+	r.blocker = asyncChat(t.Context(), g.URL, body, inter) // the session's turn, running on home
+	eventually(t, 10*time.Second, func() bool { return r.inflight(r.home) == 1 }, "the session's turn on "+r.home)
 	otherCtx, freeOther := context.WithCancel(t.Context())
-	other := asyncChat(otherCtx, g.URL, chatBody("other", 0, 4), bg)
-	away := ""
+	r.other, r.freeOther = asyncChat(otherCtx, g.URL, chatBody("other", 0, 4), bg), freeOther
 	eventually(t, 10*time.Second, func() bool {
 		for _, rep := range sim.Replicas() {
-			if n := rep.Info().Name; n != home && inflight(n) == 1 {
-				away = n
+			if n := rep.Info().Name; n != r.home && r.inflight(n) == 1 {
+				r.away = n
 			}
 		}
-		return away != ""
+		return r.away != ""
 	}, "a request on the other replica")
 
-	head := asyncChat(t.Context(), g.URL, body, inter) // bound to home, which is busy
-	eventually(t, 10*time.Second, func() bool { return depth("interactive") == 1 }, "the bound turn queued")
-	behind := asyncChat(t.Context(), g.URL, chatBody("behind", 0, 4), bg)
-	eventually(t, 10*time.Second, func() bool { return depth("background") == 1 }, "the request behind it queued")
+	r.head = asyncChat(t.Context(), g.URL, body, inter) // bound to home, which is busy
+	eventually(t, 10*time.Second, func() bool { return r.depth("interactive") == 1 }, "the bound turn queued")
+	r.behind = asyncChat(t.Context(), g.URL, chatBody("behind", 0, 4), bg)
+	eventually(t, 10*time.Second, func() bool { return r.depth("background") == 1 }, "the request behind it queued")
+	return r
+}
 
-	freeOther()
-	<-other
-	eventually(t, 10*time.Second, func() bool { return inflight(home) == 2 }, "the bound turn sent to its busy "+home)
-	eventually(t, 10*time.Second, func() bool { return depth("background") == 0 && inflight(away) == 1 },
-		"the request behind the bound turn dispatched to the idle "+away)
-	clock.resume()
-	for name, ch := range map[string]<-chan chatResult{"blocker": blocker, "head": head, "behind": behind} {
-		r := <-ch
-		if r.Status != http.StatusOK {
-			t.Fatalf("%s: %d %s", name, r.Status, r.Body)
+// finish resumes the clock and checks where the three requests ran: the
+// session's two turns at home, the one behind them away.
+func (r *boundHead) finish(t *testing.T) {
+	r.clock.resume()
+	for name, ch := range map[string]<-chan chatResult{"blocker": r.blocker, "head": r.head, "behind": r.behind} {
+		res := <-ch
+		if res.Status != http.StatusOK {
+			t.Fatalf("%s: %d %s", name, res.Status, res.Body)
 		}
-		want := map[string]string{"blocker": home, "head": home, "behind": away}[name]
-		if r.replica() != want {
-			t.Errorf("%s went to %s; want %s", name, r.replica(), want)
+		want := map[string]string{"blocker": r.home, "head": r.home, "behind": r.away}[name]
+		if res.replica() != want {
+			t.Errorf("%s went to %s; want %s", name, res.replica(), want)
 		}
 	}
 }
