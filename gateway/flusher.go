@@ -29,14 +29,13 @@ const (
 	flushBacklog = 4096
 )
 
-// add queues key's binding for writing, or reports false when the backlog
-// is full (the caller then writes it itself).
-func (f *bindingFlusher) add(key string) bool {
+// add queues key's binding for writing; with the backlog full it writes
+// it at once rather than lose it.
+func (f *bindingFlusher) add(key string) {
 	select {
 	case f.keys <- key:
-		return true
 	default:
-		return false
+		f.write(context.Background(), []string{key})
 	}
 }
 
@@ -72,7 +71,7 @@ func (f *bindingFlusher) take(batch []string) []string {
 func (f *bindingFlusher) write(ctx context.Context, keys []string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.timeout)
 	defer cancel()
-	if err := f.flush(ctx, dedupe(keys)); err != nil {
+	if err := f.flush(ctx, keys); err != nil {
 		f.failed()
 	}
 }
@@ -85,21 +84,4 @@ func (f *bindingFlusher) drain(ctx context.Context, batch []string) {
 		}
 		f.write(ctx, batch)
 	}
-}
-
-// dedupe drops repeated keys in place (a session's turns that completed
-// within one batch need one write: the latest copy).
-func dedupe(keys []string) []string {
-	if len(keys) < 2 {
-		return keys
-	}
-	seen := make(map[string]struct{}, len(keys))
-	out := keys[:0]
-	for _, k := range keys {
-		if _, ok := seen[k]; !ok {
-			seen[k] = struct{}{}
-			out = append(out, k)
-		}
-	}
-	return out
 }

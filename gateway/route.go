@@ -422,9 +422,7 @@ func (g *Gateway) rememberCompleted(rt *route, replica string, u Usage) {
 	if !g.updateCompleted(rt, replica, u) && !rt.proposed {
 		return
 	}
-	if !g.flusher.add(rt.session) {
-		g.flusher.write(context.Background(), []string{rt.session})
-	}
+	g.flusher.add(rt.session)
 }
 
 // publishBinding writes a first turn's binding, which commit kept in
@@ -434,12 +432,10 @@ func (g *Gateway) rememberCompleted(rt *route, replica string, u Usage) {
 // started elsewhere; the first write to land binds the session, and the
 // others adopt it (session.Store.FlushAll).
 func (g *Gateway) publishBinding(rt *route) {
-	if rt == nil || !rt.fresh || rt.session == "" {
+	if !rt.fresh || rt.session == "" {
 		return
 	}
-	if !g.flusher.add(rt.session) {
-		g.flusher.write(context.Background(), []string{rt.session})
-	}
+	g.flusher.add(rt.session)
 }
 
 // updateCompleted updates the session's binding in process memory with

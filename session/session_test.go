@@ -501,7 +501,8 @@ func TestStoreFlushUnconfirmed(t *testing.T) {
 // Proposed bindings reach Redis in one batch: a session no one bound is
 // written, one another gateway bound first is adopted, one Redis
 // confirmed earlier is rewritten with its local change, and a key with
-// no local copy is skipped, all in one pipeline.
+// no local copy is skipped, all in one pipeline; a key given twice is
+// written once.
 func TestStoreFlushAllProposals(t *testing.T) {
 	rdb, prefix := redistest.Client(t)
 	ctx := context.Background()
@@ -518,8 +519,13 @@ func TestStoreFlushAllProposals(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.UpdateLocal("new", Binding{}, func(x *Binding) bool { x.CachedTokens = 200; return true })
-	if err := a.FlushAll(ctx, []string{"new", "taken", "confirmed", "absent"}); err != nil {
+	sets := &setCounter{}
+	rdb.AddHook(sets)
+	if err := a.FlushAll(ctx, []string{"new", "taken", "confirmed", "absent", "new"}); err != nil {
 		t.Fatal(err)
+	}
+	if n := sets.n.Load(); n != 3 {
+		t.Errorf("the batch sent %d SETs; want 3 (new, taken, confirmed)", n)
 	}
 	stored := func(k string) Binding {
 		b, _ := decode(rdb.Get(ctx, prefix+"sess:"+k).Val())
@@ -539,6 +545,22 @@ func TestStoreFlushAllProposals(t *testing.T) {
 	}
 	if n := rdb.Exists(ctx, prefix+"sess:absent").Val(); n != 0 {
 		t.Errorf("absent: written")
+	}
+}
+
+// setCounter is a go-redis hook counting the SETs a pipeline sends.
+type setCounter struct{ n atomic.Int64 }
+
+func (h *setCounter) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *setCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *setCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, c := range cmds {
+			if c.Name() == "set" {
+				h.n.Add(1)
+			}
+		}
+		return next(ctx, cmds)
 	}
 }
 

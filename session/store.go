@@ -166,13 +166,12 @@ func (s *Store) Remember(ctx context.Context, key string, b Binding, onlyIfNew b
 }
 
 // Propose keeps b as this process's copy of the session's binding without
-// writing it to Redis: the session's next Flush does, after its turn (one
-// round trip where binding then completing took two, and none on the
-// request path). A binding Redis never confirmed is flushed with SET NX
-// GET, so when another gateway bound the session meanwhile, its binding
-// replaces this one here (Flush). Until then other processes do not see
-// b, and this process's lookups answer with it when Redis has none (and
-// write it back). Rebindings must not be proposed: Lookup prefers Redis's
+// writing it to Redis, so the caller need not wait for Redis: the
+// session's next Flush writes it. A binding Redis never confirmed is
+// flushed with SET NX GET, so when another gateway bound the session
+// meanwhile, its binding replaces this one here (FlushAll). Until then
+// other processes do not see b, and this process's lookups answer with it
+// when Redis has none (and write it back). Rebindings must not be proposed: Lookup prefers Redis's
 // copy to a local one naming another replica.
 func (s *Store) Propose(key string, b Binding) {
 	if key == "" {
@@ -345,7 +344,8 @@ func (s *Store) Flush(ctx context.Context, key string) error {
 // first, its binding replaces the local copy instead. Flushes of one key
 // are serialised and each writes the copy as it is when its turn comes,
 // so concurrent flushes never leave an older copy in Redis than a newer
-// one. The error is the first key's that failed.
+// one. A key given twice is written once. The error is the first key's
+// that failed.
 func (s *Store) FlushAll(ctx context.Context, keys []string) error {
 	if s.rdb == nil || len(keys) == 0 {
 		return nil
@@ -354,8 +354,13 @@ func (s *Store) FlushAll(ctx context.Context, keys []string) error {
 	var (
 		nx, set []flushed
 		now     = s.opts.Now()
+		seen    = make(map[string]struct{}, len(keys))
 	)
 	for _, key := range keys {
+		if _, dup := seen[key]; dup {
+			continue
+		}
+		seen[key] = struct{}{}
 		e, ok := s.local.Peek(key)
 		if !ok || key == "" || now.Sub(e.b.Updated) > s.opts.TTL {
 			continue
