@@ -39,7 +39,11 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 		firstByte: func() {
 			x.flight.FirstByte()
 			x.endPending()
-			g.publishBinding(x.route)
+			if stream {
+				// A whole answer's first byte comes with its end, where
+				// done writes the binding anyway: one write, not two.
+				g.publishBinding(x.route)
+			}
 			if x.req.stream {
 				g.m.ttft.WithLabelValues(x.req.model).Observe(time.Since(x.start).Seconds())
 			}

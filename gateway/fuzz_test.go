@@ -5,11 +5,14 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/tidwall/gjson"
+
 	"github.com/warmpath/warmpath/internal/apierror"
+	"github.com/warmpath/warmpath/vllmsim"
 )
 
 // FuzzParseRequest feeds client bodies to the request parser: it must never
@@ -51,6 +54,16 @@ func FuzzParseRequest(f *testing.F) {
 		if !json.Valid(ub) {
 			t.Fatalf("upstream body is not JSON: %s", ub)
 		}
+		checkUpstreamFields(t, r, ub)
+		// The in-process tokenizer reads the parsed request; a replica
+		// reads tokenizeBody's body: the same ids, or both refuse.
+		if tb := r.tokenizeBody(); tb != nil {
+			ids, err := r.localTokens(simulatorTokenizer{})
+			want, werr := vllmsim.TokenizeBody(tb)
+			if (err == nil) != (werr == nil) || !slices.Equal(ids, want) {
+				t.Fatalf("in process %v, %v; from the body %v, %v", ids, err, want, werr)
+			}
+		}
 		if tb := r.tokenizeBody(); tb != nil && !json.Valid(tb) {
 			t.Fatalf("tokenize body is not JSON: %s", tb)
 		}
@@ -63,6 +76,37 @@ func FuzzParseRequest(f *testing.F) {
 		if r.estimatedTokens() < 1 {
 			t.Fatal("estimate below 1")
 		}
+	})
+}
+
+// checkUpstreamFields checks that the upstream body ub carries what the
+// gateway adds (session_id, include_usage for a stream, an isolated
+// tenant's cache_salt) and the client's other top-level fields unchanged.
+func checkUpstreamFields(t *testing.T, r *Request, ub []byte) {
+	t.Helper()
+	up := gjson.ParseBytes(ub)
+	if r.session.Value != "" && !r.top.sessionID && up.Get("session_id").String() != r.session.Value {
+		t.Fatalf("session_id %q, want %q: %s", up.Get("session_id").String(), r.session.Value, ub)
+	}
+	if r.stream && !up.Get("stream_options.include_usage").Bool() {
+		t.Fatalf("a stream's include_usage is not set: %s", ub)
+	}
+	if r.cacheSalt != "" && up.Get("cache_salt").String() != r.cacheSalt {
+		t.Fatalf("cache_salt %q, want %q: %s", up.Get("cache_salt").String(), r.cacheSalt, ub)
+	}
+	seen := map[string]bool{}
+	gjson.ParseBytes(r.body).ForEach(func(k, v gjson.Result) bool {
+		first := !seen[k.Raw]
+		seen[k.Raw] = true
+		switch k.String() {
+		case "session_id", "stream_options", "cache_salt":
+		default:
+			// Keys written with escapes are left to Get's own rules.
+			if got := up.Get(gjson.Escape(k.String())); first && `"`+k.String()+`"` == k.Raw && got.Raw != v.Raw {
+				t.Fatalf("field %s: %s upstream, %s sent", k.Raw, got.Raw, v.Raw)
+			}
+		}
+		return true
 	})
 }
 

@@ -17,21 +17,28 @@ const (
 	TokenizerSimulator = "simulator"
 )
 
-// localTokenizer tokenizes a vLLM POST /tokenize body in process, giving
-// the ids a replica's /tokenize would. It takes the very body the replica
-// would be sent, so a check compares the two on the same input.
+// localTokenizer tokenizes in process, giving the ids a replica's
+// /tokenize would for the body the gateway would send it (tokenizeBody).
+// It takes the parts of the request ParseRequest validated, not that body:
+// building and parsing a copy of a 16k-token prompt cost about a tenth
+// more time and twice the allocation (BenchmarkLocalTokens: 0.88 against
+// 0.98 ms, 305 against 641 KiB). A check sends the replica the body.
 type localTokenizer interface {
-	Tokens(body []byte) ([]uint32, error)
+	// Chat tokenizes a chat prompt with add_generation_prompt: messages
+	// and tools are the request's JSON arrays (tools "" when absent).
+	Chat(messages, tools string) ([]uint32, error)
+	// Prompt tokenizes a completions prompt's text.
+	Prompt(text string) ([]uint32, error)
 }
 
-// simulatorTokenizer is the simulator's /tokenize code itself. The body
-// is built from a request ParseRequest validated, so it is not validated
-// again.
+// simulatorTokenizer is the simulator's /tokenize code itself.
 type simulatorTokenizer struct{}
 
-func (simulatorTokenizer) Tokens(body []byte) ([]uint32, error) {
-	return vllmsim.TokenizeValidBody(body)
+func (simulatorTokenizer) Chat(messages, tools string) ([]uint32, error) {
+	return vllmsim.TokenizeChatJSON(messages, tools)
 }
+
+func (simulatorTokenizer) Prompt(text string) ([]uint32, error) { return vllmsim.Tokenize(text), nil }
 
 // newLocalTokenizer returns routing.tokenizer's tokenizer, nil for none.
 func newLocalTokenizer(name string) localTokenizer {
@@ -98,23 +105,23 @@ func (t *tokenizer) localFor(model string) bool {
 // local returns r's ids from the in-process tokenizer, when there is one
 // for its model, queueing a check when one is due. ok is false when the
 // replicas are to be asked: no local tokenizer, the model's turned off,
-// or it refused the body.
-func (t *tokenizer) local(model string, body []byte, reps []*fleet.Replica) (ids []uint32, ok bool) {
+// or it refused the prompt.
+func (t *tokenizer) local(r *Request, reps []*fleet.Replica) (ids []uint32, ok bool) {
 	l := t.localTok
 	if l == nil {
 		return nil, false
 	}
-	lm := l.model(model)
+	lm := l.model(r.model)
 	if lm.off.Load() {
 		return nil, false
 	}
-	ids, err := l.impl.Tokens(body)
+	ids, err := r.localTokens(l.impl)
 	if err != nil {
 		return nil, false // the replica answers it, or says why not
 	}
 	t.m.tokenizer.WithLabelValues("local").Inc()
 	if check, first := l.wantCheck(lm); check && len(reps) > 0 {
-		t.checkLater(model, lm, first, body, ids, reps)
+		t.checkLater(r.model, lm, first, r.tokenizeBody(), ids, reps)
 	} else if first {
 		lm.pending.Store(false)
 	}

@@ -81,9 +81,8 @@ func (g *Gateway) classBody(body []byte, r *Request) ([]byte, error) {
 		}
 	}
 	if p := r.class.VLLMPriority(); g.cfg.Queue.VLLMPriority && p != 0 {
-		if body, err = sjson.SetBytes(body, "priority", p); err != nil {
-			return nil, err
-		}
+		// Absent now either way: appended without a scan of the body.
+		body = appendFields(body, appendField(nil, "priority", p))
 	}
 	return body, nil
 }

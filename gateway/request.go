@@ -3,9 +3,11 @@ package gateway
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
@@ -128,7 +130,7 @@ func ParseRequest(api API, h http.Header, body []byte, p *tenancy.Principal) (*R
 	if !gjson.ValidBytes(body) {
 		return nil, apierror.BadRequest("", "request body is not valid JSON")
 	}
-	root := gjson.ParseBytes(body)
+	root := parseBody(body)
 	if !root.IsObject() {
 		return nil, apierror.BadRequest("", "request body must be a JSON object")
 	}
@@ -223,6 +225,14 @@ func ParseRequest(api API, h http.Header, body []byte, p *tenancy.Principal) (*R
 	return r, nil
 }
 
+// parseBody is gjson.ParseBytes without its copy of the body: the
+// Request's views alias body, which nothing writes after it is read (the
+// upstream body is a new buffer). The copy was a tenth of a 16k-token
+// prompt's parse.
+func parseBody(body []byte) gjson.Result {
+	return gjson.Parse(unsafe.String(unsafe.SliceData(body), len(body)))
+}
+
 // topFields are the body's top-level fields the gateway reads, found in
 // one pass over the body (each gjson Get of an absent field would scan
 // all of it: a 16k-token prompt is ~100 KB).
@@ -236,7 +246,7 @@ type topFields struct {
 // topSeen records which top-level fields the client sent that the
 // upstream body rewrites (upstreamBody, classBody).
 type topSeen struct {
-	sessionID, priority bool
+	sessionID, priority, streamOptions, cacheSalt bool
 }
 
 // scanTop finds the top-level fields of root, an object. A field the
@@ -253,9 +263,9 @@ func scanTop(root gjson.Result) (topFields, error) {
 		case "stream":
 			dst = &f.stream
 		case "stream_options":
-			dst = &f.streamOptions
+			dst, f.seen.streamOptions = &f.streamOptions, true
 		case "cache_salt":
-			dst = &f.cacheSalt
+			dst, f.seen.cacheSalt = &f.cacheSalt, true
 		case "max_completion_tokens":
 			dst = &f.maxCompletionTokens
 		case "max_tokens":
@@ -300,9 +310,8 @@ func scanTop(root gjson.Result) (topFields, error) {
 // system and developer messages, the tools, and the first user message.
 // Each message is read in one pass over its fields.
 func (r *Request) scanMessages() ([]byte, error) {
-	var opening []byte
+	var open openingParts
 	var bad error
-	sawUser := false
 	i := 0
 	text := make([]byte, 0, len(r.messages.Raw)+len(r.tools.Raw)+16)
 	if r.tools.IsArray() {
@@ -330,16 +339,7 @@ func (r *Request) scanMessages() ([]byte, error) {
 		if role.Str == "assistant" {
 			r.turns, r.priorBytes = r.turns+1, r.textBytes
 		}
-		if !sawUser {
-			switch role.Str {
-			case "system", "developer", "user":
-				sawUser = role.Str == "user"
-				opening = append(opening, role.Str...)
-				opening = append(opening, 0)
-				opening = append(opening, content.Raw...)
-				opening = append(opening, 0)
-			}
-		}
+		open.add(role.Str, content.Raw)
 		text = appendMessageText(text, role, content, toolCalls)
 		i++
 		return true
@@ -351,11 +351,46 @@ func (r *Request) scanMessages() ([]byte, error) {
 		return nil, apierror.BadRequest("messages", "messages must be a non-empty array")
 	}
 	if r.tools.IsArray() {
-		opening = append(opening, r.tools.Raw...)
 		r.textBytes += len(r.tools.Raw)
 	}
 	r.text = text
-	return opening, nil
+	return open.render(r.tools), nil
+}
+
+// openingParts collects a conversation's opening: its system and
+// developer messages up to and including the first user message. It is
+// rendered once its size is known, in one allocation (a 16k-token first
+// message is ~100 KB).
+type openingParts struct {
+	parts   []string // role, content, role, content…
+	n       int
+	sawUser bool
+}
+
+func (o *openingParts) add(role, content string) {
+	if o.sawUser || (role != "system" && role != "developer" && role != "user") {
+		return
+	}
+	o.sawUser = role == "user"
+	o.parts = append(o.parts, role, content)
+	o.n += len(role) + len(content) + 2
+}
+
+// render joins the opening as role\0content\0… followed by the tools.
+func (o *openingParts) render(tools gjson.Result) []byte {
+	var toolsRaw string
+	if tools.IsArray() {
+		toolsRaw = tools.Raw
+	}
+	if o.n == 0 && toolsRaw == "" {
+		return nil
+	}
+	b := make([]byte, 0, o.n+len(toolsRaw))
+	for _, p := range o.parts {
+		b = append(b, p...)
+		b = append(b, 0)
+	}
+	return append(b, toolsRaw...)
 }
 
 // messageFields returns a message's role, content and tool_calls (the
@@ -401,25 +436,58 @@ func appendMessageText(b []byte, role, content, toolCalls gjson.Result) []byte {
 // the blocks it stores with it, and an isolated tenant's cache_salt.
 func (r *Request) upstreamBody() ([]byte, error) {
 	body := r.body
+	var add []byte // fields the body lacks, appended without a scan of it
 	var err error
 	if r.stream && !r.wantUsage {
-		if body, err = sjson.SetBytes(body, "stream_options.include_usage", true); err != nil {
+		if !r.top.streamOptions {
+			add = appendField(add, "stream_options", json.RawMessage(`{"include_usage":true}`))
+		} else if body, err = sjson.SetBytes(body, "stream_options.include_usage", true); err != nil {
 			return nil, err
 		}
 	}
 	if r.session.Value != "" && !r.top.sessionID {
-		if body, err = sjson.SetBytes(body, "session_id", r.session.Value); err != nil {
-			return nil, err
-		}
+		add = appendField(add, "session_id", r.session.Value)
 	}
 	if r.cacheSalt != "" && r.clientSalt != r.cacheSalt {
 		// An isolated tenant's salt (joined with the client's own): its
 		// cached prefixes are shared with nobody, nor can they be timed.
-		if body, err = sjson.SetBytes(body, "cache_salt", r.cacheSalt); err != nil {
+		if !r.top.cacheSalt {
+			add = appendField(add, "cache_salt", r.cacheSalt)
+		} else if body, err = sjson.SetBytes(body, "cache_salt", r.cacheSalt); err != nil {
 			return nil, err
 		}
 	}
-	return body, nil
+	return appendFields(body, add), nil
+}
+
+// appendField appends "key":value to fields, comma-separated.
+func appendField(fields []byte, key string, value any) []byte {
+	if len(fields) > 0 {
+		fields = append(fields, ',')
+	}
+	k, _ := json.Marshal(key)
+	v, _ := json.Marshal(value) // strings and raw JSON: cannot fail
+	fields = append(append(append(fields, k...), ':'), v...)
+	return fields
+}
+
+// appendFields returns obj, a valid JSON object, with fields (from
+// appendField, none of them in obj) added before its closing brace, in a
+// new buffer. Unlike sjson it does not scan obj for the keys: a 16k-token
+// prompt's body is ~100 KB.
+func appendFields(obj, fields []byte) []byte {
+	if len(fields) == 0 {
+		return obj
+	}
+	end := len(bytes.TrimRight(obj, " \t\r\n")) - 1 // the closing brace
+	inner := bytes.TrimRight(obj[:end], " \t\r\n")
+	out := make([]byte, 0, len(inner)+len(fields)+2)
+	out = append(out, inner...)
+	if inner[len(inner)-1] != '{' {
+		out = append(out, ',')
+	}
+	out = append(out, fields...)
+	return append(out, '}')
 }
 
 // tokenizeBody is the body for vLLM's POST /tokenize that yields the token
@@ -452,6 +520,26 @@ func (r *Request) tokenizeBody() []byte {
 		b.WriteString(`}`)
 	}
 	return b.Bytes()
+}
+
+// localTokens tokenizes r's prompt with tok, as tokenizeBody's body
+// would be; r's prompt is text (promptTokenIDs covers ids).
+func (r *Request) localTokens(tok localTokenizer) ([]uint32, error) {
+	if r.api == APIChat {
+		var tools string
+		if r.tools.IsArray() {
+			tools = r.tools.Raw
+		}
+		return tok.Chat(r.messages.Raw, tools)
+	}
+	p := r.prompt
+	if p.IsArray() {
+		p = p.Array()[0]
+	}
+	if p.Type != gjson.String {
+		return nil, errors.New("gateway: prompt is not text")
+	}
+	return tok.Prompt(p.String())
 }
 
 // promptTokenIDs returns the prompt's token ids when a completions request

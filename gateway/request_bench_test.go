@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"net/http"
 	"testing"
+
+	"github.com/warmpath/warmpath/vllmsim"
 )
 
 // benchBody is a chat body of about n words in one user message, after a
@@ -41,4 +43,30 @@ func BenchmarkParseRequest(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkLocalTokens tokenizes a 16k-word prompt in process from the
+// parsed request's parts, against the /tokenize body a replica is sent
+// (built, then parsed again), as the gateway did before.
+func BenchmarkLocalTokens(b *testing.B) {
+	r, err := ParseRequest(APIChat, http.Header{}, benchBody(b, 16000), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("parts", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := r.localTokens(simulatorTokenizer{}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("body", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := vllmsim.TokenizeValidBody(r.tokenizeBody()); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

@@ -343,11 +343,12 @@ func (g *Gateway) commit(ctx context.Context, r *Request, rt *route, bind sessio
 			g.log.Debug("session remember degraded", "err", err)
 		}
 	case scoring.BindNew, scoring.BindRefresh:
-		// Not on the request path: a new binding is written when the
-		// replica answers (publishBinding), beside the response, so it is
-		// in Redis before the client can send the next turn to another
-		// gateway; both kinds again when the response ends
-		// (rememberCompleted), with what the turn left cached.
+		// Not on the request path: a new binding is written when a
+		// stream's first byte arrives (publishBinding), beside the
+		// response, so it is in Redis before the client can send the next
+		// turn to another gateway; both kinds when the response ends
+		// (rememberCompleted), with what the turn left cached (a whole
+		// answer's first byte is its end: one write).
 		g.sessions.Propose(rt.session, rt.binding)
 		rt.proposed, rt.fresh = true, p.Bind == scoring.BindNew
 	}

@@ -114,12 +114,12 @@ func (t *tokenizer) start(ctx context.Context, r *Request, reps []*fleet.Replica
 	if ids, ok := r.promptTokenIDs(); ok {
 		return &tokenCall{ids: ids}
 	}
+	if ids, ok := t.local(r, reps); ok {
+		return &tokenCall{ids: ids} // not cached: tokenizing again costs less than the memory
+	}
 	body := r.tokenizeBody()
 	if body == nil {
 		return &tokenCall{err: fmt.Errorf("gateway: prompt cannot be tokenized")}
-	}
-	if ids, ok := t.local(r.model, body, reps); ok {
-		return &tokenCall{ids: ids} // not cached: tokenizing again costs less than the memory
 	}
 	key := xxhash.Sum64(body)
 	if ids, ok := t.cache.get(key); ok {
