@@ -296,6 +296,11 @@ func TokenizeChatJSON(messages, tools string) ([]uint32, error) {
 	return tr.tokens()
 }
 
+// TokenizePrompt returns the ids /tokenize gives a body whose prompt is
+// text, a decoded JSON string: invalid UTF-8 in it reads as U+FFFD, as in
+// the handler's decoding.
+func TokenizePrompt(text string) []uint32 { return Tokenize(validUTF8(text)) }
+
 // chatSize is about the size of messages rendered by the chat template,
 // so the rendering is one allocation.
 func chatSize(messages []Message) int {
