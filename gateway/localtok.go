@@ -38,7 +38,9 @@ func (simulatorTokenizer) Chat(messages, tools string) ([]uint32, error) {
 	return vllmsim.TokenizeChatJSON(messages, tools)
 }
 
-func (simulatorTokenizer) Prompt(text string) ([]uint32, error) { return vllmsim.TokenizePrompt(text), nil }
+func (simulatorTokenizer) Prompt(text string) ([]uint32, error) {
+	return vllmsim.TokenizePrompt(text), nil
+}
 
 // newLocalTokenizer returns routing.tokenizer's tokenizer, nil for none.
 func newLocalTokenizer(name string) localTokenizer {
