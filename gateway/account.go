@@ -39,9 +39,10 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 		firstByte: func() {
 			x.flight.FirstByte()
 			x.endPending()
-			if stream {
-				// A whole answer's first byte comes with its end, where
-				// done writes the binding anyway: one write, not two.
+			if stream || resp.ContentLength < 0 {
+				// A whole answer of declared length ends (done, which
+				// writes the binding) before its last bytes are passed
+				// on: one write, not two, and none later than before.
 				g.publishBinding(x.route)
 			}
 			if x.req.stream {
@@ -88,7 +89,7 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 		resp.Header.Del("Content-Length")
 		resp.ContentLength = -1
 	} else {
-		resp.Body = &jsonTap{src: resp.Body, obs: obs}
+		resp.Body = &jsonTap{src: resp.Body, obs: obs, left: resp.ContentLength}
 	}
 	return resp, nil
 }

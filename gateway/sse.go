@@ -254,12 +254,16 @@ func (f *sseFilter) finish(err error) {
 }
 
 // jsonTap passes a non-streaming body through unchanged while keeping a
-// bounded copy, from which it reads usage at EOF.
+// bounded copy, from which it reads usage at its end: EOF, or, for a body
+// of declared length, the read that completes it, so that done has run
+// before the caller passes the last bytes on (the client's next turn
+// cannot overtake the binding write done queues).
 type jsonTap struct {
 	src     io.ReadCloser
 	obs     observer
 	kept    []byte
 	started bool
+	left    int64 // bytes of a declared length still to come; -1 unknown
 	once    sync.Once
 }
 
@@ -275,27 +279,34 @@ func (t *jsonTap) Read(p []byte) (int, error) {
 		if len(t.kept)+n <= maxEventBytes {
 			t.kept = append(t.kept, p[:n]...)
 		}
-	}
-	if err != nil {
-		if errors.Is(err, io.EOF) && t.obs.usage != nil {
-			if u, ok := parseUsage(gjson.GetBytes(t.kept, "usage")); ok {
-				t.obs.usage(u)
+		if t.left >= 0 {
+			if t.left -= int64(n); t.left <= 0 && err == nil {
+				t.end(io.EOF)
 			}
 		}
-		t.finish(err)
+	}
+	if err != nil {
+		t.end(err)
 	}
 	return n, err
 }
 
 func (t *jsonTap) Close() error {
 	err := t.src.Close()
-	t.finish(io.ErrUnexpectedEOF)
+	t.end(io.ErrUnexpectedEOF)
 	return err
 }
 
-func (t *jsonTap) finish(err error) {
+// end reports the usage when the body ended whole (err is EOF), then
+// done, once.
+func (t *jsonTap) end(err error) {
 	t.once.Do(func() {
 		if errors.Is(err, io.EOF) {
+			if t.obs.usage != nil {
+				if u, ok := parseUsage(gjson.GetBytes(t.kept, "usage")); ok {
+					t.obs.usage(u)
+				}
+			}
 			err = nil
 		}
 		if t.obs.done != nil {
