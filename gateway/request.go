@@ -123,7 +123,8 @@ func (r *Request) SetSession(k session.Key) { r.session = k }
 // analyzer). The tenant scopes the session key, so one tenant can neither
 // steer nor read another's session; a model outside p's allow-list is a
 // 403; an isolated tenant's cache salt joins the client's own. Its other
-// errors are 400s naming the offending parameter.
+// errors are 400s naming the offending parameter. The Request refers to
+// body, which the caller must not modify afterwards.
 func ParseRequest(api API, h http.Header, body []byte, p *tenancy.Principal) (*Request, error) {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return nil, apierror.BadRequest("", "request body is empty; expected a JSON object")
