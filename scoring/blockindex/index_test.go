@@ -495,6 +495,27 @@ func TestSpeculativeConfirmLeavesDeadlines(t *testing.T) {
 	}
 }
 
+// A confirmation that finds its pair speculative again (evicted for
+// capacity and speculated anew in between) keeps the new speculation's
+// deadline, so that it still expires.
+func TestSpeculativeConfirmKeepsRespeculatedDeadline(t *testing.T) {
+	clk := newFakeClock()
+	doc := randTokens(23, 16)
+	ix := newIndex(t, Config{Now: clk.Now}, "a")
+	keys := ix.Keys(doc, Root{Model: "m"})
+	ix.AddSpeculative("a", keys, time.Second)
+	r, _ := ix.reg.get("a")
+	ix.confirm(r, keys[0]) // late: the pair is speculative again
+	r.spec.Add(1)          // undo confirm's counting: the table did not confirm
+	if _, ok := r.specDeadlines.get(keys[0]); !ok {
+		t.Fatal("the speculative pair lost its deadline")
+	}
+	clk.Advance(time.Second)
+	if got := ix.Match(keys, []string{"a"}, nil)[0]; got != (Hit{}) {
+		t.Fatalf("Match after the TTL = %+v; want nothing", got)
+	}
+}
+
 func TestSpeculativeCounters(t *testing.T) {
 	clk := newFakeClock()
 	doc := randTokens(19, 16*4)

@@ -208,14 +208,18 @@ func (ix *Index) expirePair(sk specKey, now int64) {
 }
 
 // confirm records that r's speculative pair for k became real: it leaves
-// r's deadlines, so that its expiry does nothing. The caller holds r.mu,
-// which keeps the pair real until confirm returns (only r's events drop
-// it), so the deadline removed is the speculation's own.
+// r's deadlines, so that its expiry does nothing. Between the key table's
+// confirmation and this, the pair may have been evicted for capacity and
+// speculated again; only AddSpeculative makes speculative pairs, under
+// ix.spec.mu, so a pair found not speculative under that lock has no
+// live deadline to lose, and one found speculative keeps its new one.
 func (ix *Index) confirm(r *replica, k uint64) {
 	r.spec.Add(-1)
 	ix.confirmed.Add(1)
 	ix.spec.mu.Lock()
-	r.specDeadlines.del(k)
+	if !ix.kt.heldSpec(k, r.id) {
+		r.specDeadlines.del(k)
+	}
 	ix.spec.mu.Unlock()
 }
 
