@@ -339,6 +339,72 @@ func roundTripBatches() map[string]Batch {
 			&BlockRemoved{BlockHashes: []uint64{big}, Medium: MediumStorage},
 			&BlockRemoved{BlockHashes: []uint64{3}},
 		}},
+		"a prefill step": stepBatch(40),
+		"slabs outgrown": mixedBatch(),
+	}
+}
+
+// mixedBatch interleaves events so that the decoder's arena replaces its
+// slabs mid-batch: a stored event of many hashes among removals of up to
+// smallHashes + 1, and group indexes on some events only.
+func mixedBatch() Batch {
+	b := Batch{TS: 7, DPRank: ptr(2)}
+	for i := range 30 {
+		hs := make([]uint64, 1+i%(smallHashes+1))
+		for j := range hs {
+			hs[j] = uint64(1000*i + j + 1)
+		}
+		var g *int
+		if i%3 == 0 {
+			g = ptr(i)
+		}
+		if i%7 == 3 {
+			b.Events = append(b.Events, &BlockStored{BlockHashes: hs, TokenIDs: tokens(i, 16*len(hs)), BlockSize: 16,
+				Medium: "STORAGE", GroupIdx: g, KVCacheSpecSlidingWindow: ptr(128 + i), KVCacheSpecKind: "sliding_window"})
+			continue
+		}
+		b.Events = append(b.Events, &BlockRemoved{BlockHashes: hs, Medium: MediumCPU, GroupIdx: g, Locality: "LOCAL"})
+	}
+	return b
+}
+
+// Decoded events share the arena's slabs, but no value aliases another:
+// growing one event's hashes or changing its group leaves the others.
+func TestDecodeArenaDoesNotAlias(t *testing.T) {
+	p, err := Encode(mixedBatch(), FormatMap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _, err := Decode(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, ev := range got.Events {
+		switch e := ev.(type) {
+		case *BlockRemoved:
+			e.BlockHashes = append(e.BlockHashes, 0)
+			if e.GroupIdx != nil {
+				*e.GroupIdx = -1
+			}
+		case *BlockStored:
+			e.BlockHashes = append(e.BlockHashes, 0)
+			*e.KVCacheSpecSlidingWindow = -1
+			if e.GroupIdx != nil {
+				*e.GroupIdx = -1
+			}
+		}
+		got.Events[i] = nil
+		again, _, err := Decode(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := again.Events[i+1:]
+		if !reflect.DeepEqual(got.Events[i+1:], want) {
+			t.Fatalf("changing event %d changed the events after it", i)
+		}
+	}
+	if *got.DPRank != 2 {
+		t.Errorf("DPRank = %d after changing the events; want 2", *got.DPRank)
 	}
 }
 

@@ -56,6 +56,59 @@ func Decode(payload []byte) (Batch, DecodeStats, error) {
 type decoder struct {
 	r     reader
 	stats DecodeStats
+	a     arena
+}
+
+// arena hands out the small values of one decoded batch (event structs,
+// the one-element hash slices of BlockRemoved, optional ints) from a few
+// shared allocations instead of one each: vLLM sends a BlockRemoved per
+// evicted block, so a batch can hold hundreds. A new slab is sized for
+// the events still to decode (each needs one of most kinds), but for no
+// more than the remaining bytes can hold, so that what the arena
+// allocates stays proportional to the payload. Values stay valid after
+// Decode returns: a full slab is replaced, never reused.
+type arena struct {
+	u64     []uint64
+	ints    []int
+	removed []BlockRemoved
+	stored  []BlockStored
+	// left is how many events, the current one included, remain to decode,
+	// bounded by the remaining bytes.
+	left int
+}
+
+// minEventBytes is the shortest encoding of an event the arena serves:
+// a one-element array holding the tag "BlockStored".
+const minEventBytes = 13
+
+// grab returns n zeroed elements of *slab, replacing it with a larger one
+// when it has no room.
+func grab[T any](a *arena, slab *[]T, n int) []T {
+	s := *slab
+	if cap(s)-len(s) < n {
+		s = make([]T, 0, max(n, 2*cap(s), a.left))
+	}
+	out := s[len(s) : len(s)+n : len(s)+n]
+	*slab = s[:len(s)+n]
+	return out
+}
+
+// smallHashes is the longest hash list taken from the arena; longer
+// ones (a BlockStored of a whole prompt) get their own allocation.
+const smallHashes = 8
+
+// optInt reads an integer or nil, the int taken from the arena.
+func (d *decoder) optInt(field string) (*int, error) {
+	if d.r.isNil() {
+		return nil, nil
+	}
+	v, err := d.r.intVal(field)
+	if err != nil {
+		return nil, err
+	}
+	p := &grab(&d.a, &d.a.ints, 1)[0]
+	*p = v
+	return p, nil
 }
 
 func (d *decoder) batch() (Batch, error) {
@@ -75,7 +128,7 @@ func (d *decoder) batch() (Batch, error) {
 			return b, err
 		}
 		if n >= 3 {
-			if b.DPRank, err = d.r.optInt("data_parallel_rank"); err != nil {
+			if b.DPRank, err = d.optInt("data_parallel_rank"); err != nil {
 				return b, err
 			}
 		}
@@ -105,7 +158,7 @@ func (d *decoder) batch() (Batch, error) {
 		case "events":
 			b.Events, err = d.events()
 		case "data_parallel_rank":
-			b.DPRank, err = d.r.optInt("data_parallel_rank")
+			b.DPRank, err = d.optInt("data_parallel_rank")
 		default:
 			d.stats.UnknownKeys++
 			err = d.r.skip(1)
@@ -135,7 +188,8 @@ func (d *decoder) events() ([]Event, error) {
 		return nil, err
 	}
 	evs := make([]Event, 0, n)
-	for range n {
+	for i := range n {
+		d.a.left = min(n-i, d.r.remaining()/minEventBytes+1)
 		ev, err := d.event()
 		if err != nil {
 			return nil, err
@@ -178,7 +232,7 @@ func (d *decoder) arrayEvent(n int) (Event, error) {
 	}
 	switch string(tag) {
 	case TypeBlockStored:
-		e := &BlockStored{}
+		e := &grab(&d.a, &d.a.stored, 1)[0]
 		for i := 1; i < n; i++ {
 			if i > int(fSlidingWindow) {
 				if err := d.unknown(); err != nil {
@@ -193,7 +247,7 @@ func (d *decoder) arrayEvent(n int) (Event, error) {
 		e.finish()
 		return e, nil
 	case TypeBlockRemoved:
-		e := &BlockRemoved{}
+		e := &grab(&d.a, &d.a.removed, 1)[0]
 		for i := 1; i < n; i++ {
 			var err error
 			switch i {
@@ -202,7 +256,7 @@ func (d *decoder) arrayEvent(n int) (Event, error) {
 			case 2:
 				err = d.str(&e.Medium, "medium")
 			case 3:
-				e.GroupIdx, err = d.r.optInt("group_idx")
+				e.GroupIdx, err = d.optInt("group_idx")
 			default:
 				err = d.unknown()
 			}
@@ -236,10 +290,11 @@ func (d *decoder) unknown() error {
 
 func (d *decoder) mapEvent(n int) (Event, error) {
 	// msgspec writes "type" first, but a map may hold it anywhere: find it,
-	// then decode the fields from the start.
+	// then decode the fields from the start, or, when it came first, from
+	// the field after it.
 	start := d.r.off
 	var tag []byte
-	for range n {
+	for i := range n {
 		key, err := d.key()
 		if err != nil {
 			return nil, err
@@ -253,6 +308,9 @@ func (d *decoder) mapEvent(n int) (Event, error) {
 				return nil, d.r.typeErr("event type", "string")
 			}
 			tag = p
+			if i == 0 {
+				start, n = d.r.off, n-1
+			}
 			break
 		}
 		if err := d.r.skip(1); err != nil {
@@ -262,7 +320,7 @@ func (d *decoder) mapEvent(n int) (Event, error) {
 	d.r.off = start
 	switch string(tag) {
 	case TypeBlockStored:
-		e := &BlockStored{}
+		e := &grab(&d.a, &d.a.stored, 1)[0]
 		for range n {
 			key, err := d.key()
 			if err != nil {
@@ -282,7 +340,7 @@ func (d *decoder) mapEvent(n int) (Event, error) {
 		e.finish()
 		return e, nil
 	case TypeBlockRemoved:
-		e := &BlockRemoved{}
+		e := &grab(&d.a, &d.a.removed, 1)[0]
 		for range n {
 			key, err := d.key()
 			if err != nil {
@@ -296,7 +354,7 @@ func (d *decoder) mapEvent(n int) (Event, error) {
 			case "medium":
 				err = d.str(&e.Medium, "medium")
 			case "group_idx":
-				e.GroupIdx, err = d.r.optInt("group_idx")
+				e.GroupIdx, err = d.optInt("group_idx")
 			case "locality":
 				err = d.str(&e.Locality, "locality")
 			case "ownership":
@@ -437,7 +495,7 @@ func (d *decoder) storedField(e *BlockStored, f sfield) error {
 	case fExtraKeys:
 		return d.extraKeys(e)
 	case fGroupIdx:
-		e.GroupIdx, err = r.optInt("group_idx")
+		e.GroupIdx, err = d.optInt("group_idx")
 	case fSpecKind:
 		return d.str(&e.KVCacheSpecKind, "kv_cache_spec_kind")
 	case fSlidingWindow:
@@ -458,10 +516,40 @@ func (d *decoder) storedField(e *BlockStored, f sfield) error {
 	return err
 }
 
+// str reads a str, a bin or nil (as "") into *dst; the values vLLM uses
+// for media, attention kinds and the offload fields are not allocated.
 func (d *decoder) str(dst *string, field string) error {
-	s, err := d.r.optString(field)
-	*dst = s
-	return err
+	*dst = ""
+	if d.r.isNil() {
+		return nil
+	}
+	p, kind, err := d.r.strOrBin()
+	if err != nil {
+		return err
+	}
+	if kind == rawNone {
+		return d.r.typeErr(field, "string")
+	}
+	*dst = intern(p)
+	return nil
+}
+
+// intern returns p as a string, without allocating for the few values
+// every event repeats.
+func intern(p []byte) string {
+	switch string(p) {
+	case MediumGPU:
+		return MediumGPU
+	case MediumCPU:
+		return MediumCPU
+	case "full_attention":
+		return "full_attention"
+	case "LOCAL":
+		return "LOCAL"
+	case "REMOTE":
+		return "REMOTE"
+	}
+	return string(p)
 }
 
 func (d *decoder) hashes(dst *[]uint64) error {
@@ -470,7 +558,12 @@ func (d *decoder) hashes(dst *[]uint64) error {
 	if err != nil || n == 0 {
 		return err
 	}
-	hs := make([]uint64, n)
+	var hs []uint64
+	if n <= smallHashes {
+		hs = grab(&d.a, &d.a.u64, n)
+	} else {
+		hs = make([]uint64, n)
+	}
 	for i := range hs {
 		if hs[i], err = d.r.hash("block hash"); err != nil {
 			return err

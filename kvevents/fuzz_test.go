@@ -1,9 +1,12 @@
 package kvevents
 
 import (
+	"bytes"
 	"math"
 	"reflect"
 	"testing"
+
+	"github.com/vmihailenco/msgpack/v5"
 )
 
 // FuzzDecode checks that Decode never panics and that every batch it
@@ -24,6 +27,12 @@ func FuzzDecode(f *testing.F) {
 		}
 	}
 	f.Add(benchPayload(f, FormatMap, 4))
+	// "type" after other fields, and twice: the map decoder rewinds.
+	f.Add(mp(f, []any{1.0, []any{
+		orderedMap(f, "block_hashes", []any{5}, "medium", "GPU", "type", "BlockRemoved"),
+		orderedMap(f, "group_idx", 3, "type", "BlockStored", "block_hashes", []any{6}, "type", "BlockStored", "block_size", 1, "token_ids", []any{1}),
+		orderedMap(f, "type", "Unknown", "x", 1),
+	}, 1}))
 	f.Add(mp(f, map[string]any{"ts": 1, "events": []any{[]any{"AllBlocksCleared"}}, "data_parallel_rank": nil}))
 	f.Add(mp(f, []any{1.0, []any{[]any{"BlockStored", []any{[]byte{1, 2, 3}, -1}, 0, []any{1, 2}, 2, nil, "GPU", "l",
 		[]any{[]any{"l", []any{"img", 3}, "salt", []byte{1}, 2.5, nil, map[string]any{"type": "mm", "hash": []byte{7}}}}}}, 0}))
@@ -65,4 +74,22 @@ func batchEqual(a, b Batch) bool {
 	}
 	a.TS, b.TS = 0, 0
 	return reflect.DeepEqual(a, b)
+}
+
+// orderedMap encodes a msgpack map of the keys and values kv, alternating,
+// in that order (a Go map's order is random).
+func orderedMap(tb testing.TB, kv ...any) raw {
+	tb.Helper()
+	var buf bytes.Buffer
+	enc := msgpack.NewEncoder(&buf)
+	enc.UseCompactInts(true)
+	if err := enc.EncodeMapLen(len(kv) / 2); err != nil {
+		tb.Fatal(err)
+	}
+	for _, v := range kv {
+		if err := enc.Encode(v); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	return buf.Bytes()
 }

@@ -109,6 +109,14 @@
 // between routing and BlockStored; Match counts them and reports how many
 // matched blocks were speculative.
 //
+// Every stored block is indexed: a lookup walks a prompt's keys from key 0,
+// so any block of a chain the index can resolve is reached by a later
+// prompt that extends its prefix, and which prompts will come is not
+// known when the events arrive. What the event path avoids is work no
+// lookup needs: the bookkeeping of a speculation its events confirmed
+// (BenchmarkIngest16kFresh: the KV work of one fresh 16k-token prompt,
+// speculation, 1,026 events, their application and expiry).
+//
 // # Memory layout
 //
 // Keys live in a table sharded by key (up to 256 shards, each an
@@ -122,10 +130,13 @@
 // a key shared by many replicas costs 4 bytes per extra holder. Engine
 // tables are per replica, 16 bytes a slot (engine hash, chain state with a
 // flag bit), with a side map only for engine blocks that do not complete
-// exactly one own block (the block sizes differ). Speculative pairs also
-// have an entry in a deadline map and heap. BenchmarkMemory measures about
-// 50 bytes per (block, replica) pair in all, engine tables included, for
-// 16-token blocks on 64 replicas.
+// exactly one own block (the block sizes differ). A speculative pair also
+// has an entry, until its events confirm it, in its replica's deadline
+// table (the engine tables' kind of map, 16 bytes a slot, never shrunk
+// below 2,048 slots), and each AddSpeculative call one item in an expiry
+// heap; expiring a confirmed pair is one miss in that table.
+// BenchmarkMemory measures about 50 bytes per (block, replica) pair in
+// all, engine tables included, for 16-token blocks on 64 replicas.
 //
 // The index holds at most Config.MaxEntries (key, replica) pairs; beyond it,
 // each shard's CLOCK hand evicts keys, with all their holders: a key's

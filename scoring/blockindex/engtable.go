@@ -35,6 +35,9 @@ type engTable = u64Map[uint64]
 type u64Map[V any] struct {
 	s []u64Slot[V]
 	n int
+	// floor is the fewest slots del shrinks the table to (minSlots when
+	// smaller), for a table that fills and empties over and over.
+	floor int
 }
 
 // u64Slot is one slot; k is 0 when it is empty.
@@ -135,8 +138,8 @@ func (t *u64Map[V]) del(k uint64) (V, bool) {
 	}
 	t.s[i] = u64Slot[V]{}
 	t.n--
-	if n > minSlots && t.n*shrinkDiv < n {
-		t.resize(max(minSlots, 2*t.n))
+	if low := max(minSlots, t.floor); n > low && t.n*shrinkDiv < n {
+		t.resize(max(low, 2*t.n))
 	}
 	return v, true
 }

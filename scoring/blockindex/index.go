@@ -210,6 +210,10 @@ type replica struct {
 	removed  [numTiers]int64  // the same for BlockRemoved
 
 	cpu cpuTier // guarded by its own lock for readers; writers hold mu too
+
+	// specDeadlines maps the keys of r's unconfirmed speculative pairs to
+	// their latest deadline (Unix nanoseconds). Guarded by Index.spec.mu.
+	specDeadlines u64Map[int64]
 }
 
 // rankState is what one data-parallel rank of a replica contributed: its
@@ -275,7 +279,6 @@ func New(cfg Config) (*Index, error) {
 		matchGrace: cfg.MatchGrace,
 		cpuCap:     cfg.CPUMaxEntries,
 	}
-	ix.spec.deadlines = map[specKey]int64{}
 	ix.spec.next.Store(math.MaxInt64)
 	ix.reg = newRegistry(func(name string, id uint32) *replica {
 		r := &replica{name: name, id: id}
@@ -727,8 +730,7 @@ func (ix *Index) record(r *replica, st *rankState, eh, state uint64, keys []uint
 		case addedNew:
 			r.entries.Add(1)
 		case addedConfirm:
-			r.spec.Add(-1)
-			ix.confirmed.Add(1)
+			ix.confirm(r, k)
 		case addedExisting:
 			// Another engine block of r already maps to k (a re-stored
 			// block maps to its own keys and is not counted).

@@ -373,6 +373,17 @@ func TestSpeculative(t *testing.T) {
 			{func(_ *Index, c *fakeClock, _ []uint64) { c.Advance(3 * time.Second) }, Hit{Blocks: 2, Speculative: 0}},
 			{func(ix *Index, _ *fakeClock, _ []uint64) { ix.Apply("a", batch(eng.remove(doc, 1, 2))) }, Hit{Blocks: 1, Speculative: 0}},
 		}},
+		{"confirmed, evicted, speculated again: the new deadline holds", []step{
+			{func(ix *Index, _ *fakeClock, k []uint64) { ix.AddSpeculative("a", k, 2*time.Second) }, Hit{Blocks: 4, Speculative: 4}},
+			{func(ix *Index, _ *fakeClock, _ []uint64) { ix.Apply("a", batch(eng.store(doc, 0, 4, 4))) }, Hit{Blocks: 4, Speculative: 0}},
+			{func(ix *Index, _ *fakeClock, _ []uint64) { ix.Apply("a", batch(eng.remove(doc, 0, 4))) }, Hit{Blocks: 0, Speculative: 0}},
+			{func(ix *Index, c *fakeClock, k []uint64) {
+				c.Advance(time.Second)
+				ix.AddSpeculative("a", k, 2*time.Second)
+			}, Hit{Blocks: 4, Speculative: 4}},
+			{func(_ *Index, c *fakeClock, _ []uint64) { c.Advance(1500 * time.Millisecond) }, Hit{Blocks: 4, Speculative: 4}},
+			{func(_ *Index, c *fakeClock, _ []uint64) { c.Advance(500 * time.Millisecond) }, Hit{Blocks: 0, Speculative: 0}},
+		}},
 		{"refresh extends", []step{
 			{func(ix *Index, _ *fakeClock, k []uint64) { ix.AddSpeculative("a", k, 2*time.Second) }, Hit{Blocks: 4, Speculative: 4}},
 			{func(_ *Index, c *fakeClock, _ []uint64) { c.Advance(time.Second) }, Hit{Blocks: 4, Speculative: 4}},
@@ -455,6 +466,53 @@ func TestSpeculativeMatchGrace(t *testing.T) {
 	}
 	if _, err := New(Config{MatchGrace: -time.Second}); err == nil {
 		t.Error("New accepted a negative MatchGrace")
+	}
+}
+
+// A confirmed pair leaves its replica's deadlines at once, so that they
+// hold only the pairs still awaiting events, and its expiry finds nothing
+// to do.
+func TestSpeculativeConfirmLeavesDeadlines(t *testing.T) {
+	clk := newFakeClock()
+	doc := randTokens(22, 16*4)
+	ix := newIndex(t, Config{Now: clk.Now}, "a")
+	keys := ix.Keys(doc, Root{Model: "m"})
+	ix.AddSpeculative("a", keys, time.Second)
+	r, _ := ix.reg.get("a")
+	if n := r.specDeadlines.len(); n != 4 {
+		t.Fatalf("%d deadlines after speculating 4 keys", n)
+	}
+	ix.Apply("a", batch(engine{seed: 1, blockSize: 16}.store(doc, 0, 3, 3)))
+	if n := r.specDeadlines.len(); n != 1 {
+		t.Fatalf("%d deadlines after confirming 3 of 4 keys; want 1", n)
+	}
+	clk.Advance(time.Second)
+	if got := ix.Match(keys, []string{"a"}, nil)[0]; got != (Hit{Blocks: 3}) {
+		t.Fatalf("Match after the TTL = %+v; want 3 real blocks", got)
+	}
+	if st := ix.Stats(); st.Confirmed != 3 || st.Expired != 1 || r.specDeadlines.len() != 0 {
+		t.Errorf("confirmed %d, expired %d, %d deadlines left; want 3, 1, 0", st.Confirmed, st.Expired, r.specDeadlines.len())
+	}
+}
+
+// A confirmation that finds its pair speculative again (evicted for
+// capacity and speculated anew in between) keeps the new speculation's
+// deadline, so that it still expires.
+func TestSpeculativeConfirmKeepsRespeculatedDeadline(t *testing.T) {
+	clk := newFakeClock()
+	doc := randTokens(23, 16)
+	ix := newIndex(t, Config{Now: clk.Now}, "a")
+	keys := ix.Keys(doc, Root{Model: "m"})
+	ix.AddSpeculative("a", keys, time.Second)
+	r, _ := ix.reg.get("a")
+	ix.confirm(r, keys[0]) // late: the pair is speculative again
+	r.spec.Add(1)          // undo confirm's counting: the table did not confirm
+	if _, ok := r.specDeadlines.get(keys[0]); !ok {
+		t.Fatal("the speculative pair lost its deadline")
+	}
+	clk.Advance(time.Second)
+	if got := ix.Match(keys, []string{"a"}, nil)[0]; got != (Hit{}) {
+		t.Fatalf("Match after the TTL = %+v; want nothing", got)
 	}
 }
 

@@ -11,6 +11,11 @@ import (
 // expires, so that a burst of expiries cannot stall a request.
 const expireBatch = 4096
 
+// specFloor is the fewest slots a replica's speculative deadlines shrink
+// to (32 KiB): they fill with a prompt's keys and empty as its events
+// confirm them, and should not be rebuilt on every prompt.
+const specFloor = 2048
+
 // specKey names one speculative (key, replica) pair.
 type specKey struct {
 	key uint64
@@ -20,9 +25,9 @@ type specKey struct {
 // specBatch is the deadline of one AddSpeculative call's pairs in the
 // expiry heap: one item per call, not per pair, so a 1,000-block prompt
 // costs one heap push and one pop. Batches are never updated in place: a
-// refresh adds a new batch, and a pair whose deadline in
-// specState.deadlines is later than its batch's is skipped when the batch
-// expires.
+// refresh adds a new batch, and a pair whose deadline in its replica's
+// specDeadlines is later than its batch's (or that has none: it was
+// confirmed) is skipped when the batch expires.
 type specBatch struct {
 	deadline int64 // Unix nanoseconds
 	id       uint32
@@ -30,12 +35,15 @@ type specBatch struct {
 	done     int      // keys[:done] are expired already
 }
 
-// specState tracks the deadlines of speculative pairs. Lock order:
-// replica.mu, then specState.mu, then shard locks.
+// specState tracks the deadlines of speculative pairs; each replica keeps
+// its pairs' latest deadlines (replica.specDeadlines), under mu. A pair
+// leaves them when it is confirmed, so they hold only the pairs still
+// awaiting their events (a few prompts' worth), and the expiry of a
+// confirmed pair costs one miss in a small table. Lock order: replica.mu,
+// then specState.mu, then shard locks.
 type specState struct {
-	mu        sync.Mutex
-	deadlines map[specKey]int64 // guarded by mu; latest deadline per pair
-	heap      []*specBatch      // guarded by mu; min-heap on deadline
+	mu   sync.Mutex
+	heap []*specBatch // guarded by mu; min-heap on deadline
 	// next is the earliest deadline in heap, math.MaxInt64 when empty, so
 	// that lookups can skip expiry (and the clock) with one atomic load.
 	next atomic.Int64
@@ -122,23 +130,23 @@ func (ix *Index) AddSpeculative(replica string, keys []uint64, ttl time.Duration
 	sp := &ix.spec
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
+	r.specDeadlines.floor = specFloor
 	for _, k := range keys {
 		if k = k & keyMask; k == 0 {
 			continue
 		}
-		sk := specKey{k, r.id}
 		switch ix.kt.add(k, r.id, true) {
-		case addedNew: // no deadline to compare with: one map probe
+		case addedNew: // no deadline to compare with: one table probe
 			r.entries.Add(1)
 			r.spec.Add(1)
 		case addedRefused:
 			continue // held for real: nothing to expire
 		default:
-			if d, ok := sp.deadlines[sk]; ok && d >= deadline {
+			if d, ok := r.specDeadlines.get(k); ok && d >= deadline {
 				continue
 			}
 		}
-		sp.deadlines[sk] = deadline
+		r.specDeadlines.put(k, deadline)
 		b.keys = append(b.keys, k)
 	}
 	if len(b.keys) > 0 {
@@ -183,19 +191,36 @@ func (ix *Index) expireLocked(now int64, limit int) {
 // expirePair drops the speculative pair sk unless it was confirmed,
 // cleared or refreshed past now. The caller holds ix.spec.mu.
 func (ix *Index) expirePair(sk specKey, now int64) {
-	sp := &ix.spec
-	d, ok := sp.deadlines[sk]
-	if !ok || d > now {
-		return // confirmed and cleared, or refreshed
+	r := ix.reg.byID(sk.id)
+	if r == nil {
+		return
 	}
-	delete(sp.deadlines, sk)
+	d, ok := r.specDeadlines.get(sk.key)
+	if !ok || d > now {
+		return // confirmed, cleared, or refreshed
+	}
+	r.specDeadlines.del(sk.key)
 	if removed, _ := ix.kt.remove(sk.key, sk.id, true); removed {
 		ix.expired.Add(1)
-		if r := ix.reg.byID(sk.id); r != nil {
-			r.entries.Add(-1)
-			r.spec.Add(-1)
-		}
+		r.entries.Add(-1)
+		r.spec.Add(-1)
 	}
+}
+
+// confirm records that r's speculative pair for k became real: it leaves
+// r's deadlines, so that its expiry does nothing. Between the key table's
+// confirmation and this, the pair may have been evicted for capacity and
+// speculated again; only AddSpeculative makes speculative pairs, under
+// ix.spec.mu, so a pair found not speculative under that lock has no
+// live deadline to lose, and one found speculative keeps its new one.
+func (ix *Index) confirm(r *replica, k uint64) {
+	r.spec.Add(-1)
+	ix.confirmed.Add(1)
+	ix.spec.mu.Lock()
+	if !ix.kt.heldSpec(k, r.id) {
+		r.specDeadlines.del(k)
+	}
+	ix.spec.mu.Unlock()
 }
 
 // clearSpeculative drops every speculative pair of r. The caller holds r.mu
@@ -204,16 +229,13 @@ func (ix *Index) clearSpeculative(r *replica) {
 	sp := &ix.spec
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
-	for sk := range sp.deadlines {
-		if sk.id != r.id {
-			continue
-		}
-		delete(sp.deadlines, sk)
-		if removed, spec := ix.kt.remove(sk.key, r.id, true); removed {
+	r.specDeadlines.all(func(k uint64, _ int64) {
+		if removed, spec := ix.kt.remove(k, r.id, true); removed {
 			r.entries.Add(-1)
 			if spec {
 				r.spec.Add(-1)
 			}
 		}
-	}
+	})
+	r.specDeadlines = u64Map[int64]{floor: specFloor}
 }

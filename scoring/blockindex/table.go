@@ -266,6 +266,17 @@ func (sn snapshot) holders(fn func(d uint32)) {
 	}
 }
 
+// heldSpec reports whether replica id holds k speculatively.
+func (kt *keyTable) heldSpec(k uint64, id uint32) bool {
+	spec := false
+	kt.read(k).holders(func(d uint32) {
+		if descReplica(d) == id {
+			spec = d&descSpec != 0
+		}
+	})
+	return spec
+}
+
 // holds reports whether replica id holds k (speculatively or not).
 func (kt *keyTable) holds(k uint64, id uint32) bool {
 	found := false
