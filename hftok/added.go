@@ -112,4 +112,3 @@ func (a *addedSplitter) match(s string) (addedToken, int, bool) {
 	}
 	return addedToken{}, 0, false
 }
-

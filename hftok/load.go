@@ -113,7 +113,7 @@ type component struct {
 	AddPrefixSpace bool `json:"add_prefix_space"`
 	UseRegex       bool `json:"use_regex"`
 	// TemplateProcessing
-	Single        []map[string]struct{ ID string } `json:"single"`
+	Single        []map[string]struct{ ID string }  `json:"single"`
 	SpecialTokens map[string]struct{ IDs []uint32 } `json:"special_tokens"`
 }
 

@@ -89,11 +89,11 @@ func (h handSplitter) split(s string, emit func(string)) error {
 
 // rune classes of the pattern
 const (
-	clsOther  = iota // [^\s\p{L}\p{N}]
-	clsLetter        // \p{L}
-	clsNumber        // \p{N}
-	clsSpace         // \s other than \r and \n
-	clsNewline       // \r or \n
+	clsOther   = iota // [^\s\p{L}\p{N}]
+	clsLetter         // \p{L}
+	clsNumber         // \p{N}
+	clsSpace          // \s other than \r and \n
+	clsNewline        // \r or \n
 )
 
 func class(r rune) int {
