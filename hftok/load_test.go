@@ -70,7 +70,7 @@ func TestEncodeTiny(t *testing.T) {
 		{"hello", []uint32{259}},
 		{"hello world", []uint32{259, 260, 'o', 'r', 'l', 'd'}},
 		{"hel", []uint32{257}},
-		{"helo", []uint32{257, 'o'}},        // "he l" ranks before "l o"
+		{"helo", []uint32{257, 'o'}}, // "he l" ranks before "l o"
 		{"hello<|end|>x", []uint32{259, 300, 'x'}},
 		{"a1234", []uint32{'a', '1', '2', '3', '4'}},
 		{"", nil},
