@@ -9,6 +9,45 @@ import (
 	"github.com/tidwall/gjson"
 )
 
+// request is the part of a /tokenize body TokenizeBody reads, in one
+// pass over the body (a Get per field would scan a long prompt each time).
+type request struct {
+	messages, tools, prompt gjson.Result
+	addGenerationPrompt     gjson.Result
+	addSpecialTokens        gjson.Result
+	unsupported             string // the first field set that hftok cannot honour
+}
+
+func parseRequest(body []byte) (request, error) {
+	var r request
+	if !gjson.ValidBytes(body) {
+		return r, errors.New("hftok: body is not JSON")
+	}
+	gjson.ParseBytes(body).ForEach(func(k, v gjson.Result) bool {
+		switch k.String() {
+		case "messages":
+			r.messages = v
+		case "tools":
+			r.tools = v
+		case "prompt":
+			r.prompt = v
+		case "add_generation_prompt":
+			r.addGenerationPrompt = v
+		case "add_special_tokens":
+			r.addSpecialTokens = v
+		case "continue_final_message", "chat_template", "chat_template_kwargs", "documents", "return_token_strs":
+			if v.Type != gjson.Null && v.Type != gjson.False && r.unsupported == "" {
+				r.unsupported = k.String()
+			}
+		}
+		return true
+	})
+	if r.unsupported != "" {
+		return r, fmt.Errorf("hftok: %s is not supported", r.unsupported)
+	}
+	return r, nil
+}
+
 // TokenizeBody returns the ids vLLM's POST /tokenize answers for body: a
 // chat ("messages", with "tools", "add_generation_prompt" default true and
 // "add_special_tokens" default false) or a completions prompt ("prompt", a
@@ -17,28 +56,35 @@ import (
 // content parts other than text, a template that fails) is an error, so
 // the caller asks a replica instead.
 func (t *Tokenizer) TokenizeBody(body []byte) ([]uint32, error) {
-	if !gjson.ValidBytes(body) {
-		return nil, errors.New("hftok: body is not JSON")
+	r, err := parseRequest(body)
+	if err != nil {
+		return nil, err
 	}
-	b := gjson.ParseBytes(body)
-	for _, k := range []string{"continue_final_message", "chat_template", "chat_template_kwargs", "documents", "return_token_strs"} {
-		if v := b.Get(k); v.Exists() && v.Type != gjson.Null && v.Type != gjson.False {
-			return nil, fmt.Errorf("hftok: %s is not supported", k)
-		}
-	}
-	special := b.Get("add_special_tokens")
-	if b.Get("messages").Exists() {
-		text, err := t.renderBody(body)
+	if r.messages.Exists() {
+		text, err := t.renderRequest(r)
 		if err != nil {
 			return nil, err
 		}
-		return t.Encode(text, special.Bool())
+		return t.Encode(text, r.addSpecialTokens.Bool())
 	}
-	p := b.Get("prompt")
-	if p.Type != gjson.String {
+	if r.prompt.Type != gjson.String {
 		return nil, errors.New("hftok: the body has neither messages nor a string prompt")
 	}
-	return t.Encode(p.String(), !special.Exists() || special.Bool())
+	return t.Encode(r.prompt.String(), !r.addSpecialTokens.Exists() || r.addSpecialTokens.Bool())
+}
+
+// renderBody renders a chat body's messages as TokenizeBody would.
+func (t *Tokenizer) renderBody(body []byte) (string, error) {
+	r, err := parseRequest(body)
+	if err != nil {
+		return "", err
+	}
+	return t.renderRequest(r)
+}
+
+func (t *Tokenizer) renderRequest(r request) (string, error) {
+	agp := r.addGenerationPrompt
+	return t.RenderChat(r.messages, r.tools, !agp.Exists() || agp.Bool())
 }
 
 // RenderChat renders messages (and tools, when it is an array) with the
@@ -52,6 +98,9 @@ func (t *Tokenizer) RenderChat(messages, tools gjson.Result, addGenerationPrompt
 	}
 	if !messages.IsArray() {
 		return "", errors.New("hftok: messages is not an array")
+	}
+	if c.indentJSON && (tools.IsArray() || strings.Contains(messages.Raw, `"tool_calls"`)) {
+		return "", errors.New("hftok: the chat template's tojson(indent=…) does not render as Python's; tools are tokenized by the replicas")
 	}
 	conv, err := conversation(messages)
 	if err != nil {
@@ -73,9 +122,6 @@ func (t *Tokenizer) RenderChat(messages, tools gjson.Result, addGenerationPrompt
 			tmpl = c.toolUse
 		}
 	}
-	if c.indentJSON && (tools.IsArray() || strings.Contains(messages.Raw, `"tool_calls"`)) {
-		return "", errors.New("hftok: the chat template's tojson(indent=…) does not render as Python's; tools are tokenized by the replicas")
-	}
 	out, err := renderSafely(tmpl, vars)
 	if err != nil {
 		return "", fmt.Errorf("hftok: chat template: %w", err)
@@ -92,11 +138,4 @@ func renderSafely(tmpl *jinja.Template, vars map[string]jinja.Value) (out string
 		}
 	}()
 	return tmpl.RenderValues(vars)
-}
-
-// renderBody renders a chat body's messages as TokenizeBody would.
-func (t *Tokenizer) renderBody(body []byte) (string, error) {
-	b := gjson.ParseBytes(body)
-	agp := b.Get("add_generation_prompt")
-	return t.RenderChat(b.Get("messages"), b.Get("tools"), !agp.Exists() || agp.Bool())
 }

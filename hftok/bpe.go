@@ -51,6 +51,7 @@ type bpe struct {
 	bytes        [256]uint32       // each byte's id
 	merges       map[uint64]merge  // pair of ids → its merge
 	ignoreMerges bool              // a word in the vocab is one token (Llama 3)
+	cache        *wordCache
 }
 
 // merge is what a pair becomes and how early it merges.
@@ -72,7 +73,7 @@ func newBPE(m *modelJSON) (*bpe, error) {
 	case len(m.Vocab) == 0:
 		return nil, errors.New("empty vocab")
 	}
-	p := &bpe{vocab: make(map[string]uint32, len(m.Vocab)), merges: make(map[uint64]merge, len(m.Merges)), ignoreMerges: m.IgnoreMerges}
+	p := &bpe{vocab: make(map[string]uint32, len(m.Vocab)), merges: make(map[uint64]merge, len(m.Merges)), ignoreMerges: m.IgnoreMerges, cache: newWordCache()}
 	for tok, id := range m.Vocab {
 		if raw, ok := fromByteLevel(tok); ok {
 			p.vocab[raw] = id
@@ -125,6 +126,13 @@ func (p *bpe) encode(out []uint32, s string) []uint32 {
 			return append(out, id)
 		}
 	}
+	cacheable := len(s) <= maxCachedWord
+	if cacheable {
+		if ids, ok := p.cache.get(s); ok {
+			return append(out, ids...)
+		}
+	}
+	start := len(out)
 	w := wordPool.Get().(*word)
 	w.reset(p, s)
 	w.mergeAll(p)
@@ -133,6 +141,9 @@ func (p *bpe) encode(out []uint32, s string) []uint32 {
 	}
 	if cap(w.syms) <= maxPooledWord {
 		wordPool.Put(w)
+	}
+	if cacheable {
+		p.cache.put(s, out[start:])
 	}
 	return out
 }

@@ -27,39 +27,71 @@ func conversation(messages gjson.Result) (jinja.Value, error) {
 	return jinja.NewList(out), nil
 }
 
+// messageFields are the fields of a message vLLM keeps, read in one
+// pass: a Get per field would scan a long content once each.
+type messageFields struct {
+	role, content, toolCalls, reasoning, toolCallID, name, tools gjson.Result
+}
+
+func fieldsOf(m gjson.Result) (f messageFields) {
+	m.ForEach(func(k, v gjson.Result) bool {
+		switch k.String() {
+		case "role":
+			f.role = v
+		case "content":
+			f.content = v
+		case "tool_calls":
+			f.toolCalls = v
+		case "reasoning":
+			f.reasoning = v
+		case "tool_call_id":
+			f.toolCallID = v
+		case "name":
+			f.name = v
+		case "tools":
+			f.tools = v
+		}
+		return true
+	})
+	return f
+}
+
 func message(m gjson.Result) (jinja.Value, error) {
-	role := m.Get("role")
-	if !m.IsObject() || role.Type != gjson.String {
+	if !m.IsObject() {
+		return jinja.Value{}, errors.New("hftok: a message is not an object")
+	}
+	f := fieldsOf(m)
+	if f.role.Type != gjson.String {
 		return jinja.Value{}, errors.New("hftok: a message has no role")
 	}
-	content, err := contentText(m.Get("content"))
+	content, err := contentText(f.content)
 	if err != nil {
 		return jinja.Value{}, err
 	}
 	v := jinja.NewDict()
 	d := v.AsDict()
-	d.Set("role", jinja.NewString(role.String()))
+	d.Set("role", jinja.NewString(f.role.String()))
 	d.Set("content", jinja.NewString(content))
-	switch role.String() {
+	switch f.role.String() {
 	case "assistant":
-		if calls := m.Get("tool_calls"); calls.Exists() && calls.Type != gjson.Null {
-			if err := setToolCalls(d, calls); err != nil {
+		if f.toolCalls.Exists() && f.toolCalls.Type != gjson.Null {
+			if err := setToolCalls(d, f.toolCalls); err != nil {
 				return jinja.Value{}, err
 			}
 		}
-		if r := m.Get("reasoning"); r.Exists() && r.Type != gjson.Null {
-			d.Set("reasoning", jinja.NewString(r.String()))
-			d.Set("reasoning_content", jinja.NewString(r.String()))
+		if f.reasoning.Exists() && f.reasoning.Type != gjson.Null {
+			d.Set("reasoning", jinja.NewString(f.reasoning.String()))
+			d.Set("reasoning_content", jinja.NewString(f.reasoning.String()))
 		}
 	case "tool":
-		if id := m.Get("tool_call_id"); id.Exists() {
-			d.Set("tool_call_id", value(id))
+		if f.toolCallID.Exists() {
+			d.Set("tool_call_id", value(f.toolCallID))
 		}
 	case "developer":
-		d.Set("tools", value(m.Get("tools")))
+		d.Set("tools", value(f.tools))
 	}
-	if name := m.Get("name"); name.Type == gjson.String {
-		d.Set("name", jinja.NewString(name.String()))
+	if f.name.Type == gjson.String {
+		d.Set("name", jinja.NewString(f.name.String()))
 	}
 	return v, nil
 }

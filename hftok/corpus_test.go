@@ -3,6 +3,8 @@ package hftok
 import (
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 )
 
@@ -120,11 +122,20 @@ var chats = []map[string]any{
 }
 
 // longChat is a chat of about n tokens: an agent's turn with a system
-// prompt, code, prose and tool output repeated with variations.
+// prompt, the corpus, then this repository's own Go source and docs as
+// the files an agent would paste (code and prose, about 3.5 bytes a
+// token).
 func longChat(model string, n int) []byte {
 	var sb strings.Builder
-	for i := 0; sb.Len() < n*4; i++ {
-		fmt.Fprintf(&sb, "%s\n%d. %s\n", corpusTexts[i%len(corpusTexts)], i, corpusTexts[(i*7)%len(corpusTexts)])
+	sb.WriteString(strings.Join(corpusTexts, "\n"))
+	files, _ := filepath.Glob("../gateway/*.go")
+	files = append([]string{"../README.md"}, files...)
+	for i := 0; sb.Len() < n*7/2 && i < len(files); i++ {
+		b, err := os.ReadFile(files[i])
+		if err != nil {
+			panic(err)
+		}
+		fmt.Fprintf(&sb, "\n\n=== %s ===\n%s", files[i], b[:min(len(b), n*7/2-sb.Len())])
 	}
 	b, _ := json.Marshal(map[string]any{"model": model, "messages": []any{
 		map[string]any{"role": "system", "content": "You are a coding agent. Follow the repository's conventions."},

@@ -142,24 +142,26 @@ func at(s string, i int) (r rune, cls, width int) {
 	return r, class(r), width
 }
 
-// run returns the end of the run of runes from i whose class ok accepts,
-// stopping after max runes (0: no limit).
-func run(s string, i, max int, ok func(int) bool) int {
+// run returns the end of the run of runes from i of class want (or,
+// with newline set, of class clsNewline too: \s), stopping after max
+// runes (0: no limit).
+func run(s string, i, max, want int) int {
 	for n := 0; max == 0 || n < max; n++ {
+		if i < len(s) && s[i] < utf8.RuneSelf { // ASCII without decoding
+			if c := asciiClass[s[i]]; c == want || want == clsSpace && c == clsNewline {
+				i++
+				continue
+			}
+			break
+		}
 		_, c, w := at(s, i)
-		if w == 0 || !ok(c) {
+		if w == 0 || c != want && !(want == clsSpace && c == clsNewline) {
 			break
 		}
 		i += w
 	}
 	return i
 }
-
-func isLetter(c int) bool  { return c == clsLetter }
-func isNumber(c int) bool  { return c == clsNumber }
-func isOther(c int) bool   { return c == clsOther }
-func isSpace(c int) bool   { return c == clsSpace || c == clsNewline }
-func isNewline(c int) bool { return c == clsNewline }
 
 // next returns the length of the piece s starts with (s is not empty).
 func (h handSplitter) next(s string) int {
@@ -172,15 +174,15 @@ func (h handSplitter) next(s string) int {
 	_, c1, _ := at(s, w0)
 	switch {
 	case c0 == clsLetter: // \p{L}+
-		return run(s, w0, 0, isLetter)
+		return run(s, w0, 0, clsLetter)
 	case c0 != clsNewline && c0 != clsNumber && c1 == clsLetter: // [^\r\n\p{L}\p{N}]\p{L}+
-		return run(s, w0, 0, isLetter)
+		return run(s, w0, 0, clsLetter)
 	case c0 == clsNumber: // \p{N}{1,max}
-		return run(s, 0, h.maxDigits, isNumber)
+		return run(s, 0, h.maxDigits, clsNumber)
 	case r0 == ' ' && c1 == clsOther: // ' '[^\s\p{L}\p{N}]+[\r\n]*
-		return run(s, run(s, w0, 0, isOther), 0, isNewline)
+		return run(s, run(s, w0, 0, clsOther), 0, clsNewline)
 	case c0 == clsOther: // [^\s\p{L}\p{N}]+[\r\n]*
-		return run(s, run(s, 0, 0, isOther), 0, isNewline)
+		return run(s, run(s, 0, 0, clsOther), 0, clsNewline)
 	}
 	return spaces(s)
 }
@@ -191,7 +193,7 @@ func spaces(s string) int {
 	end, lastNL, last := 0, -1, 0
 	for {
 		_, c, w := at(s, end)
-		if w == 0 || !isSpace(c) {
+		if w == 0 || c != clsSpace && c != clsNewline {
 			break
 		}
 		if c == clsNewline {
