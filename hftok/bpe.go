@@ -3,7 +3,10 @@ package hftok
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sync"
+
+	"github.com/tidwall/gjson"
 )
 
 // byteRunes is GPT-2's byte-level alphabet: the rune each byte is written
@@ -70,14 +73,28 @@ func newBPE(m *modelJSON) (*bpe, error) {
 		return nil, errors.New("BPE continuing_subword_prefix / end_of_word_suffix are not supported")
 	case m.ByteFallback:
 		return nil, errors.New("BPE byte_fallback is not supported (a SentencePiece-style BPE, not byte-level)")
-	case len(m.Vocab) == 0:
-		return nil, errors.New("empty vocab")
 	}
-	p := &bpe{vocab: make(map[string]uint32, len(m.Vocab)), merges: make(map[uint64]merge, len(m.Merges)), ignoreMerges: m.IgnoreMerges, cache: newWordCache()}
-	for tok, id := range m.Vocab {
-		if raw, ok := fromByteLevel(tok); ok {
-			p.vocab[raw] = id
+	vocab, merges := gjson.ParseBytes(m.Vocab), gjson.ParseBytes(m.Merges)
+	if !vocab.IsObject() || m.Merges != nil && !merges.IsArray() && merges.Type != gjson.Null {
+		return nil, errors.New("vocab is not an object or merges not a list")
+	}
+	p := &bpe{vocab: make(map[string]uint32, len(m.Vocab)/16), merges: make(map[uint64]merge, len(m.Merges)/16), ignoreMerges: m.IgnoreMerges, cache: newWordCache()}
+	var err error
+	vocab.ForEach(func(tok, id gjson.Result) bool {
+		if id.Type != gjson.Number || id.Num < 0 || id.Num > math.MaxUint32 || id.Num != float64(id.Uint()) {
+			err = fmt.Errorf("vocab: %q has id %s, not a 32-bit id", tok.String(), id.Raw)
+			return false
 		}
+		if raw, ok := fromByteLevel(tok.String()); ok {
+			p.vocab[raw] = uint32(id.Uint())
+		}
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(p.vocab) == 0 {
+		return nil, errors.New("empty vocab")
 	}
 	for b, r := range byteRunes {
 		id, ok := p.vocab[string([]byte{byte(b)})]
@@ -86,16 +103,22 @@ func newBPE(m *modelJSON) (*bpe, error) {
 		}
 		p.bytes[b] = id
 	}
-	for rank, raw := range m.Merges {
-		if err := p.addMerge(uint32(rank), raw); err != nil {
-			return nil, fmt.Errorf("merges[%d]: %w", rank, err)
+	rank := uint32(0)
+	merges.ForEach(func(_, m gjson.Result) bool {
+		if err = p.addMerge(rank, m); err != nil {
+			err = fmt.Errorf("merges[%d]: %w", rank, err)
 		}
+		rank++
+		return err == nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return p, nil
 }
 
-func (p *bpe) addMerge(rank uint32, raw []byte) error {
-	a, b, err := mergePair(raw)
+func (p *bpe) addMerge(rank uint32, m gjson.Result) error {
+	a, b, err := mergePair(m)
 	if err != nil {
 		return err
 	}
