@@ -31,7 +31,7 @@ func TestHFTokenizerCheckedAgainstReplicas(t *testing.T) {
 	}
 	cfg := engineConfig(scoring.PolicyPrecisePrefix, specs...)
 	cfg.Routing.Tokenizer = TokenizerHF
-	cfg.Routing.TokenizerDirs = map[string]string{vllmsim.DefaultModel: qwen3Dir(t), "other-model": qwen3Dir(t)}
+	cfg.Routing.TokenizerDirs = map[string]string{vllmsim.DefaultModel: qwen3Dir(t)}
 	g, logs := startLoggedGateway(t, cfg)
 	if !g.tok.localFor(vllmsim.DefaultModel) || g.tok.localFor("unlisted") {
 		t.Errorf("localFor: listed %v, unlisted %v; want true, false", g.tok.localFor(vllmsim.DefaultModel), g.tok.localFor("unlisted"))
