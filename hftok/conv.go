@@ -143,25 +143,58 @@ func setToolCalls(d *jinja.Dict, calls gjson.Result) error {
 		if !call.IsObject() || !fn.IsObject() || call.Get("type").Exists() && call.Get("type").String() != "function" {
 			return errors.New("hftok: a tool call is not a function call")
 		}
+		args := arguments(fn.Get("arguments"))
+		if !rendersAsPython(args) {
+			return errUnlikePython
+		}
 		v := value(call)
 		f, _ := v.AsDict().Get("function")
-		f.AsDict().Set("arguments", arguments(fn.Get("arguments")))
+		f.AsDict().Set("arguments", value(args))
 		list = append(list, v)
 	}
 	d.Set("tool_calls", jinja.NewList(list))
 	return nil
 }
 
-func arguments(a gjson.Result) jinja.Value {
+// arguments returns a tool call's arguments as vLLM parses them: the
+// object, or the object its JSON string holds; {} for anything else.
+func arguments(a gjson.Result) gjson.Result {
 	if a.Type == gjson.String {
 		if s := a.String(); s != "" && gjson.Valid(s) {
 			a = gjson.Parse(s)
 		}
 	}
 	if !a.IsObject() {
-		return jinja.NewDict()
+		return gjson.Parse("{}")
 	}
-	return value(a)
+	return a
+}
+
+// errUnlikePython: what the template would pass through tojson holds a
+// value the Jinja engine encodes unlike Python's json.dumps.
+var errUnlikePython = errors.New("hftok: tools or tool call arguments hold a float with an integral value, a very large integer or U+2028/U+2029, which the template engine's tojson renders unlike Python's")
+
+// rendersAsPython reports whether tojson renders r as Python's
+// json.dumps(ensure_ascii=False) does: the engine writes 1.0 as 1, and
+// escapes U+2028 and U+2029, where Python does not.
+func rendersAsPython(r gjson.Result) bool {
+	switch r.Type {
+	case gjson.Number:
+		if strings.ContainsAny(r.Raw, ".eE") {
+			return r.Num != float64(int64(r.Num))
+		}
+		return len(r.Raw) < 16
+	case gjson.String:
+		return !strings.ContainsAny(r.String(), "\u2028\u2029")
+	case gjson.JSON:
+		ok := true
+		r.ForEach(func(_, v gjson.Result) bool {
+			ok = rendersAsPython(v)
+			return ok
+		})
+		return ok
+	}
+	return true
 }
 
 // toolDicts renders the request's tools as vLLM's model_dump gives them:
@@ -174,6 +207,10 @@ func toolDicts(tools gjson.Result) (jinja.Value, error) {
 		fn := tool.Get("function")
 		if !tool.IsObject() || !fn.IsObject() || fn.Get("name").Type != gjson.String {
 			err = errors.New("hftok: a tool is not a function with a name")
+			return false
+		}
+		if !rendersAsPython(tool) {
+			err = errUnlikePython
 			return false
 		}
 		list = append(list, ordered(tool, map[string]jinja.Value{"function": ordered(fn, nil, "name", "description", "parameters")}, "type", "function"))

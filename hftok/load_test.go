@@ -256,3 +256,30 @@ func TestTokenizeBodyRefuses(t *testing.T) {
 		t.Errorf("chat body: %v, %v", ids, err)
 	}
 }
+
+// Values the engine's tojson writes unlike Python's json.dumps (1.0 as
+// 1, U+2028 escaped) in tools or tool call arguments send the body to
+// the replicas; others render.
+func TestTojsonUnlikePythonRefused(t *testing.T) {
+	tok, err := Parse(tinyTokenizer(t, nil), nil, `{% for m in messages %}{% for c in m.tool_calls %}{{ c.function.arguments | tojson }}{% endfor %}{% endfor %}{{ tools | tojson }}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := func(args string) string {
+		return `{"messages":[{"role":"assistant","content":null,"tool_calls":[{"type":"function","function":{"name":"f","arguments":` + args + `}}]}]}`
+	}
+	for _, body := range []string{
+		call(`"{\"t\": 1.0}"`),
+		call(`"{\"t\": 1e5}"`),
+		call(`"{\"s\": \"a\u2028b\"}"`),
+		`{"messages":[],"tools":[{"type":"function","function":{"name":"f","parameters":{"minimum":0.0}}}]}`,
+	} {
+		if _, err := tok.renderBody([]byte(body)); err == nil {
+			t.Errorf("renderBody(%s) succeeded; want it refused", body)
+		}
+	}
+	text, err := tok.renderBody([]byte(call(`"{\"t\": 1.5, \"n\": 2, \"s\": \"é\"}"`)))
+	if want := `{"t": 1.5, "n": 2, "s": "é"}`; err != nil || !strings.HasPrefix(text, want) {
+		t.Errorf("renderBody = %q, %v; want it to start with %q", text, err, want)
+	}
+}
