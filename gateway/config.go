@@ -197,8 +197,20 @@ type RoutingConfig struct {
 	// own /tokenize code), for a fleet of simulated replicas (warmpath
 	// serve's embedded fleet and warmpath overhead turn it on). A
 	// replica's /tokenize checks the local ids (see TokenizerVerifyEvery)
-	// and stays the fallback.
+	// and stays the fallback. "hf" tokenizes in process each model of
+	// TokenizerDirs with its own Hugging Face tokenizer files (package
+	// hftok: byte-level BPE, the Llama 3 / Qwen2 / GPT-2 families); other
+	// models go to the replicas.
 	Tokenizer string `yaml:"tokenizer"`
+	// TokenizerDirs maps a served model name (the request's "model", as
+	// vLLM's --served-model-name) to the directory holding that model's
+	// tokenizer.json and tokenizer_config.json (and chat_template.jinja
+	// when the model has one): the model's Hugging Face repository or
+	// the directory vLLM loads it from. Read once at start, never
+	// fetched; a file that is missing or uses a feature hftok does not
+	// support fails the start. Required by tokenizer: hf, and only used
+	// by it. WARMPATH_TOKENIZER_DIRS: model=dir,model=dir.
+	TokenizerDirs map[string]string `yaml:"tokenizer_dirs"`
 	// TokenizerVerifyEvery: the in-process tokenizer's ids for a model's
 	// first prompt, and then for one prompt in this many, are compared
 	// with a replica's /tokenize off the request path; a mismatch stops
@@ -292,6 +304,13 @@ func (c *Config) applyEnv(getenv func(string) string) error {
 	str("WARMPATH_KV_CONNECT", &c.KVEvents.Connect)
 	str("WARMPATH_TOKENIZE_URL", &c.Routing.TokenizeURL)
 	str("WARMPATH_TOKENIZER", &c.Routing.Tokenizer)
+	if v := getenv("WARMPATH_TOKENIZER_DIRS"); v != "" {
+		dirs, err := parseTokenizerDirsEnv(v)
+		if err != nil {
+			return err
+		}
+		c.Routing.TokenizerDirs = dirs
+	}
 	str("WARMPATH_DEV_KEY", &c.DevKey)
 	str("WARMPATH_AUTH_MODE", &c.Auth.Mode)
 	str("WARMPATH_ADMIN_KEY", &c.Auth.AdminKey)
@@ -354,6 +373,20 @@ func parseReplicasEnv(v string) ([]fleet.ReplicaSpec, error) {
 		out = append(out, r)
 	}
 	return out, nil
+}
+
+// parseTokenizerDirsEnv reads WARMPATH_TOKENIZER_DIRS: model=dir pairs
+// separated by commas.
+func parseTokenizerDirsEnv(v string) (map[string]string, error) {
+	dirs := map[string]string{}
+	for _, pair := range splitList(v) {
+		model, dir, ok := strings.Cut(pair, "=")
+		if !ok || model == "" || dir == "" {
+			return nil, fmt.Errorf("config: WARMPATH_TOKENIZER_DIRS: %q is not model=dir", pair)
+		}
+		dirs[model] = dir
+	}
+	return dirs, nil
 }
 
 func splitList(s string) []string {
@@ -563,8 +596,18 @@ func (c *Config) validate() error {
 	if u, err := url.Parse(c.Routing.TokenizeURL); c.Routing.TokenizeURL != "" && (err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "") {
 		bad("routing.tokenize_url", "%q is not an http(s) base URL", c.Routing.TokenizeURL)
 	}
-	if t := c.Routing.Tokenizer; t != TokenizerReplicas && t != TokenizerSimulator {
-		bad("routing.tokenizer", "%q is not %q (the default) or %q", t, TokenizerReplicas, TokenizerSimulator)
+	switch t := c.Routing.Tokenizer; {
+	case t != TokenizerReplicas && t != TokenizerSimulator && t != TokenizerHF:
+		bad("routing.tokenizer", "%q is not %q (the default), %q or %q", t, TokenizerReplicas, TokenizerSimulator, TokenizerHF)
+	case t == TokenizerHF && len(c.Routing.TokenizerDirs) == 0:
+		bad("routing.tokenizer_dirs", "is empty: tokenizer hf needs each model's tokenizer directory")
+	case t != TokenizerHF && len(c.Routing.TokenizerDirs) > 0:
+		bad("routing.tokenizer_dirs", "is set but routing.tokenizer is %q, not %q", t, TokenizerHF)
+	}
+	for model, dir := range c.Routing.TokenizerDirs {
+		if model == "" || dir == "" {
+			bad("routing.tokenizer_dirs", "model %q has directory %q: both must be set", model, dir)
+		}
 	}
 	if !slices.Contains(scoring.Policies(), c.Routing.Policy) {
 		bad("routing.policy", "%q is not one of %s", c.Routing.Policy, strings.Join(scoring.Policies(), ", "))

@@ -48,13 +48,14 @@ func TestLoadConfigEnv(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := map[string]string{
-		"WARMPATH_POLICY":       "precise-prefix",
-		"WARMPATH_REPLICAS":     "http://a:8000|tcp://a:5557|tcp://a:5558, http://b:8000, http://c:8000|tcp://c:5557|tcp://c:5657|2",
-		"WARMPATH_KV_CONNECT":   "tcp://relay:5560",
-		"WARMPATH_TOKENIZE_URL": "http://render:8000",
-		"WARMPATH_TOKENIZER":    "simulator",
-		"WARMPATH_DEBUG":        "true",
-		"WARMPATH_DEV_KEY":      "sk-x",
+		"WARMPATH_POLICY":         "precise-prefix",
+		"WARMPATH_REPLICAS":       "http://a:8000|tcp://a:5557|tcp://a:5558, http://b:8000, http://c:8000|tcp://c:5557|tcp://c:5657|2",
+		"WARMPATH_KV_CONNECT":     "tcp://relay:5560",
+		"WARMPATH_TOKENIZE_URL":   "http://render:8000",
+		"WARMPATH_TOKENIZER":      "simulator",
+		"WARMPATH_TOKENIZER_DIRS": "Qwen/Qwen3-8B=/models/qwen3, llama=/m/llama",
+		"WARMPATH_DEBUG":          "true",
+		"WARMPATH_DEV_KEY":        "sk-x",
 	}
 	c, err := LoadConfig(path, func(k string) string { return env[k] })
 	if err != nil {
@@ -69,6 +70,17 @@ func TestLoadConfigEnv(t *testing.T) {
 	}
 	if c.KVEvents.Connect != "tcp://relay:5560" || c.Routing.TokenizeURL != "http://render:8000" || c.Routing.Tokenizer != TokenizerSimulator {
 		t.Errorf("kv_events = %+v, tokenize_url = %q, tokenizer = %q", c.KVEvents, c.Routing.TokenizeURL, c.Routing.Tokenizer)
+	}
+	if d := c.Routing.TokenizerDirs; len(d) != 2 || d["Qwen/Qwen3-8B"] != "/models/qwen3" || d["llama"] != "/m/llama" {
+		t.Errorf("tokenizer_dirs = %v", d)
+	}
+	if _, err := LoadConfig("", func(k string) string {
+		if k == "WARMPATH_TOKENIZER_DIRS" {
+			return "nodir"
+		}
+		return ""
+	}); err == nil || !strings.Contains(err.Error(), "WARMPATH_TOKENIZER_DIRS") {
+		t.Errorf("WARMPATH_TOKENIZER_DIRS=nodir: err = %v", err)
 	}
 	for _, bad := range []string{"http://a:8000|||x", "http://a:8000|tcp://a:1|tcp://a:2|2|extra"} {
 		if _, err := LoadConfig("", func(k string) string {
@@ -129,6 +141,12 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 			field: "routing.tokenize_url"},
 		{name: "bad tokenizer", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Routing: RoutingConfig{Tokenizer: "/models/qwen"}},
 			field: "routing.tokenizer"},
+		{name: "hf without dirs", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Routing: RoutingConfig{Tokenizer: TokenizerHF}},
+			field: "routing.tokenizer_dirs"},
+		{name: "dirs without hf", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Routing: RoutingConfig{TokenizerDirs: map[string]string{"m": "/d"}}},
+			field: "routing.tokenizer_dirs"},
+		{name: "empty tokenizer dir", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Routing: RoutingConfig{Tokenizer: TokenizerHF,
+			TokenizerDirs: map[string]string{"m": ""}}}, field: "routing.tokenizer_dirs"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -148,5 +166,11 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 	}
 	if _, err := New(Config{}, Options{}); err == nil {
 		t.Error("New with no fleet succeeded")
+	}
+	missing := engineConfig(scoring.PolicyPrecisePrefix, good)
+	missing.Routing.Tokenizer, missing.Routing.TokenizerDirs = TokenizerHF, map[string]string{"qwen": t.TempDir()}
+	if _, err := New(missing, Options{}); err == nil || !strings.Contains(err.Error(), `routing.tokenizer_dirs["qwen"]`) ||
+		!strings.Contains(err.Error(), "tokenizer.json") {
+		t.Errorf("New with no tokenizer.json: err = %v; want one naming the model and the file", err)
 	}
 }

@@ -166,7 +166,12 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	}
 	g.tok = newTokenizer(&http.Client{Transport: g.upstream, Timeout: cfg.Upstream.TokenizeTimeout}, cfg.Routing.TokenizeCacheBytes, g.m)
 	g.tok.service, g.tok.log = strings.TrimRight(cfg.Routing.TokenizeURL, "/"), log.With("component", "tokenizer")
-	if lt := newLocalTokenizer(cfg.Routing.Tokenizer); lt != nil {
+	lt, err := newLocalTokenizer(cfg.Routing)
+	if err != nil {
+		g.close()
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	if lt != nil {
 		g.tok.localTok = newLocalTokens(lt, cfg.Routing.TokenizerVerifyEvery)
 	}
 	g.admit = o.Admitter

@@ -2,19 +2,26 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 
+	"github.com/tidwall/gjson"
+
 	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/hftok"
 	"github.com/warmpath/warmpath/vllmsim"
 )
 
 // routing.tokenizer's values: the replicas' /tokenize (the default, also
-// ""), and the simulated model's vocabulary tokenized in process.
+// ""), the simulated model's vocabulary tokenized in process, and each
+// model's Hugging Face tokenizer files (routing.tokenizer_dirs) loaded
+// in process.
 const (
 	TokenizerReplicas  = "replicas"
 	TokenizerSimulator = "simulator"
+	TokenizerHF        = "hf"
 )
 
 // localTokenizer tokenizes in process, giving the ids a replica's
@@ -42,12 +49,45 @@ func (simulatorTokenizer) Prompt(text string) ([]uint32, error) {
 	return vllmsim.TokenizePrompt(text), nil
 }
 
-// newLocalTokenizer returns routing.tokenizer's tokenizer, nil for none.
-func newLocalTokenizer(name string) localTokenizer {
-	if name == TokenizerSimulator {
-		return simulatorTokenizer{}
+// hfTokenizers tokenizes each model of routing.tokenizer_dirs with its
+// own tokenizer.json and chat template (package hftok); other models'
+// bodies are refused, so the replicas tokenize them.
+type hfTokenizers map[string]*hftok.Tokenizer
+
+var errNoModelTokenizer = errors.New("gateway: no tokenizer files for this model (routing.tokenizer_dirs)")
+
+func (h hfTokenizers) Tokens(body []byte) ([]uint32, error) {
+	tok := h[gjson.GetBytes(body, "model").String()]
+	if tok == nil {
+		return nil, errNoModelTokenizer
 	}
-	return nil
+	return tok.TokenizeBody(body)
+}
+
+func (h hfTokenizers) serves(model string) bool { return h[model] != nil }
+
+// modelServer is a localTokenizer for some models only.
+type modelServer interface{ serves(model string) bool }
+
+// newLocalTokenizer returns routing.tokenizer's tokenizer, nil for none;
+// for hf it loads every model's files, failing on the first that is
+// missing, malformed or uses what hftok does not support.
+func newLocalTokenizer(r RoutingConfig) (localTokenizer, error) {
+	switch r.Tokenizer {
+	case TokenizerSimulator:
+		return simulatorTokenizer{}, nil
+	case TokenizerHF:
+		h := make(hfTokenizers, len(r.TokenizerDirs))
+		for model, dir := range r.TokenizerDirs {
+			tok, err := hftok.Load(dir)
+			if err != nil {
+				return nil, fmt.Errorf("routing.tokenizer_dirs[%q]: %w", model, err)
+			}
+			h[model] = tok
+		}
+		return h, nil
+	}
+	return nil, nil
 }
 
 // localTokens is the in-process tokenizer and what its checks found.
@@ -101,7 +141,13 @@ func (l *localTokens) wantCheck(lm *localModel) (check, first bool) {
 
 // localFor reports whether model's prompts are tokenized in process.
 func (t *tokenizer) localFor(model string) bool {
-	return t.localTok != nil && !t.localTok.model(model).off.Load()
+	if t.localTok == nil {
+		return false
+	}
+	if ms, ok := t.localTok.impl.(modelServer); ok && !ms.serves(model) {
+		return false
+	}
+	return !t.localTok.model(model).off.Load()
 }
 
 // local returns r's ids from the in-process tokenizer, when there is one
