@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -55,18 +56,32 @@ func TestHFTokenizerCheckedAgainstReplicas(t *testing.T) {
 	}
 }
 
-// hfTokenizers answers a body of a listed model with its ids and refuses
-// one of a model it has no files for.
+// hfTokenizers answers a prompt of a listed model with its ids, and a
+// chat with the ids of the /tokenize body a replica would be sent, and
+// refuses a model it has no files for.
 func TestHFTokenizersByModel(t *testing.T) {
 	lt, err := newLocalTokenizer(RoutingConfig{Tokenizer: TokenizerHF, TokenizerDirs: map[string]string{"qwen": qwen3Dir(t)}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids, err := lt.Tokens([]byte(`{"model":"qwen","prompt":"Hello world"}`))
+	ids, err := lt.Prompt("qwen", "Hello world")
 	if err != nil || len(ids) != 2 || ids[0] != 9707 || ids[1] != 1879 {
-		t.Errorf("Tokens(qwen) = %v, %v; want [9707 1879] (transformers.js)", ids, err)
+		t.Errorf("Prompt(qwen) = %v, %v; want [9707 1879] (transformers.js)", ids, err)
 	}
-	if _, err := lt.Tokens([]byte(`{"model":"llama","prompt":"Hello"}`)); err == nil {
-		t.Error("Tokens of a model without files succeeded")
+	if _, err := lt.Prompt("llama", "Hello"); err == nil {
+		t.Error("Prompt of a model without files succeeded")
+	}
+	const messages = `[{"role":"system","content":"Be brief."},{"role":"user","content":"Hello world"}]`
+	const tools = `[{"type":"function","function":{"name":"f","description":"d","parameters":{"type":"object","properties":{}}}}]`
+	for _, tl := range []string{"", tools} {
+		got, err := lt.Chat("qwen", messages, tl)
+		body := `{"model":"qwen","messages":` + messages + `,"add_generation_prompt":true}`
+		if tl != "" {
+			body = `{"model":"qwen","messages":` + messages + `,"tools":` + tl + `,"add_generation_prompt":true}`
+		}
+		want, werr := lt.(hfTokenizers)["qwen"].TokenizeBody([]byte(body))
+		if err != nil || werr != nil || !slices.Equal(got, want) || len(got) == 0 {
+			t.Errorf("Chat(tools %q) = %v, %v; the body's ids %v, %v", tl, got, err, want, werr)
+		}
 	}
 }

@@ -10,7 +10,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/warmpath/warmpath/gateway/fleet"
-	"github.com/warmpath/warmpath/hftok"
+	"github.com/warmpath/warmpath/gateway/hftok"
 	"github.com/warmpath/warmpath/vllmsim"
 )
 
@@ -31,21 +31,22 @@ const (
 // more time and twice the allocation (BenchmarkLocalTokens: 0.88 against
 // 0.98 ms, 305 against 641 KiB). A check sends the replica the body.
 type localTokenizer interface {
-	// Chat tokenizes a chat prompt with add_generation_prompt: messages
-	// and tools are the request's JSON arrays (tools "" when absent).
-	Chat(messages, tools string) ([]uint32, error)
+	// Chat tokenizes a chat prompt of model with add_generation_prompt:
+	// messages and tools are the request's JSON arrays (tools "" when
+	// absent).
+	Chat(model, messages, tools string) ([]uint32, error)
 	// Prompt tokenizes a completions prompt's text.
-	Prompt(text string) ([]uint32, error)
+	Prompt(model, text string) ([]uint32, error)
 }
 
 // simulatorTokenizer is the simulator's /tokenize code itself.
 type simulatorTokenizer struct{}
 
-func (simulatorTokenizer) Chat(messages, tools string) ([]uint32, error) {
+func (simulatorTokenizer) Chat(_, messages, tools string) ([]uint32, error) {
 	return vllmsim.TokenizeChatJSON(messages, tools)
 }
 
-func (simulatorTokenizer) Prompt(text string) ([]uint32, error) {
+func (simulatorTokenizer) Prompt(_, text string) ([]uint32, error) {
 	return vllmsim.TokenizePrompt(text), nil
 }
 
@@ -56,12 +57,20 @@ type hfTokenizers map[string]*hftok.Tokenizer
 
 var errNoModelTokenizer = errors.New("gateway: no tokenizer files for this model (routing.tokenizer_dirs)")
 
-func (h hfTokenizers) Tokens(body []byte) ([]uint32, error) {
-	tok := h[gjson.GetBytes(body, "model").String()]
+func (h hfTokenizers) Chat(model, messages, tools string) ([]uint32, error) {
+	tok := h[model]
 	if tok == nil {
 		return nil, errNoModelTokenizer
 	}
-	return tok.TokenizeBody(body)
+	return tok.TokenizeChat(gjson.Parse(messages), gjson.Parse(tools))
+}
+
+func (h hfTokenizers) Prompt(model, text string) ([]uint32, error) {
+	tok := h[model]
+	if tok == nil {
+		return nil, errNoModelTokenizer
+	}
+	return tok.TokenizePrompt(text)
 }
 
 func (h hfTokenizers) serves(model string) bool { return h[model] != nil }

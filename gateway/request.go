@@ -559,7 +559,7 @@ func (r *Request) localTokens(tok localTokenizer) ([]uint32, error) {
 		if r.tools.IsArray() {
 			tools = r.tools.Raw
 		}
-		return tok.Chat(r.messages.Raw, tools)
+		return tok.Chat(r.model, r.messages.Raw, tools)
 	}
 	p := r.prompt
 	if p.IsArray() {
@@ -568,7 +568,7 @@ func (r *Request) localTokens(tok localTokenizer) ([]uint32, error) {
 	if p.Type != gjson.String {
 		return nil, errors.New("gateway: prompt is not text")
 	}
-	return tok.Prompt(p.String())
+	return tok.Prompt(r.model, p.String())
 }
 
 // promptTokenIDs returns the prompt's token ids when a completions request

@@ -61,16 +61,33 @@ func (t *Tokenizer) TokenizeBody(body []byte) ([]uint32, error) {
 		return nil, err
 	}
 	if r.messages.Exists() {
-		text, err := t.renderRequest(r)
-		if err != nil {
-			return nil, err
-		}
-		return t.Encode(text, r.addSpecialTokens.Bool())
+		agp := r.addGenerationPrompt
+		return t.tokenizeChat(r.messages, r.tools, !agp.Exists() || agp.Bool(), r.addSpecialTokens.Bool())
 	}
 	if r.prompt.Type != gjson.String {
 		return nil, errors.New("hftok: the body has neither messages nor a string prompt")
 	}
 	return t.Encode(r.prompt.String(), !r.addSpecialTokens.Exists() || r.addSpecialTokens.Bool())
+}
+
+// TokenizeChat returns the ids TokenizeBody gives a body of these
+// messages and tools (tools may be absent) with add_generation_prompt
+// true and add_special_tokens unset: a gateway that parsed the request
+// passes its arrays rather than build and parse a /tokenize body.
+func (t *Tokenizer) TokenizeChat(messages, tools gjson.Result) ([]uint32, error) {
+	return t.tokenizeChat(messages, tools, true, false)
+}
+
+// TokenizePrompt returns the ids TokenizeBody gives a completions prompt
+// of text with add_special_tokens unset.
+func (t *Tokenizer) TokenizePrompt(text string) ([]uint32, error) { return t.Encode(text, true) }
+
+func (t *Tokenizer) tokenizeChat(messages, tools gjson.Result, addGenerationPrompt, addSpecial bool) ([]uint32, error) {
+	text, err := t.RenderChat(messages, tools, addGenerationPrompt)
+	if err != nil {
+		return nil, err
+	}
+	return t.Encode(text, addSpecial)
 }
 
 // renderBody renders a chat body's messages as TokenizeBody would.

@@ -24,7 +24,7 @@ var realModels = []struct{ name, dir string }{
 // under CI, failing) as the real-client tests do when they are missing.
 func realModel(t testing.TB, dir string) (*Tokenizer, string, string) {
 	t.Helper()
-	node, clients := nodeclients.Find(t, "..")
+	node, clients := nodeclients.Find(t, "../..")
 	path := filepath.Join(clients, "node_modules", dir)
 	tok, err := Load(path)
 	if err != nil {
