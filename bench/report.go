@@ -63,6 +63,9 @@ type Result struct {
 	Warmup   int `json:"warmup_requests"`
 	// FirstError is the first failure's message, "" when none.
 	FirstError string `json:"first_error,omitempty"`
+	// ErrorKinds counts the failures by kind (failureKind): the status, or
+	// what broke the request.
+	ErrorKinds map[string]int `json:"error_kinds,omitempty"`
 	// TTFT is time to the first content-bearing chunk of the stream, as
 	// the client saw it (gateway included).
 	TTFTP50Ms  float64 `json:"ttft_p50_ms"`
@@ -255,6 +258,10 @@ func summarize(policy string, samples []sample, scale float64) *Result {
 			if r.FirstError == "" {
 				r.FirstError = s.err
 			}
+			if r.ErrorKinds == nil {
+				r.ErrorKinds = map[string]int{}
+			}
+			r.ErrorKinds[failureKind(s.err)]++
 			continue
 		}
 		completed++
@@ -613,7 +620,7 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	}
 	for _, r := range rep.Results {
 		if r.Errors > 0 {
-			fmt.Fprintf(&b, "%s: %d errors, first: %s\n", r.Policy, r.Errors, r.FirstError)
+			fmt.Fprintf(&b, "%s: %d errors %v, first: %s\n", r.Policy, r.Errors, r.ErrorKinds, r.FirstError)
 		}
 	}
 	_, err := w.Write(b.Bytes())
@@ -788,3 +795,38 @@ figure{margin:1.5em 0}
 <pre>{{.Table}}</pre>
 </body></html>
 `))
+
+// failureKind classes a failed request's message for Result.ErrorKinds:
+// "status 502 upstream_error" for an error answer (its status and the
+// envelope's code), "stream error upstream_error" for an error event,
+// and otherwise the message with the request's URL taken out.
+func failureKind(msg string) string {
+	var status int
+	if n, _ := fmt.Sscanf(msg, "status %d:", &status); n == 1 {
+		return strings.TrimSpace(fmt.Sprintf("status %d %s", status, envelopeCode(msg)))
+	}
+	if rest, ok := strings.CutPrefix(msg, "stream error: "); ok {
+		return strings.TrimSpace("stream error " + envelopeCode(rest))
+	}
+	if i := strings.Index(msg, `": `); strings.HasPrefix(msg, "Post ") && i > 0 {
+		return msg[i+3:] // net/http's `Post "URL": cause`
+	}
+	return msg
+}
+
+// envelopeCode is the code of the first OpenAI error envelope in s, or "".
+func envelopeCode(s string) string {
+	i := strings.IndexByte(s, '{')
+	if i < 0 {
+		return ""
+	}
+	var e struct {
+		Error struct {
+			Code any `json:"code"`
+		} `json:"error"`
+	}
+	if json.NewDecoder(strings.NewReader(s[i:])).Decode(&e) != nil || e.Error.Code == nil {
+		return ""
+	}
+	return fmt.Sprint(e.Error.Code)
+}

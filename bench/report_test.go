@@ -203,3 +203,18 @@ func TestFleetLRUCeiling(t *testing.T) {
 		t.Errorf("capacity 100: %v; want 31/80", got)
 	}
 }
+
+func TestFailureKind(t *testing.T) {
+	for _, tt := range []struct{ msg, want string }{
+		{`status 502: {"error":{"message":"the upstream replica failed before answering; try again","type":"server_error","param":null,"code":"upstream_error"}}`, "status 502 upstream_error"},
+		{`status 503: {"error":{"message":"no healthy replica","code":"service_unavailable"}}`, "status 503 service_unavailable"},
+		{`status 500: not json`, "status 500"},
+		{`stream error: {"error":{"message":"cut","code":"upstream_error"}}`, "stream error upstream_error"},
+		{`Post "http://127.0.0.1:1/v1/chat/completions": dial tcp 127.0.0.1:1: connect: connection refused`, "dial tcp 127.0.0.1:1: connect: connection refused"},
+		{"bench: cut at the drain deadline", "bench: cut at the drain deadline"},
+	} {
+		if got := failureKind(tt.msg); got != tt.want {
+			t.Errorf("failureKind(%q) = %q; want %q", tt.msg, got, tt.want)
+		}
+	}
+}

@@ -78,7 +78,7 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 					g.m.streamsCut.WithLabelValues(cutReason(err)).Inc()
 				}
 				if !errors.Is(err, errDraining) { // then the replica is suspect
-					x.replica.ReportFailure(err)
+					x.replica.ReportFailureOf(x.sent, err)
 					g.m.upstreamErrors.WithLabelValues(x.replica.Spec.Name, "broken_body").Inc()
 				}
 			}

@@ -28,6 +28,7 @@ type exchange struct {
 	finished bool
 
 	replica   *fleet.Replica // the replica that answered
+	sent      time.Time      // when its attempt was sent
 	flight    *fleet.Flight
 	predicted int // cached tokens predicted on replica
 	attempts  int

@@ -250,7 +250,8 @@ type UpstreamConfig struct {
 	// has started; default 2m.
 	IdleTimeout time.Duration `yaml:"idle_timeout"`
 	// TokenizeTimeout bounds one /tokenize call; default 2s. A replica
-	// that times out is reported to health and the next one is asked.
+	// that times out is reported to health and the next one is asked
+	// (calls that time out together count as one failure).
 	TokenizeTimeout time.Duration `yaml:"tokenize_timeout"`
 }
 

@@ -8,6 +8,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	neturl "net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -578,5 +581,88 @@ func TestIdleRestartForgetsCache(t *testing.T) {
 	r := c.turn(t, gw.URL, "after the restart")
 	if got := r.Header.Get("X-Warmpath-Rebind"); got != scoring.RebindEvicted {
 		t.Errorf("rebind = %q (reason %s, predicted %s); want evicted", got, r.Header.Get("X-Warmpath-Reason"), r.Header.Get("X-Warmpath-Predicted-Cached"))
+	}
+}
+
+// heldTokenizer fronts a simulated replica and holds every /tokenize call
+// that arrives before release is closed, then fails them all at once with
+// a 503 (what a host stall does to the calls pending through it: they all
+// time out together); later calls and everything else pass through.
+type heldTokenizer struct {
+	URL     string
+	held    chan struct{} // one send per /tokenize call now held
+	release chan struct{}
+}
+
+func newHeldTokenizer(t *testing.T, target string) *heldTokenizer {
+	t.Helper()
+	u, err := neturl.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &heldTokenizer{held: make(chan struct{}, 64), release: make(chan struct{})}
+	rp := httputil.NewSingleHostReverseProxy(u)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-h.release:
+			rp.ServeHTTP(w, r) // the stall is over
+			return
+		default:
+		}
+		if r.URL.Path != "/tokenize" {
+			rp.ServeHTTP(w, r)
+			return
+		}
+		h.held <- struct{}{}
+		<-h.release
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte(`{"error":{"message":"stalled","type":"ServiceUnavailableError","code":503}}`))
+	}))
+	t.Cleanup(srv.Close)
+	h.URL = srv.URL
+	return h
+}
+
+// The failures of calls that were pending together are one failure: five
+// first turns whose /tokenize calls all fail at once leave their replica
+// healthy (health.failures 2), and the turns are served, routed without
+// prefix information. Counted one each, they had marked a healthy replica
+// down and answered the turns 503 (a host stall of two seconds did that to
+// a whole fleet in `warmpath bench --gateways 2`).
+func TestFailuresTogetherCountOnce(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{Replicas: 1})
+	tok := newHeldTokenizer(t, sim.Replicas()[0].Info().URL)
+	cfg := fleetConfig(sim)
+	cfg.Replicas[0].URL = tok.URL
+	cfg.Routing.Policy = scoring.PolicyPrecisePrefix
+	gw := startGateway(t, cfg, nil)
+
+	const n = 5
+	status := make(chan int, n)
+	for i := range n {
+		b, _ := json.Marshal(map[string]any{"model": "qwen3-32b", "max_tokens": 2,
+			"messages": []msg{{"user", words(fmt.Sprintf("turn%d-", i), 40)}}})
+		go func() {
+			resp, err := http.Post(gw.URL+"/v1/chat/completions", "application/json", bytes.NewReader(b))
+			if err != nil {
+				status <- 0
+				return
+			}
+			resp.Body.Close()
+			status <- resp.StatusCode
+		}()
+	}
+	for range n {
+		<-tok.held // all five pending at the replica
+	}
+	close(tok.release)
+	for range n {
+		if st := <-status; st != http.StatusOK {
+			t.Errorf("a turn whose /tokenize failed with the others: status %d; want 200", st)
+		}
+	}
+	if got := counter(t, gw.reg, "warmpath_replica_health_transitions_total", map[string]string{"to": "unhealthy"}); got != 0 {
+		t.Errorf("the replica went unhealthy %v times on one event", got)
 	}
 }

@@ -48,10 +48,11 @@ func (g *Gateway) forward(ctx context.Context, x *exchange) (*http.Response, err
 			g.refill(x.req)
 		}
 		x.attempts++
+		sent := time.Now()
 		resp, err := g.attempt(ctx, x, rep)
 		if err == nil && !retryable(resp.StatusCode) {
 			rep.ReportSuccess()
-			x.replica, x.flight, x.predicted, x.answered = rep, fl, predicted, time.Now()
+			x.replica, x.flight, x.predicted, x.sent, x.answered = rep, fl, predicted, sent, time.Now()
 			if i > 0 {
 				g.m.decisions.WithLabelValues("retry").Inc()
 			}
@@ -71,11 +72,11 @@ func (g *Gateway) forward(ctx context.Context, x *exchange) (*http.Response, err
 		} else {
 			lastErr = fmt.Errorf("replica %s: %w", rep.Spec.Name, err)
 		}
-		rep.ReportFailure(lastErr)
+		rep.ReportFailureOf(sent, lastErr)
 		g.m.upstreamErrors.WithLabelValues(rep.Spec.Name, kind).Inc()
 		if i == n-1 && resp != nil {
 			// Out of replicas: the client gets the replica's own error.
-			x.replica, x.flight, x.predicted, x.answered = rep, fl, predicted, time.Now()
+			x.replica, x.flight, x.predicted, x.sent, x.answered = rep, fl, predicted, sent, time.Now()
 			return resp, nil
 		}
 		fl.Done()

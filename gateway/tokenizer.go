@@ -195,6 +195,7 @@ func (t *tokenizer) ask(ctx context.Context, order []tokenizeTarget, body []byte
 	failures := 0
 	for _, tg := range order {
 		var ids []uint32
+		began := time.Now()
 		if ids, err = t.call(ctx, tg.base, body); err == nil {
 			t.succeeded(tg.name)
 			return ids, nil
@@ -208,7 +209,7 @@ func (t *tokenizer) ask(ctx context.Context, order []tokenizeTarget, body []byte
 			continue
 		}
 		if tg.rep != nil {
-			tg.rep.ReportFailure(err)
+			tg.rep.ReportFailureOf(began, err)
 		}
 		if failures++; failures == 2 {
 			break

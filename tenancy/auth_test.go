@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -265,6 +266,46 @@ func TestRevocationReachesEveryGateway(t *testing.T) {
 	c.clock.advance(time.Millisecond)
 	if _, err := c.auth.Authenticate(ctx, bearer(full2)); err == nil {
 		t.Fatal("revoked key works past cache_ttl without pub/sub")
+	}
+}
+
+// TestRevokeKeyInUse: a key in use is revoked even when a gateway writes
+// its last-used time inside the revocation's transaction (between WATCH
+// and EXEC): the revocation tries again rather than answering a conflict
+// that leaves the key working.
+func TestRevokeKeyInUse(t *testing.T) {
+	a := newEnv(t)
+	ctx := t.Context()
+	mustTenant(t, a.store, Tenant{ID: "acme"})
+	k, full := mustKey(t, a.store, "acme", KeySpec{})
+	if _, err := a.auth.Authenticate(ctx, bearer(full)); err != nil { // queues the last-used write
+		t.Fatal(err)
+	}
+	// The transaction reads the clock between its read and its write: the
+	// first time it does, the pending last-used time is flushed.
+	var flushed atomic.Bool
+	clk := a.store.now
+	a.store.now = func() time.Time {
+		if flushed.CompareAndSwap(false, true) {
+			a.store.flushLastUsed(ctx)
+		}
+		return clk()
+	}
+	if _, err := a.store.RevokeKey(ctx, "acme", k.ID); err != nil {
+		t.Fatalf("revoking a key whose last-used time was written meanwhile: %v", err)
+	}
+	if !flushed.Load() {
+		t.Fatal("the last-used write did not happen inside the revocation")
+	}
+	got, err := a.store.readKey(ctx, k.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Revoked.IsZero() || got.LastUsed.IsZero() {
+		t.Errorf("after the revocation: revoked %v, last used %v; want both set", got.Revoked, got.LastUsed)
+	}
+	if _, err := a.auth.Authenticate(ctx, bearer(full)); err == nil {
+		t.Error("the revoked key still works")
 	}
 }
 

@@ -204,13 +204,15 @@ func (s *Store) RotateKey(ctx context.Context, tenant, id string, grace time.Dur
 }
 
 // editKey applies edit to one of tenant's keys under optimistic locking and
-// invalidates it everywhere.
+// invalidates it everywhere. A last-used write to the key that lands
+// inside the transaction makes it try again (watch), so a key in use can
+// be revoked.
 func (s *Store) editKey(ctx context.Context, tenant, id string, edit func(*Key, time.Time) error) (Key, error) {
 	if len(id) != keyIDLen || !isLowerHex(id) {
 		return Key{}, ErrNotFound
 	}
 	var out Key
-	err := s.rdb.Watch(ctx, func(tx *redis.Tx) error {
+	err := s.watch(ctx, func(tx *redis.Tx) error {
 		k, err := s.readKey(ctx, id)
 		if err != nil {
 			return err

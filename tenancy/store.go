@@ -58,6 +58,10 @@ type Store struct {
 	cache *lru.Cache[string, cached]
 	// seq counts invalidations; a read that raced one is not cached.
 	seq atomic.Uint64
+	// inval makes an invalidation (seq, then the removal) and a read's
+	// keep (the seq check, then the add) one step each, so a record read
+	// before a revocation cannot be added just after its removal.
+	inval sync.Mutex
 
 	// onInvalidate, when set (tests), is called with each entry dropped on
 	// a pub/sub message, or "*" when the whole cache is.
@@ -134,12 +138,14 @@ func (s *Store) onPubSub(m any) {
 
 // drop removes one cache entry, or all for "*".
 func (s *Store) drop(name string) {
+	s.inval.Lock()
 	s.seq.Add(1)
 	if name == "*" {
 		s.cache.Purge()
 	} else {
 		s.cache.Remove(name)
 	}
+	s.inval.Unlock()
 	if s.onInvalidate != nil {
 		s.onInvalidate(name)
 	}
@@ -149,8 +155,10 @@ func (s *Store) drop(name string) {
 // gateway.
 func (s *Store) invalidate(ctx context.Context, names ...string) {
 	for _, n := range names {
+		s.inval.Lock()
 		s.seq.Add(1)
 		s.cache.Remove(n)
+		s.inval.Unlock()
 		if err := s.rdb.Publish(ctx, s.channel(), n).Err(); err != nil {
 			s.log.Warn("tenancy: publish invalidation; other gateways see it within cache_ttl", "entry", n, "err", err)
 		}
@@ -204,10 +212,8 @@ func (s *Store) lookup(ctx context.Context, name string, now time.Time, read fun
 	fresh, err := read(ctx)
 	switch {
 	case err == nil:
-		if s.seq.Load() == seq { // no invalidation raced the read
-			fresh.at = now
-			s.cache.Add(name, fresh)
-		}
+		fresh.at = now
+		s.keep(name, fresh, seq)
 		return fresh, nil
 	case errors.Is(err, redis.Nil) || errors.Is(err, ErrNotFound):
 		s.cache.Remove(name)
@@ -217,6 +223,16 @@ func (s *Store) lookup(ctx context.Context, name string, now time.Time, read fun
 		return e, nil
 	}
 	return cached{}, fmt.Errorf("%w: %w", errUnavailable, err)
+}
+
+// keep caches e, read for name after the seq-th invalidation, unless an
+// invalidation came since (which the read may have missed).
+func (s *Store) keep(name string, e cached, seq uint64) {
+	s.inval.Lock()
+	defer s.inval.Unlock()
+	if s.seq.Load() == seq {
+		s.cache.Add(name, e)
+	}
 }
 
 // noteUse queues a key's last-used time, at most once a minute per key.
@@ -363,7 +379,7 @@ func (s *Store) ListTenants(ctx context.Context) ([]Tenant, error) {
 // locking on the record) and invalidates it on every gateway.
 func (s *Store) UpdateTenant(ctx context.Context, id string, edit func(*Tenant) error) (Tenant, error) {
 	var out Tenant
-	err := s.rdb.Watch(ctx, func(tx *redis.Tx) error {
+	err := s.watch(ctx, func(tx *redis.Tx) error {
 		t, err := s.GetTenant(ctx, id)
 		if err != nil {
 			return err
@@ -388,6 +404,25 @@ func (s *Store) UpdateTenant(ctx context.Context, id string, edit func(*Tenant) 
 	}
 	s.invalidate(ctx, "t:"+id)
 	return out, nil
+}
+
+// txAttempts bounds how often watch tries an optimistic transaction.
+// What loses it is mostly a gateway's last-used write to the same key
+// (at most one a minute per key and gateway), so eight losses in a row
+// mean a real contention, which the caller sees as a conflict.
+const txAttempts = 8
+
+// watch runs fn as an optimistic transaction on keys (WATCH … EXEC), and
+// again, re-reading, when another write to them landed between fn's read
+// and its write. fn must read what it edits inside the transaction.
+func (s *Store) watch(ctx context.Context, fn func(*redis.Tx) error, keys ...string) error {
+	var err error
+	for range txAttempts {
+		if err = s.rdb.Watch(ctx, fn, keys...); !errors.Is(err, redis.TxFailedErr) {
+			return err
+		}
+	}
+	return err
 }
 
 // retryable maps a lost optimistic race to a conflict the caller may retry.

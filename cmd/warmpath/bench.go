@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 
@@ -13,7 +14,7 @@ import (
 // runBench runs a live benchmark: `warmpath bench --workload shared-prefix
 // [--policies …] [--replicas 8] [--kv-blocks B] [--cpu-blocks C] [--gateways 1] [--speed X] [--scale S] [--stage-scale F]
 // [--seed N] [--trace FILE --time-scale F] [--limit N] [--duration D]
-// [--drain D] [--parts P] [--report DIR] [--json FILE] [--fleet URLs [--kv-events EPs]] [--target
+// [--drain D] [--parts P] [--report DIR] [--json FILE] [--log FILE] [--fleet URLs [--kv-events EPs]] [--target
 // URL] [--quiet]`.
 func runBench(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -42,10 +43,19 @@ func runBench(ctx context.Context, args []string) error {
 	reportDir := fs.String("report", "", "write an HTML report to DIR/index.html")
 	jsonPath := fs.String("json", "", "write the results as JSON to FILE")
 	quiet := fs.Bool("quiet", false, "no progress bar")
+	logPath := fs.String("log", "", "write the simulated fleet's and the gateways' logs to FILE (text, info level)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	cfg.Policies, cfg.Fleet, cfg.KVEvents, cfg.Parts = splitFlag(*policies), splitFlag(*fleet), splitFlag(*kvEvents), splitFlag(*parts)
+	if *logPath != "" {
+		f, err := os.Create(*logPath)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		cfg.Logger = slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
 	if st, err := os.Stderr.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 && !*quiet {
 		cfg.Progress = os.Stderr
 	}

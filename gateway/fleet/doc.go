@@ -74,7 +74,10 @@
 // consecutive count, which any success (active, or passive through
 // [Replica.ReportSuccess]) resets. Only active checks heal: the proxy sends
 // nothing to an unhealthy replica, so its successes cannot vouch for it.
-// Any failure while unhealthy restarts the recovery count.
+// Any failure while unhealthy restarts the recovery count. Passive
+// failures of calls that were in flight together count once
+// ([Replica.ReportFailureOf]): one event (a host stall timing out every
+// pending call, a crash resetting every connection) is one failure.
 //
 // Scrapes are independent of health: a failed scrape keeps the previous
 // numbers and records ScrapeErr, and once the last success is older than

@@ -127,6 +127,9 @@ type Replica struct {
 	passes      int         // consecutive active successes while unhealthy
 	everHealthy bool        // the replica has been healthy at least once
 	anyFailed   atomic.Bool // fails > 0, read lock-free by ReportSuccess
+	// passiveAt is when the last passive failure that counted was
+	// reported (see ReportFailureOf).
+	passiveAt time.Time
 	// engineQueries is the last scrape's prefix-cache queries by engine
 	// label (see allWentBack).
 	engineQueries map[int]float64
@@ -228,8 +231,21 @@ func (r *Replica) update(fn func(*State)) *State {
 // failed active checks, make the replica unhealthy at FailureThreshold; only
 // active checks make it healthy again. Errors matching context.Canceled are
 // ignored: a client that goes away is not the replica's fault. A nil err
-// counts as an unspecified failure.
-func (r *Replica) ReportFailure(err error) {
+// counts as an unspecified failure. It is ReportFailureOf a call that
+// began now, which always counts.
+func (r *Replica) ReportFailure(err error) { r.ReportFailureOf(time.Now(), err) }
+
+// ReportFailureOf records, as ReportFailure does, the failure of a call to
+// the replica that began at began. Calls in flight together when one of
+// them failed are one failure, not one each: a host stall times out every
+// call pending at once, a crash resets every connection, and counting
+// each would mark a replica down on one event (a gateway pausing for two
+// seconds once ejected a whole healthy fleet this way, its every pending
+// /tokenize timing out together). So a failure counts only if its call
+// began after the last failure that counted was reported; a replica that
+// keeps failing what is sent to it after a failure still reaches
+// FailureThreshold.
+func (r *Replica) ReportFailureOf(began time.Time, err error) {
 	if errors.Is(err, context.Canceled) {
 		return
 	}
@@ -239,6 +255,10 @@ func (r *Replica) ReportFailure(err error) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if began.Before(r.passiveAt) {
+		return // in flight when the last counted failure came: the same event
+	}
+	r.passiveAt = time.Now()
 	r.failLocked("passive: "+msg, time.Time{})
 }
 

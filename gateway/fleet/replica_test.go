@@ -173,6 +173,31 @@ func TestHealthReason(t *testing.T) {
 	}
 }
 
+// Calls in flight together when one of them fails are one failure: a
+// stall that times out every pending call at once does not mark the
+// replica down (FailureThreshold 3), while calls sent after a failure
+// that fail too still do.
+func TestConcurrentFailuresCountOnce(t *testing.T) {
+	r := testReplica(t, nil)
+	r.activeResult(time.Unix(1000, 0), nil)
+	began := time.Now()
+	for range 20 { // twenty calls pending together, all timing out
+		r.ReportFailureOf(began, errors.New("context deadline exceeded"))
+	}
+	if s := r.State(); !s.Healthy {
+		t.Fatalf("twenty calls in flight together failed once: %+v; want healthy (one failure of three)", s)
+	}
+	for i := range 2 { // each sent after the last failure, each failing
+		r.ReportFailureOf(time.Now(), errors.New("connection refused"))
+		if got, want := r.State().Healthy, i == 0; got != want {
+			t.Fatalf("after %d later failures: healthy %v; want %v", i+1, got, want)
+		}
+	}
+	if got := r.State().HealthReason; got != "passive: connection refused" {
+		t.Errorf("reason %q", got)
+	}
+}
+
 func TestSaturated(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	fresh := func(s *State) { s.Healthy, s.ScrapedAt = true, t0 }
