@@ -28,8 +28,8 @@ const (
 // /tokenize would for the body the gateway would send it (tokenizeBody).
 // It takes the parts of the request ParseRequest validated, not that body:
 // building and parsing a copy of a 16k-token prompt cost about a tenth
-// more time and twice the allocation (BenchmarkLocalTokens: 0.88 against
-// 0.98 ms, 305 against 641 KiB). A check sends the replica the body.
+// more time and twice the allocation (BenchmarkLocalTokens, 833e6ee: 0.88
+// against 0.98 ms, 305 against 641 KiB). A check sends the replica the body.
 type localTokenizer interface {
 	// Chat tokenizes a chat prompt of model with add_generation_prompt:
 	// messages and tools are the request's JSON arrays (tools "" when
@@ -37,6 +37,8 @@ type localTokenizer interface {
 	Chat(model, messages, tools string) ([]uint32, error)
 	// Prompt tokenizes a completions prompt's text.
 	Prompt(model, text string) ([]uint32, error)
+	// Serves reports whether it tokenizes model's prompts at all.
+	Serves(model string) bool
 }
 
 // simulatorTokenizer is the simulator's /tokenize code itself.
@@ -49,6 +51,9 @@ func (simulatorTokenizer) Chat(_, messages, tools string) ([]uint32, error) {
 func (simulatorTokenizer) Prompt(_, text string) ([]uint32, error) {
 	return vllmsim.TokenizePrompt(text), nil
 }
+
+// Serves: every simulated replica tokenizes alike, whatever the model.
+func (simulatorTokenizer) Serves(string) bool { return true }
 
 // hfTokenizers tokenizes each model of routing.tokenizer_dirs with its
 // own tokenizer.json and chat template (package hftok); other models'
@@ -73,10 +78,8 @@ func (h hfTokenizers) Prompt(model, text string) ([]uint32, error) {
 	return tok.TokenizePrompt(text)
 }
 
-func (h hfTokenizers) serves(model string) bool { return h[model] != nil }
-
-// modelServer is a localTokenizer for some models only.
-type modelServer interface{ serves(model string) bool }
+// Serves reports whether model has tokenizer files.
+func (h hfTokenizers) Serves(model string) bool { return h[model] != nil }
 
 // newLocalTokenizer returns routing.tokenizer's tokenizer, nil for none;
 // for hf it loads every model's files, failing on the first that is
@@ -150,13 +153,8 @@ func (l *localTokens) wantCheck(lm *localModel) (check, first bool) {
 
 // localFor reports whether model's prompts are tokenized in process.
 func (t *tokenizer) localFor(model string) bool {
-	if t.localTok == nil {
-		return false
-	}
-	if ms, ok := t.localTok.impl.(modelServer); ok && !ms.serves(model) {
-		return false
-	}
-	return !t.localTok.model(model).off.Load()
+	l := t.localTok
+	return l != nil && l.impl.Serves(model) && !l.model(model).off.Load()
 }
 
 // local returns r's ids from the in-process tokenizer, when there is one

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 	"unsafe"
 
@@ -143,9 +142,9 @@ func ParseRequest(api API, h http.Header, body []byte, p *tenancy.Principal) (*R
 const parallelValidateBytes = 64 << 10
 
 // validate reports whether body is valid JSON: a large body on a
-// goroutine of its own, joined by the call of the func it returns, while
-// the parse (which reads invalid JSON without failing; its result is then
-// dropped) runs beside it.
+// goroutine of its own, joined by the one call of the func it returns,
+// while the parse (which reads invalid JSON without failing; its result
+// is then dropped) runs beside it.
 func validate(body []byte) func() bool {
 	if len(body) < parallelValidateBytes {
 		ok := gjson.ValidBytes(body)
@@ -153,7 +152,7 @@ func validate(body []byte) func() bool {
 	}
 	done := make(chan bool, 1)
 	go func() { done <- gjson.ValidBytes(body) }()
-	return sync.OnceValue(func() bool { return <-done })
+	return func() bool { return <-done }
 }
 
 // parseFields is ParseRequest's parse of a body that may not be valid

@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"testing"
-
-	"github.com/warmpath/warmpath/vllmsim"
 )
 
 // benchBody is a chat body of about n words in one user message, after a
@@ -46,27 +44,18 @@ func BenchmarkParseRequest(b *testing.B) {
 }
 
 // BenchmarkLocalTokens tokenizes a 16k-word prompt in process from the
-// parsed request's parts, against the /tokenize body a replica is sent
-// (built, then parsed again), as the gateway did before.
+// parsed request's parts (before 833e6ee the gateway built a /tokenize
+// body and parsed it again: 0.98 ms and 641 KiB against these 0.88 ms and
+// 305 KiB in that commit's run).
 func BenchmarkLocalTokens(b *testing.B) {
 	r, err := ParseRequest(APIChat, http.Header{}, benchBody(b, 16000), nil)
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Run("parts", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			if _, err := r.localTokens(simulatorTokenizer{}); err != nil {
-				b.Fatal(err)
-			}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := r.localTokens(simulatorTokenizer{}); err != nil {
+			b.Fatal(err)
 		}
-	})
-	b.Run("body", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			if _, err := vllmsim.TokenizeValidBody(r.tokenizeBody()); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
+	}
 }

@@ -96,9 +96,10 @@ func FuzzDecodeMessage(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		checkMessage(t, data)
-		// Any bytes, as a message or a body: an answer, never a panic.
-		_, _ = TokenizeValidBody(data)
-		_, _ = TokenizeValidBody(append(append([]byte(`{"messages":[`), data...), "]}"...))
+		// Any bytes, as messages or tools the gateway did not validate: an
+		// answer, never a panic.
+		_, _ = TokenizeChatJSON(string(data), string(data))
+		_, _ = TokenizeChatJSON("["+string(data)+"]", "")
 	})
 }
 

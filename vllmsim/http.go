@@ -266,18 +266,6 @@ func TokenizeBody(body []byte) ([]uint32, error) {
 	return tr.tokens()
 }
 
-// TokenizeValidBody is TokenizeBody for a body known to be valid JSON
-// (a gateway builds it from parts of a request it has validated): it
-// skips the validation pass, about half of TokenizeBody's time on a long
-// prompt. Invalid JSON gives an error or some ids, never a panic.
-func TokenizeValidBody(body []byte) ([]uint32, error) {
-	tr, err := decodeTokenizeRequest(body, false)
-	if err != nil {
-		return nil, err
-	}
-	return tr.tokens()
-}
-
 // TokenizeChatJSON returns the ids /tokenize gives a body of these messages
 // and tools with add_generation_prompt: messages and tools are JSON arrays
 // known to be valid (tools "" for none), as in a request a gateway has

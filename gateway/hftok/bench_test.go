@@ -45,14 +45,14 @@ func BenchmarkTokenizeBody16k(b *testing.B) {
 
 func BenchmarkSimulatorTokenizeBody16k(b *testing.B) {
 	body, _ := benchBody(b)
-	ids, err := vllmsim.TokenizeValidBody(body)
+	ids, err := vllmsim.TokenizeBody(body)
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
 	b.SetBytes(int64(len(body)))
 	for b.Loop() {
-		vllmsim.TokenizeValidBody(body)
+		vllmsim.TokenizeBody(body)
 	}
 	b.ReportMetric(float64(len(ids)), "tokens")
 }

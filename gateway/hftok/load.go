@@ -85,7 +85,6 @@ type addedJSON struct {
 	LStrip     bool   `json:"lstrip"`
 	RStrip     bool   `json:"rstrip"`
 	Normalized bool   `json:"normalized"`
-	Special    bool   `json:"special"`
 }
 
 type modelJSON struct {
@@ -114,8 +113,8 @@ type component struct {
 	Behavior string                          `json:"behavior"`
 	Invert   bool                            `json:"invert"`
 	// ByteLevel
-	AddPrefixSpace bool `json:"add_prefix_space"`
-	UseRegex       bool `json:"use_regex"`
+	AddPrefixSpace bool  `json:"add_prefix_space"`
+	UseRegex       *bool `json:"use_regex"` // absent is true, as in Hugging Face tokenizers
 	// TemplateProcessing
 	Single        []map[string]struct{ ID string }  `json:"single"`
 	SpecialTokens map[string]struct{ IDs []uint32 } `json:"special_tokens"`
@@ -211,7 +210,7 @@ func parsePreTokenizer(raw json.RawMessage) (splits []splitter, byteLevel bool, 
 			if s.AddPrefixSpace {
 				return nil, false, errors.New("ByteLevel add_prefix_space is not supported")
 			}
-			if s.UseRegex {
+			if s.UseRegex == nil || *s.UseRegex {
 				sp, err := newSplitter(gpt2Pattern, true)
 				if err != nil {
 					return nil, false, err

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tidwall/gjson"
+
 	"github.com/warmpath/warmpath/internal/nodeclients"
 )
 
@@ -104,6 +106,24 @@ func compareBody(t *testing.T, tok *Tokenizer, body string, want refAnswer) {
 	}
 	if i := firstDiff(got, want.IDs); i >= 0 {
 		t.Errorf("TokenizeBody(%.120s): ids differ at %d of %d/%d: got %v, want %v", body, i, len(got), len(want.IDs), window(got, i), window(want.IDs, i))
+	}
+	// The gateway's path: the parsed request's parts, for the bodies it
+	// would build (add_generation_prompt true, add_special_tokens unset).
+	r := gjson.Parse(body)
+	if r.Get("add_special_tokens").Exists() || r.Get("add_generation_prompt").Type == gjson.False {
+		return
+	}
+	var parts []uint32
+	switch {
+	case r.Get("messages").Exists():
+		parts, err = tok.TokenizeChat(r.Get("messages"), r.Get("tools"))
+	case r.Get("prompt").Type == gjson.String:
+		parts, err = tok.TokenizePrompt(r.Get("prompt").String())
+	default:
+		return
+	}
+	if err != nil || firstDiff(parts, want.IDs) >= 0 {
+		t.Errorf("the gateway's path for %.120s: %v, %v; want %v", body, window(parts, max(firstDiff(parts, want.IDs), 0)), err, window(want.IDs, max(firstDiff(parts, want.IDs), 0)))
 	}
 }
 
