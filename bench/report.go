@@ -830,3 +830,60 @@ func envelopeCode(s string) string {
 	}
 	return fmt.Sprint(e.Error.Code)
 }
+
+// sampleRecord is one request of a run as WriteSamples writes it. Times
+// are simulated milliseconds from the run's start (or of the request).
+type sampleRecord struct {
+	Policy       string   `json:"policy"`
+	Session      int      `json:"session"`
+	Turn         int      `json:"turn"`
+	Class        string   `json:"class,omitempty"`
+	Tenant       string   `json:"tenant,omitempty"`
+	Warmup       bool     `json:"warmup,omitempty"`
+	StartMs      float64  `json:"start_ms"`
+	TTFTMs       float64  `json:"ttft_ms"`
+	E2EMs        float64  `json:"e2e_ms"`
+	EngineTTFTMs float64  `json:"engine_ttft_ms"`
+	QueueMs      float64  `json:"queue_ms"`
+	PrepareMs    *float64 `json:"prepare_ms,omitempty"`
+	RouteMs      *float64 `json:"route_ms,omitempty"`
+	EstimateMs   *float64 `json:"estimate_ms,omitempty"`
+	Replica      string   `json:"replica,omitempty"`
+	Reason       string   `json:"reason,omitempty"`
+	PromptTokens int      `json:"prompt_tokens"`
+	CachedTokens int      `json:"cached_tokens"`
+	Predicted    int      `json:"predicted_tokens"`
+	OutputTokens int      `json:"output_tokens"`
+	Error        string   `json:"error,omitempty"`
+}
+
+// WriteSamples writes every request of every policy's run as JSON lines
+// (sampleRecord), in start order, for analysis outside the report.
+func (rep *Report) WriteSamples(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	for _, r := range rep.Results {
+		for i := range r.samples {
+			if err := enc.Encode(r.samples[i].record(r.Policy)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (s *sample) record(policy string) sampleRecord {
+	opt := func(d time.Duration) *float64 { v := ms(d); return &v }
+	rec := sampleRecord{
+		Policy: policy, Session: s.session, Turn: s.turn, Class: s.class, Tenant: s.tenant, Warmup: s.warmup,
+		StartMs: ms(s.start), TTFTMs: ms(s.ttft), E2EMs: ms(s.e2e), EngineTTFTMs: ms(s.engineTTFT),
+		QueueMs: ms(s.queueWait), Replica: s.replica, Reason: s.reason, PromptTokens: s.promptTokens,
+		CachedTokens: s.cachedTokens, Predicted: s.predicted, OutputTokens: s.outputTokens, Error: s.err,
+	}
+	if s.timing != nil {
+		rec.PrepareMs, rec.RouteMs = opt(s.timing.prepare), opt(s.timing.route)
+	}
+	if s.estimate >= 0 {
+		rec.EstimateMs = opt(s.estimate)
+	}
+	return rec
+}

@@ -160,6 +160,47 @@ func TestReportJSONShape(t *testing.T) {
 	}
 }
 
+// WriteSamples writes one line per request of every policy, the failed
+// ones included, with the request's own figures.
+func TestWriteSamples(t *testing.T) {
+	rep := testReport()
+	rep.Results[1].samples[3].timing = &gatewayTiming{prepare: 2 * time.Millisecond}
+	rep.Results[1].samples[3].estimate = 40 * time.Millisecond
+	var b bytes.Buffer
+	if err := rep.WriteSamples(&b); err != nil {
+		t.Fatal(err)
+	}
+	var recs []sampleRecord
+	for _, line := range strings.Split(strings.TrimSpace(b.String()), "\n") {
+		var r sampleRecord
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("%q: %v", line, err)
+		}
+		recs = append(recs, r)
+	}
+	if len(recs) != 42 || recs[0].Policy != "round-robin" || recs[41].Policy != "warmpath" {
+		t.Fatalf("%d records, first %q, last %q; want 21 per policy in report order", len(recs), recs[0].Policy, recs[41].Policy)
+	}
+	errs := 0
+	for _, r := range recs {
+		if r.Error != "" {
+			errs++
+		}
+	}
+	if errs != 2 {
+		t.Errorf("%d failed requests written; want 2", errs)
+	}
+	var got *sampleRecord
+	for i := range recs {
+		if recs[i].Policy == "warmpath" && recs[i].PrepareMs != nil {
+			got = &recs[i]
+		}
+	}
+	if got == nil || *got.PrepareMs != 2 || got.EstimateMs == nil || *got.EstimateMs != 40 || got.CachedTokens != 704 || got.PromptTokens != 720 {
+		t.Errorf("record with timing: %+v", got)
+	}
+}
+
 func TestReportRenders(t *testing.T) {
 	rep := testReport()
 	var table bytes.Buffer

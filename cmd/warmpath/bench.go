@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"strings"
@@ -42,6 +43,7 @@ func runBench(ctx context.Context, args []string) error {
 	parts := fs.String("parts", "", "mixed-tenants: comma-separated parts to run, of no-burst, fifo, strict, fair, shares (default all)")
 	reportDir := fs.String("report", "", "write an HTML report to DIR/index.html")
 	jsonPath := fs.String("json", "", "write the results as JSON to FILE")
+	samplesPath := fs.String("samples", "", "write every request (policy, turn, TTFT and its phases, replica, reason, cached tokens) as JSON lines to FILE")
 	quiet := fs.Bool("quiet", false, "no progress bar")
 	logPath := fs.String("log", "", "write the simulated fleet's and the gateways' logs to FILE (text, info level)")
 	if err := fs.Parse(args); err != nil {
@@ -71,10 +73,28 @@ func runBench(ctx context.Context, args []string) error {
 			return err
 		}
 	}
+	if *samplesPath != "" {
+		if err := writeFile(*samplesPath, rep.WriteSamples); err != nil {
+			return err
+		}
+	}
 	if *jsonPath != "" {
 		return rep.WriteJSONFile(*jsonPath)
 	}
 	return nil
+}
+
+// writeFile creates path and fills it with write.
+func writeFile(path string, write func(io.Writer) error) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := write(f); err != nil {
+		f.Close()
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return f.Close()
 }
 
 func splitFlag(s string) []string {
