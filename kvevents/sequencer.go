@@ -504,12 +504,13 @@ func (s *sequencer) expire(now time.Time) {
 	}
 }
 
-// addSockets adds the replay sockets to p and returns how many.
-func (s *sequencer) addSockets(p *zmq.Poller) int {
+// sockets returns the replay sockets, in a new slice.
+func (s *sequencer) sockets() []*zmq.Socket {
+	out := make([]*zmq.Socket, 0, len(s.replays)+2)
 	for _, rp := range s.replays {
-		p.Add(rp.sock, zmq.POLLIN)
+		out = append(out, rp.sock)
 	}
-	return len(s.replays)
+	return out
 }
 
 // close closes the replay sockets; the sequencer is done.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync/atomic"
 	"time"
 
@@ -145,10 +144,12 @@ type subSocket struct {
 	retryAt time.Time
 }
 
-// runLoop polls n SUB sockets (socket i from open(i), opened again after a
-// failure with a backoff) and the sequencer's replay sockets until ctx
-// ends. replica names the source of a live message from its topic frame,
-// or reports false to drop it.
+// runLoop serves n SUB sockets (socket i from open(i), opened again after
+// a failure with a backoff) and the sequencer's replay sockets until ctx
+// ends, waking when one of them may be readable (readiness), when a
+// closed socket is due to be opened again or, while a replay runs, every
+// pollInterval for its deadlines. replica names the source of a live
+// message from its topic frame, or reports false to drop it.
 func runLoop(ctx context.Context, log *slog.Logger, n int, open func(i int) (*zmq.Socket, error), seq *sequencer,
 	replica func(topic []byte, now time.Time) (string, bool)) error {
 	subs := make([]subSocket, n)
@@ -162,73 +163,132 @@ func runLoop(ctx context.Context, log *slog.Logger, n int, open func(i int) (*zm
 			}
 		}
 	}()
-	fail := func(s *subSocket, now time.Time) {
-		if s.sock != nil {
-			s.sock.Close()
-			s.sock = nil
-		}
-		s.retryAt = now.Add(s.bo.next())
-	}
+	rd := newReadiness()
+	defer rd.close()
+	var watchErr error // the last watch failure logged
 	for ctx.Err() == nil {
 		now := time.Now()
-		poller := zmq.NewPoller()
-		polling := 0
-		wake := now.Add(pollInterval)
-		for i := range subs {
-			s := &subs[i]
-			if s.sock == nil && !now.Before(s.retryAt) {
-				sock, err := open(i)
-				if err != nil {
-					if isETERM(err) {
-						return fmt.Errorf("kvevents: subscriber: %w", err)
-					}
-					log.Warn("kvevents: cannot open SUB socket", "err", err)
-					fail(s, now)
-				}
-				s.sock = sock
-			}
-			if s.sock == nil {
-				wake = minTime(wake, s.retryAt)
-				continue
-			}
-			poller.Add(s.sock, zmq.POLLIN)
-			polling++
-		}
-		polling += seq.addSockets(poller)
-		if polling == 0 {
-			if err := sleepCtx(ctx, wake.Sub(now)); err != nil {
-				return err
-			}
-			continue
-		}
-		polled, err := poller.Poll(max(0, min(pollInterval, wake.Sub(now))))
+		wake, err := openSubs(subs, open, log, now)
 		if err != nil {
-			if isETERM(err) {
-				return fmt.Errorf("kvevents: subscriber: poll: %w", err)
-			}
-			log.Warn("kvevents: poll failed, re-creating SUB sockets", "err", err)
-			for i := range subs {
-				fail(&subs[i], now)
-			}
-			continue
+			return err
 		}
-		for _, p := range polled {
-			i := slices.IndexFunc(subs, func(s subSocket) bool { return s.sock == p.Socket })
-			if i < 0 {
-				seq.replayReadable(p.Socket, time.Now())
-				continue
+		socks := seq.sockets()
+		for i := range subs {
+			if subs[i].sock != nil {
+				socks = append(socks, subs[i].sock)
 			}
-			if err := drain(&subs[i], seq, replica); err != nil {
-				if isETERM(err) {
-					return fmt.Errorf("kvevents: subscriber: receive: %w", err)
-				}
-				log.Warn("kvevents: receive failed, re-creating SUB socket", "err", err)
-				fail(&subs[i], time.Now())
+		}
+		if err := rd.sync(socks); err != nil {
+			// Not watchable (not seen on Linux): look every pollInterval.
+			if watchErr == nil {
+				log.Warn("kvevents: cannot watch a socket's descriptor; checking it every poll interval instead", "err", err, "interval", pollInterval)
 			}
+			watchErr, wake = err, minTime(wake, now.Add(pollInterval))
+		}
+		served, err := serve(subs, seq, replica, log)
+		if err != nil {
+			return err
 		}
 		seq.expire(time.Now())
+		if served {
+			continue // look again before waiting: ZMQ_FD signals changes, not messages
+		}
+		if len(seq.replays) > 0 {
+			wake = minTime(wake, now.Add(pollInterval))
+		}
+		if err := waitReady(ctx, rd.ready, wake); err != nil {
+			return err
+		}
 	}
 	return ctx.Err()
+}
+
+// openSubs opens the SUB sockets that are closed and due, and returns
+// when the next closed one is due (the zero time when none is closed).
+// It returns an error only when the zmq context is terminated.
+func openSubs(subs []subSocket, open func(i int) (*zmq.Socket, error), log *slog.Logger, now time.Time) (time.Time, error) {
+	var wake time.Time
+	for i := range subs {
+		s := &subs[i]
+		if s.sock == nil && !now.Before(s.retryAt) {
+			sock, err := open(i)
+			if err != nil {
+				if isETERM(err) {
+					return wake, fmt.Errorf("kvevents: subscriber: %w", err)
+				}
+				log.Warn("kvevents: cannot open SUB socket", "err", err)
+				s.fail(now)
+			}
+			s.sock = sock
+		}
+		if s.sock == nil {
+			wake = minTime(wake, s.retryAt)
+		}
+	}
+	return wake, nil
+}
+
+// serve reads what is waiting on the SUB sockets and the replay sockets,
+// and reports whether there was anything. A SUB socket that fails is
+// closed, to be opened again after its backoff; an error is returned only
+// when the zmq context is terminated.
+func serve(subs []subSocket, seq *sequencer, replica func([]byte, time.Time) (string, bool), log *slog.Logger) (bool, error) {
+	// Live messages first, as a replay's end feeds those buffered while it
+	// ran: a live copy of a replayed batch read after the end counts as a
+	// duplicate.
+	served := false
+	for i := range subs {
+		s := &subs[i]
+		if s.sock == nil {
+			continue
+		}
+		ok, err := readable(s.sock)
+		if ok {
+			served = true
+			err = drain(s, seq, replica)
+		}
+		if err != nil {
+			if isETERM(err) {
+				return served, fmt.Errorf("kvevents: subscriber: receive: %w", err)
+			}
+			log.Warn("kvevents: receive failed, re-creating SUB socket", "err", err)
+			s.fail(time.Now())
+		}
+	}
+	for _, sock := range seq.sockets() {
+		if ok, _ := readable(sock); ok {
+			seq.replayReadable(sock, time.Now())
+			served = true
+		}
+	}
+	return served, nil
+}
+
+// fail closes s's socket and schedules the next attempt.
+func (s *subSocket) fail(now time.Time) {
+	if s.sock != nil {
+		s.sock.Close()
+		s.sock = nil
+	}
+	s.retryAt = now.Add(s.bo.next())
+}
+
+// waitReady blocks until ready signals, wake passes (never, when zero) or
+// ctx ends (then it returns ctx.Err()).
+func waitReady(ctx context.Context, ready <-chan struct{}, wake time.Time) error {
+	var timer <-chan time.Time
+	if !wake.IsZero() {
+		t := time.NewTimer(max(0, time.Until(wake)))
+		defer t.Stop()
+		timer = t.C
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-ready:
+	case <-timer:
+	}
+	return nil
 }
 
 // drain reads the messages waiting on s, at most maxDrain, and hands them
@@ -255,21 +315,10 @@ func drain(s *subSocket, seq *sequencer, replica func([]byte, time.Time) (string
 	return nil
 }
 
+// minTime returns the earlier of a and b, a zero time counting as none.
 func minTime(a, b time.Time) time.Time {
-	if b.Before(a) {
+	if a.IsZero() || (!b.IsZero() && b.Before(a)) {
 		return b
 	}
 	return a
-}
-
-// sleepCtx waits for d or until ctx ends, returning ctx.Err() then.
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(max(d, time.Millisecond))
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }
