@@ -67,8 +67,9 @@ const (
 	DefaultMaxPending        = 10000
 )
 
-// pollInterval bounds how long a Run loop blocks in zmq_poll, and so how
-// late it notices a cancelled context or an expired replay.
+// pollInterval bounds how late a subscriber's loop notices an expired
+// replay (it wakes this often while one runs, and for a socket readiness
+// cannot watch), and how long the relay blocks in zmq_poll.
 const pollInterval = 50 * time.Millisecond
 
 // syncOptions are the settings Subscriber and Central share.
