@@ -432,7 +432,12 @@ func TestMessagesUpstreamFailsMidStream(t *testing.T) {
 	}
 
 	// A replica that hangs before answering a non-streaming request: the
-	// whole answer fails, with a 5xx in Anthropic's envelope.
+	// whole answer fails, with a 5xx in Anthropic's envelope. The request
+	// must reach the replica: while its failed stream is its last word
+	// (fleet.Replica.Failing), the queue holds requests for it, so first
+	// a health check answers.
+	rep := gw.fleet.Snapshot().Replicas[0]
+	eventually(t, 10*time.Second, func() bool { return rep.State().Healthy && !rep.Failing() }, "the replica answering again")
 	sim.Replicas()[0].SetFaults(vllmsim.Faults{Hang: true})
 	defer sim.Replicas()[0].SetFaults(vllmsim.Faults{})
 	resp, err = http.Post(gw.URL+"/v1/messages", "application/json", strings.NewReader(fmt.Sprintf(body, false)))

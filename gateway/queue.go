@@ -77,8 +77,10 @@ type QueueConfig struct {
 
 // QueueSaturation judges, per model and class, whether its replicas can
 // start another request. A replica is available unless it is unhealthy,
-// its metrics are stale (stale metrics count as saturated) or it is past
-// routing's thresholds (routing.max_waiting, max_kv_usage,
+// failing (a request sent to it or its health check failed since its last
+// success, before health.failures marks it unhealthy), its metrics are
+// stale (stale metrics count as saturated) or it is past routing's
+// thresholds (routing.max_waiting, max_kv_usage,
 // max_inflight_prefill_tokens). The model has room for a request when
 // Σ max(0, room_r) over its available replicas exceeds the requests
 // already admitted but not routed yet, where
@@ -282,7 +284,7 @@ var _ Admitter = (*queueAdmitter)(nil)
 // shares the tenants' virtual counters with the other gateways; labels
 // bounds the tenant label of the queue's metrics.
 func newQueueAdmitter(cfg *Config, fl *fleet.Fleet, rdb redis.UniversalClient, labels *tenancy.Labeler, reg prometheus.Registerer, log *slog.Logger) (*queueAdmitter, error) {
-	a := &queueAdmitter{fleet: fl, labels: labels, capacity: &fleetCapacity{fleet: fl, sat: cfg.Queue.Saturation, priority: cfg.Queue.VLLMPriority}}
+	a := &queueAdmitter{fleet: fl, labels: labels, capacity: &fleetCapacity{fleet: fl, sat: cfg.Queue.Saturation, priority: cfg.Queue.VLLMPriority, log: log.With("component", "queue")}}
 	label := func(id string) string {
 		name := id
 		if v, ok := a.names.Load(id); ok {
@@ -389,6 +391,11 @@ type fleetCapacity struct {
 	// joinMu serializes joining the interactive reserve, so that no more
 	// than InteractiveReserve replicas join it.
 	joinMu sync.Mutex
+	// down holds, per model that has lost every answering replica since
+	// start, whether it has none now that answers (*atomic.Bool), for
+	// noteDown's log.
+	down sync.Map
+	log  *slog.Logger // nil: noteDown logs nothing
 }
 
 // replicaLoad is this gateway's admission bookkeeping for one replica.
@@ -529,7 +536,7 @@ func (c *fleetCapacity) Saturated(model string, inflight int) bool {
 func (c *fleetCapacity) SaturatedFor(model string, inflight int, class fairq.Class) bool {
 	now := time.Now()
 	room, reservedRoom, routed := 0, 0, 0
-	other := false
+	other, up := false, false
 	for _, rep := range c.fleet.Snapshot().Replicas {
 		st := rep.State()
 		if !st.Serves(model) {
@@ -540,7 +547,8 @@ func (c *fleetCapacity) SaturatedFor(model string, inflight int, class fairq.Cla
 		routed += n + claimed
 		res := class == fairq.Background && c.reserved(rep, now)
 		other = other || (!res && st.Healthy)
-		if sat, _ := rep.Saturated(now); !sat {
+		up = up || (st.Healthy && !rep.Failing())
+		if usable(rep, now) {
 			if r := max(0, c.room(rep, st, n, class)-claimed); res {
 				reservedRoom += r
 			} else {
@@ -551,16 +559,57 @@ func (c *fleetCapacity) SaturatedFor(model string, inflight int, class fairq.Cla
 	if !other {
 		room += reservedRoom
 	}
+	c.noteDown(model, !up)
 	return room-max(0, inflight-routed) <= 0
+}
+
+// usable reports whether the queue may send rep a request at now: routing
+// finds it available (healthy, fresh metrics, under routing's thresholds)
+// and nothing sent to it, nor its health check, failed since its last
+// success (fleet.Replica.Failing). A replica that fails but is not yet
+// marked unhealthy (health.failures, and calls in flight together count
+// as one failure) has no room: the requests that failed there freed
+// places in this gateway's count of what it sent but none in an engine,
+// and a waiting request sent there would fail too, or find by the time it
+// is routed that no replica is healthy. So waiting requests stay queued
+// until a request or health check succeeds there again.
+func usable(rep *fleet.Replica, now time.Time) bool {
+	sat, _ := rep.Saturated(now)
+	return !sat && !rep.Failing()
+}
+
+// noteDown logs when model, which has requests reaching the queue, loses
+// its last replica that is healthy and not failing (down) and when it has
+// one again: meanwhile its waiting requests stay queued, until a replica
+// answers again or queue.timeout passes. A nil log logs nothing.
+func (c *fleetCapacity) noteDown(model string, down bool) {
+	if c.log == nil {
+		return
+	}
+	v, ok := c.down.Load(model)
+	if !ok {
+		if !down {
+			return
+		}
+		v, _ = c.down.LoadOrStore(model, new(atomic.Bool))
+	}
+	if v.(*atomic.Bool).Swap(down) == down {
+		return
+	}
+	if down {
+		c.log.Warn("queue: no replica of the model is answering (every one unhealthy or failing); waiting requests stay queued until one answers again (at most queue.timeout)", "model", model)
+		return
+	}
+	c.log.Info("queue: a replica of the model answers again; waiting requests dispatch", "model", model)
 }
 
 // claim takes a place for a request of class with tokens of uncached
 // prompt on rep, the replica its routing chose, if rep has room for it by
-// the rule SaturatedFor sums (an available replica, room less what the
+// the rule SaturatedFor sums (a usable replica, room less what the
 // queue dispatched to it and has not sent yet), and returns the load to
 // give the place back to (replicaLoad.unclaim).
 func (c *fleetCapacity) claim(rep *fleet.Replica, class fairq.Class, tokens int64, now time.Time) (*replicaLoad, bool) {
-	if sat, _ := rep.Saturated(now); sat {
+	if !usable(rep, now) {
 		return nil, false
 	}
 	l := c.loadFor(rep)

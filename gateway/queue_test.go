@@ -868,12 +868,15 @@ func TestKeepReserve(t *testing.T) {
 // to a replica, background requests go elsewhere, including a background
 // session bound to that replica (it is rebound), while the interactive
 // session stays; when interactive traffic stops for ReserveIdle,
-// background may use the replica again.
+// background may use the replica again. ReserveIdle is an hour, so the
+// reserve cannot lapse however slowly the requests run (with 300 ms, a
+// loaded machine let it lapse before the sixth background request), and
+// idleReserve stands for the hour without interactive traffic.
 func TestQueueInteractiveReserve(t *testing.T) {
 	sim := startSim(t, vllmsim.Config{Replicas: 2})
 	cfg := fleetConfig(sim)
 	cfg.Debug = true
-	cfg.Queue.Saturation.ReserveIdle = 300 * time.Millisecond
+	cfg.Queue.Saturation.ReserveIdle = time.Hour
 	g := startGateway(t, cfg, redisFor(t, &cfg))
 	bg := map[string]string{"X-Warmpath-Priority": "background", "X-Session-ID": "shared"}
 	inter := map[string]string{"X-Warmpath-Priority": "interactive", "X-Session-ID": "shared"}
@@ -903,11 +906,23 @@ func TestQueueInteractiveReserve(t *testing.T) {
 	ic.turn(t, g.URL, "more")
 	// Interactive traffic stops: the reserve lapses and background may
 	// go anywhere again.
+	g.idleReserve()
 	n := 0
 	eventually(t, 10*time.Second, func() bool {
 		n++
 		return chat(t, g.URL, chatBody(fmt.Sprintf("after-%d", n), 0, 4), map[string]string{"X-Warmpath-Priority": "background"}).replica() == home
 	}, "a background request on the formerly reserved replica")
+}
+
+// idleReserve dates every replica's last interactive request ReserveIdle
+// back, as if no interactive request had been sent for that long: the
+// reserve's clock moved on instead of the test waiting for it.
+func (g *testGateway) idleReserve() {
+	c := g.queue.capacity
+	past := time.Now().Add(-c.sat.ReserveIdle).UnixNano()
+	for _, rep := range g.fleet.Snapshot().Replicas {
+		c.loadFor(rep).lastInteractive.Store(past)
+	}
 }
 
 // Over HTTP on two simulated replicas that run one sequence each: a

@@ -126,7 +126,7 @@ type Replica struct {
 	fails       int         // consecutive failures, active or passive
 	passes      int         // consecutive active successes while unhealthy
 	everHealthy bool        // the replica has been healthy at least once
-	anyFailed   atomic.Bool // fails > 0, read lock-free by ReportSuccess
+	anyFailed   atomic.Bool // fails > 0, read lock-free by ReportSuccess and Failing
 	// passiveAt is when the last passive failure that counted was
 	// reported (see ReportFailureOf).
 	passiveAt time.Time
@@ -261,6 +261,12 @@ func (r *Replica) ReportFailureOf(began time.Time, err error) {
 	r.passiveAt = time.Now()
 	r.failLocked("passive: "+msg, time.Time{})
 }
+
+// Failing reports whether the replica's last call or health check failed
+// (consecutive failures, below FailureThreshold or not): it may be going
+// down, and what it was running may have failed rather than finished. A
+// successful request or health check clears it. It does not block.
+func (r *Replica) Failing() bool { return r.anyFailed.Load() }
 
 // ReportSuccess records a successful request: it resets the consecutive
 // failure count. It does not make an unhealthy replica healthy. It is cheap
