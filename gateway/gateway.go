@@ -43,6 +43,9 @@ type Options struct {
 	// Admitter decides when each request may be routed (a fair queue);
 	// nil admits every request at once.
 	Admitter Admitter
+	// Resolver resolves the discovery names (Config.Discovery); nil means
+	// net.DefaultResolver.
+	Resolver fleet.Resolver
 }
 
 // Gateway is a running warmpath gateway: an OpenAI-compatible HTTP edge over
@@ -249,6 +252,7 @@ func (c *Config) fleetConfig(o Options, log *slog.Logger, reg prometheus.Registe
 		Header:           header,
 		Logger:           log.With("component", "fleet"),
 		Registerer:       reg,
+		Resolver:         o.Resolver,
 	}
 }
 

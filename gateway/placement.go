@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -23,6 +24,9 @@ type placement struct {
 	reps []*fleet.Replica
 	in   *scoring.Input
 	bind session.Binding
+	// version is the fleet's membership version reps were read at
+	// (follow).
+	version uint64
 	// keys and chunks are the prompt's block keys and text chunks, for
 	// commit; nil when it was not matched.
 	keys, chunks []uint64
@@ -41,11 +45,12 @@ type placement struct {
 // policy would need the match to decide now. A model nothing serves is a
 // 404 and one with no healthy replica a 503, before admission.
 func (g *Gateway) prepare(ctx context.Context, r *Request) (*placement, error) {
+	version := g.fleet.Snapshot().Version // before gather reads the members: a change between is followed
 	reps, in, bind, err := g.gather(ctx, r)
 	if err != nil {
 		return nil, err
 	}
-	p := &placement{g: g, r: r, reps: reps, in: in, bind: bind}
+	p := &placement{g: g, r: r, reps: reps, in: in, bind: bind, version: version}
 	if p.bound() {
 		// Such a policy's first phase is pure (a sticky plan or "needs the
 		// prefix"), so deciding here does not advance a picker.
@@ -77,8 +82,11 @@ func (p *placement) match(ctx context.Context) {
 	p.g.observeDemand(p.r, p.in, p.keys)
 }
 
-// refresh reads the replicas' load and availability as they are at now.
-func (p *placement) refresh(now time.Time) {
+// refresh reads the replicas' load and availability as they are at now,
+// following the fleet's membership first (follow; waiting, also the
+// members that began to serve the model since).
+func (p *placement) refresh(now time.Time, waiting bool) {
+	p.follow(waiting)
 	eps := endpoints(p.reps, now)
 	for i := range eps {
 		eps[i].PromptBlocksOnly = p.in.Endpoints[i].PromptBlocksOnly
@@ -91,6 +99,56 @@ func (p *placement) refresh(now time.Time) {
 	p.in.Now, p.in.Endpoints, p.in.Backlog = now, eps, p.g.waiting.of(p.r.model)
 }
 
+// follow re-reads the replicas serving the request's model when the
+// fleet's membership changed since they were read: a request may wait in
+// the queue through a rolling restart, and one routed on the members of
+// its arrival would go to replicas that have left (whose last state still
+// reads healthy: nothing probes them any more) and never to the ones that
+// joined. Members that stay keep what the request knows of them (its
+// prefix match); one that joined is taken to hold nothing of the prompt
+// (matching again is I/O, and a new replica's cache is empty). A session
+// bound to a replica that left is rebound (scoring.RebindGone) and
+// matched again as it is routed. A member that joined serves a model
+// only once its first probe has read it, which changes no version: with
+// waiting (the queue's placement, where a request may wait long), the
+// members are compared whatever the version.
+func (p *placement) follow(waiting bool) {
+	snap := p.g.fleet.Snapshot()
+	if snap.Version == p.version && !waiting {
+		return
+	}
+	p.version = snap.Version
+	reps := servingIn(snap, p.r.model)
+	if slices.Equal(reps, p.reps) {
+		return
+	}
+	was := make(map[*fleet.Replica]int, len(p.reps))
+	for i, rep := range p.reps {
+		was[rep] = i
+	}
+	in := p.in
+	eps := make([]scoring.Endpoint, len(reps))
+	carry := func(old []int) []int {
+		if old == nil {
+			return nil
+		}
+		out := make([]int, len(reps))
+		for i, rep := range reps {
+			if j, ok := was[rep]; ok {
+				out[i] = old[j]
+			}
+		}
+		return out
+	}
+	for i, rep := range reps {
+		if j, ok := was[rep]; ok {
+			eps[i] = in.Endpoints[j]
+		}
+	}
+	in.Matched, in.MatchedCPU = carry(in.Matched), carry(in.MatchedCPU)
+	p.reps, in.Endpoints = reps, eps
+}
+
 // place is the request's fairq.Ticket.Place: it routes the request on
 // the fleet as it is now and reports whether the replica chosen has room
 // for its class (fleetCapacity.claim). When it has, the plan is the one
@@ -101,7 +159,7 @@ func (p *placement) refresh(now time.Time) {
 // as does one nothing can serve (route answers the 503).
 func (p *placement) place(c *fleetCapacity) bool {
 	now := time.Now()
-	p.refresh(now)
+	p.refresh(now, true)
 	p.in.Backlog = max(0, p.in.Backlog-1) // the backlog it would delay is the others waiting
 	plan, err := p.g.policy.Decide(p.in)
 	if err != nil || plan.NeedsPrefix {

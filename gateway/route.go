@@ -82,7 +82,7 @@ func (g *Gateway) route(ctx context.Context, r *Request) (*route, error) {
 	p := r.placement
 	plan, ok := p.plan, p.placed
 	if !ok {
-		p.refresh(time.Now())
+		p.refresh(time.Now(), false)
 		var err error
 		plan, err = g.policy.Decide(p.in)
 		if err == nil && plan.NeedsPrefix {
@@ -189,7 +189,11 @@ func (g *Gateway) tokenizeEarly(ctx context.Context, r *Request, reps []*fleet.R
 // serving returns the fleet's replicas that serve model, healthy or not,
 // sorted by name.
 func (g *Gateway) serving(model string) []*fleet.Replica {
-	snap := g.fleet.Snapshot()
+	return servingIn(g.fleet.Snapshot(), model)
+}
+
+// servingIn returns the members of snap that serve model.
+func servingIn(snap *fleet.Snapshot, model string) []*fleet.Replica {
 	out := make([]*fleet.Replica, 0, len(snap.Replicas))
 	for _, rep := range snap.Replicas {
 		if st := rep.State(); st.Serves(model) {
