@@ -297,6 +297,11 @@ func newQueueAdmitter(cfg *Config, fl *fleet.Fleet, rdb redis.UniversalClient, l
 		return nil, fmt.Errorf("config: queue: %w", err)
 	}
 	a.q = q
+	if reg != nil {
+		if err := reg.Register(reserveCollector{a.capacity}); err != nil {
+			return nil, fmt.Errorf("queue: metrics: %w", err)
+		}
+	}
 	return a, nil
 }
 
@@ -480,8 +485,9 @@ func (c *fleetCapacity) noteInteractive(rep *fleet.Replica, reps []*fleet.Replic
 			n++
 		}
 	}
-	if n < min(c.sat.InteractiveReserve, len(reps)-1) {
-		l.reserved.Store(true)
+	if n < min(c.sat.InteractiveReserve, len(reps)-1) && l.reserved.CompareAndSwap(false, true) && c.log != nil {
+		c.log.Info("queue: replica joins the interactive reserve (no background requests while interactive traffic lasts)",
+			"replica", rep.Spec.Name, "reserve_idle", c.sat.ReserveIdle)
 	}
 }
 
@@ -492,11 +498,37 @@ func (c *fleetCapacity) reserved(rep *fleet.Replica, now time.Time) bool {
 	if !l.reserved.Load() {
 		return false
 	}
-	if now.UnixNano()-l.lastInteractive.Load() < int64(c.sat.ReserveIdle) {
+	last := l.lastInteractive.Load()
+	if now.UnixNano()-last < int64(c.sat.ReserveIdle) {
 		return true
 	}
-	l.reserved.Store(false)
+	if l.reserved.CompareAndSwap(true, false) && c.log != nil {
+		c.log.Info("queue: replica leaves the interactive reserve (no interactive request for reserve_idle); background may use it",
+			"replica", rep.Spec.Name, "last_interactive", time.Unix(0, last))
+	}
 	return false
+}
+
+// reserveCollector exports the interactive reserve's membership:
+// warmpath_queue_interactive_reserve{replica} is 1 for a replica that
+// takes no background requests now, else 0.
+type reserveCollector struct{ c *fleetCapacity }
+
+var reserveDesc = prometheus.NewDesc("warmpath_queue_interactive_reserve",
+	"1 while the replica is in the interactive reserve (queue.saturation.interactive_reserve): it takes no background requests.",
+	[]string{"replica"}, nil)
+
+func (r reserveCollector) Describe(ch chan<- *prometheus.Desc) { ch <- reserveDesc }
+
+func (r reserveCollector) Collect(ch chan<- prometheus.Metric) {
+	now := time.Now()
+	for _, rep := range r.c.fleet.Snapshot().Replicas {
+		v := 0.0
+		if r.c.reserved(rep, now) {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(reserveDesc, prometheus.GaugeValue, v, rep.Spec.Name)
+	}
 }
 
 // keepReserve hides the reserved replicas from a background request's

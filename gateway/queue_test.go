@@ -904,9 +904,25 @@ func TestQueueInteractiveReserve(t *testing.T) {
 	ic := newConversation("you are the reserve test", words("reserve", 200))
 	ic.header = map[string]string{"X-Warmpath-Priority": "interactive"}
 	ic.turn(t, g.URL, "more")
+	reserveGauge := func() map[string]float64 {
+		out := map[string]float64{}
+		for _, rep := range sim.Replicas() {
+			n := rep.Info().Name
+			out[n] = counter(t, g.Registry(), "warmpath_queue_interactive_reserve", map[string]string{"replica": n})
+		}
+		return out
+	}
+	for n, v := range reserveGauge() {
+		if want := map[bool]float64{true: 1, false: 0}[n == home]; v != want {
+			t.Errorf("warmpath_queue_interactive_reserve{replica=%q} = %v; want %v", n, v, want)
+		}
+	}
 	// Interactive traffic stops: the reserve lapses and background may
 	// go anywhere again.
 	g.idleReserve()
+	if v := reserveGauge()[home]; v != 0 {
+		t.Errorf("warmpath_queue_interactive_reserve{replica=%q} = %v after the reserve lapsed; want 0", home, v)
+	}
 	n := 0
 	eventually(t, 10*time.Second, func() bool {
 		n++
