@@ -106,7 +106,8 @@ func (p *placement) refresh(now time.Time, waiting bool) {
 // reads healthy: nothing probes them any more) and never to the ones that
 // joined. Members that stay keep what the request knows of them (its
 // prefix match); one that joined is taken to hold nothing of the prompt
-// (matching again is I/O, and a new replica's cache is empty). A session
+// (its cache starts empty; what it has gathered since it joined is not
+// looked up, which would be one index match per change). A session
 // bound to a replica that left is rebound (scoring.RebindGone) and
 // matched again as it is routed. A member that joined serves a model
 // only once its first probe has read it, which changes no version: with
@@ -143,6 +144,11 @@ func (p *placement) follow(waiting bool) {
 	for i, rep := range reps {
 		if j, ok := was[rep]; ok {
 			eps[i] = in.Endpoints[j]
+		} else if in.Binding != nil && rep.Spec.Name == in.Binding.Replica {
+			// The session's replica left and came back (a new member,
+			// whose index the gateway forgot): nothing says it holds the
+			// session any more.
+			in.BoundHolds = false
 		}
 	}
 	in.Matched, in.MatchedCPU = carry(in.Matched), carry(in.MatchedCPU)

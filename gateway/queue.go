@@ -297,7 +297,7 @@ func newQueueAdmitter(cfg *Config, fl *fleet.Fleet, rdb redis.UniversalClient, l
 		return nil, fmt.Errorf("config: queue: %w", err)
 	}
 	a.q = q
-	if reg != nil {
+	if reg != nil && cfg.Queue.Saturation.InteractiveReserve > 0 {
 		if err := reg.Register(reserveCollector{a.capacity}); err != nil {
 			return nil, fmt.Errorf("queue: metrics: %w", err)
 		}
@@ -502,7 +502,16 @@ func (c *fleetCapacity) reserved(rep *fleet.Replica, now time.Time) bool {
 	if now.UnixNano()-last < int64(c.sat.ReserveIdle) {
 		return true
 	}
-	if l.reserved.CompareAndSwap(true, false) && c.log != nil {
+	if !l.reserved.CompareAndSwap(true, false) {
+		return false
+	}
+	if last = l.lastInteractive.Load(); now.UnixNano()-last < int64(c.sat.ReserveIdle) {
+		// noteInteractive renewed it meanwhile (and, seeing it reserved,
+		// left the flag to this): it stays.
+		l.reserved.Store(true)
+		return true
+	}
+	if c.log != nil {
 		c.log.Info("queue: replica leaves the interactive reserve (no interactive request for reserve_idle); background may use it",
 			"replica", rep.Spec.Name, "last_interactive", time.Unix(0, last))
 	}
@@ -515,7 +524,7 @@ func (c *fleetCapacity) reserved(rep *fleet.Replica, now time.Time) bool {
 type reserveCollector struct{ c *fleetCapacity }
 
 var reserveDesc = prometheus.NewDesc("warmpath_queue_interactive_reserve",
-	"1 while the replica is in the interactive reserve (queue.saturation.interactive_reserve): it takes no background requests.",
+	"1 while the replica is in the interactive reserve (queue.saturation.interactive_reserve): it takes no background requests unless no other replica is healthy.",
 	[]string{"replica"}, nil)
 
 func (r reserveCollector) Describe(ch chan<- *prometheus.Desc) { ch <- reserveDesc }

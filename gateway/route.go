@@ -82,7 +82,7 @@ func (g *Gateway) route(ctx context.Context, r *Request) (*route, error) {
 	p := r.placement
 	plan, ok := p.plan, p.placed
 	if !ok {
-		p.refresh(time.Now(), false)
+		p.refresh(time.Now(), r.queueWait > 0) // one that waited compares members, as place does
 		var err error
 		plan, err = g.policy.Decide(p.in)
 		if err == nil && plan.NeedsPrefix {
