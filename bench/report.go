@@ -164,6 +164,9 @@ type Result struct {
 	ttfts     []float64 // measured TTFTs, seconds
 	t0        time.Time // when the driver started, wall-clock
 	speed     float64
+	// redisKeys is how many keys the run left on Config.RedisAddr (deleted
+	// after it); 0 with the in-process Redis.
+	redisKeys int
 }
 
 // LoadSample is the simulated engines' state at one instant: T simulated

@@ -67,6 +67,14 @@ type Config struct {
 	// runs them; the load generator spreads requests over them in turn,
 	// as an L7 load balancer would. Default 1; ignored with Target.
 	Gateways int
+	// RedisAddr is a Redis server (host:port) the gateways share, each
+	// policy's run under a key prefix of its own (deleted after it); empty
+	// means a fresh in-process Redis per run (miniredis, its CPU in the
+	// benchmark's process). Each gateway has its own client either way.
+	RedisAddr string
+	// redisPrefix starts each run's key prefix on RedisAddr (tests set it
+	// to find what a run left); default "wp-bench-".
+	redisPrefix string
 	// Speed is simulated seconds per real second; default DefaultSpeed
 	// for the simulated fleet, 1 for Fleet and Target (set it to an
 	// external simulator's --speed). Every reported time is simulated:
@@ -479,18 +487,35 @@ func runTarget(ctx context.Context, cfg Config, plan *Plan, pr *progress) (*Resu
 // runGateway starts a fresh in-process Redis and cfg.Gateways gateways with
 // the policy in front of the replicas, drives the plan through them and
 // stops them.
-func runGateway(ctx context.Context, cfg Config, policy string, urls, kv, replay []string, plan *Plan, pr *progress) (*Result, error) {
-	mr := miniredis.NewMiniRedis()
-	if err := mr.Start(); err != nil {
-		return nil, fmt.Errorf("in-process redis: %w", err)
+func runGateway(ctx context.Context, cfg Config, policy string, urls, kv, replay []string, plan *Plan, pr *progress) (res *Result, err error) {
+	addr, prefix := cfg.RedisAddr, ""
+	if addr == "" {
+		mr := miniredis.NewMiniRedis()
+		if err := mr.Start(); err != nil {
+			return nil, fmt.Errorf("in-process redis: %w", err)
+		}
+		defer mr.Close()
+		addr = mr.Addr()
+	} else {
+		prefix = fmt.Sprintf("%s%d-%s:", cmp.Or(cfg.redisPrefix, "wp-bench-"), time.Now().UnixNano(), policy)
+		defer func() {
+			if n := dropPrefix(addr, prefix); res != nil {
+				res.redisKeys = n
+			}
+		}()
 	}
-	defer mr.Close()
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	defer rdb.Close()
+	// One client per gateway, as separate processes would have.
+	clients := make([]*redis.Client, max(1, cfg.Gateways))
+	for i := range clients {
+		clients[i] = redis.NewClient(&redis.Options{Addr: addr})
+		defer clients[i].Close()
+	}
+	rdb := clients[0]
 
 	// Debug headers name the replica, the reason and the predicted hit of
 	// each request, for every policy alike.
 	gc := gateway.Config{Listen: "127.0.0.1:0", Debug: true}
+	gc.Redis.KeyPrefix = prefix
 	for i, u := range urls {
 		gc.Replicas = append(gc.Replicas, fleet.ReplicaSpec{URL: u, Model: cfg.Model, KVEndpoint: kv[i], ReplayEndpoint: replay[i]})
 	}
@@ -537,7 +562,7 @@ func runGateway(ctx context.Context, cfg Config, policy string, urls, kv, replay
 		if cfg.Gateways > 1 {
 			logger = logger.With("gateway", i)
 		}
-		gw, err := gateway.New(gc, gateway.Options{Redis: rdb, Logger: logger})
+		gw, err := gateway.New(gc, gateway.Options{Redis: clients[i], Logger: logger})
 		if err != nil {
 			return nil, err
 		}
@@ -560,7 +585,7 @@ func runGateway(ctx context.Context, cfg Config, policy string, urls, kv, replay
 	if err != nil {
 		return nil, err
 	}
-	res := summarize(policy, samples, cfg.Scale)
+	res = summarize(policy, samples, cfg.Scale)
 	res.t0, res.speed = time.Unix(0, d.t0.Load()), cfg.Speed
 	// Counters add up over the gateways; gauges (index sizes, replica
 	// state, fractions) are each gateway's view of the same thing, and
@@ -587,6 +612,29 @@ func runGateway(ctx context.Context, cfg Config, policy string, urls, kv, replay
 		return nil, err
 	}
 	return res, nil
+}
+
+// dropPrefix deletes, best effort, the keys a run left under prefix on
+// the Redis server at addr, and returns how many it deleted.
+func dropPrefix(addr, prefix string) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	it := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	var keys []string
+	n := 0
+	for it.Next(ctx) {
+		keys = append(keys, it.Val())
+		if len(keys) == 1000 {
+			n += int(rdb.Unlink(ctx, keys...).Val())
+			keys = keys[:0]
+		}
+	}
+	if len(keys) > 0 {
+		n += int(rdb.Unlink(ctx, keys...).Val())
+	}
+	return n
 }
 
 // createTenants creates the workload's tenants and imports their keys

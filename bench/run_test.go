@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/warmpath/warmpath/internal/redistest"
 	"github.com/warmpath/warmpath/vllmsim"
 )
 
@@ -129,6 +132,34 @@ func TestRunGateways(t *testing.T) {
 	}
 	if wp.CachedFraction <= rr.CachedFraction {
 		t.Errorf("two warmpath gateways cached %v ≤ round-robin's %v", wp.CachedFraction, rr.CachedFraction)
+	}
+}
+
+// With --redis the gateways share a real Redis server, each with its own
+// client, under a key prefix per run that is gone once the run is.
+func TestRunGatewaysRealRedis(t *testing.T) {
+	t.Parallel()
+	cfg := smokeConfig(true)
+	cfg.Policies = []string{"warmpath"}
+	cfg.Gateways = 2
+	cfg.RedisAddr = redistest.Addr(t)
+	cfg.redisPrefix = fmt.Sprintf("wp-bench-test-%d-", time.Now().UnixNano())
+	rep, _ := runLogged(t, cfg)
+	r := rep.Results[0]
+	if r.Requests == 0 || r.Errors != 0 || len(r.GatewayDecisions) != 2 || r.GatewayDecisions[0] == 0 || r.GatewayDecisions[1] == 0 {
+		t.Errorf("%d requests, %d errors (%s), decisions per gateway %v; want both routing without errors", r.Requests, r.Errors, r.FirstError, r.GatewayDecisions)
+	}
+	if r.redisKeys == 0 {
+		t.Errorf("the run left no keys on %s to delete: the gateways did not use it", cfg.RedisAddr)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: cfg.RedisAddr})
+	defer rdb.Close()
+	left, err := rdb.Keys(t.Context(), cfg.redisPrefix+"*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left) > 0 {
+		t.Errorf("%d keys left under the run's prefix, e.g. %s", len(left), left[0])
 	}
 }
 

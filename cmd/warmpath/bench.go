@@ -13,7 +13,7 @@ import (
 )
 
 // runBench runs a live benchmark: `warmpath bench --workload shared-prefix
-// [--policies …] [--replicas 8] [--kv-blocks B] [--cpu-blocks C] [--gateways 1] [--speed X] [--scale S] [--stage-scale F]
+// [--policies …] [--replicas 8] [--kv-blocks B] [--cpu-blocks C] [--gateways 1] [--redis host:port] [--speed X] [--scale S] [--stage-scale F]
 // [--seed N] [--trace FILE --time-scale F] [--limit N] [--duration D]
 // [--drain D] [--parts P] [--report DIR] [--json FILE] [--log FILE] [--fleet URLs [--kv-events EPs]] [--target
 // URL] [--quiet]`.
@@ -26,6 +26,7 @@ func runBench(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.KVBlocks, "kv-blocks", 0, "simulated replicas' full-size KV capacity in 16-token blocks (default the profile's 19,208)")
 	fs.IntVar(&cfg.CPUBlocks, "cpu-blocks", 0, "simulated replicas' CPU offload tier in full-size 16-token blocks (vLLM's native offloading; 0 = none)")
 	fs.IntVar(&cfg.Gateways, "gateways", 1, "gateway instances sharing one Redis, requests spread over them in turn (an HA deployment)")
+	fs.StringVar(&cfg.RedisAddr, "redis", "", "a Redis server (host:port) for the gateways, each run under its own key prefix, deleted after it (default: an in-process miniredis per run, its CPU in this process)")
 	fs.Float64Var(&cfg.Speed, "speed", 0, fmt.Sprintf("simulated seconds per real second (default %d; 1 with --fleet/--target)", bench.DefaultSpeed))
 	fs.Float64Var(&cfg.Scale, "scale", bench.DefaultScale, "token and KV-capacity scale (1 = full size; time is dilated to match)")
 	fs.Float64Var(&cfg.StageScale, "stage-scale", bench.DefaultStageScale, "multiplies the shared-prefix ladder's stage lengths (1 = llm-d's 30 s)")
