@@ -484,9 +484,9 @@ func runTarget(ctx context.Context, cfg Config, plan *Plan, pr *progress) (*Resu
 	return res, nil
 }
 
-// runGateway starts a fresh in-process Redis and cfg.Gateways gateways with
-// the policy in front of the replicas, drives the plan through them and
-// stops them.
+// runGateway starts cfg.Gateways gateways with the policy in front of the
+// replicas, on a fresh in-process Redis or under a fresh key prefix on
+// cfg.RedisAddr, drives the plan through them and stops them.
 func runGateway(ctx context.Context, cfg Config, policy string, urls, kv, replay []string, plan *Plan, pr *progress) (res *Result, err error) {
 	addr, prefix := cfg.RedisAddr, ""
 	if addr == "" {

@@ -24,7 +24,7 @@ import (
 // request kept the members of its arrival: it was sent to the replica
 // that had left (its last state still read healthy) and failed.
 func TestQueuedRequestFollowsMembership(t *testing.T) {
-	port := freePort(t, "127.0.0.2")
+	port := freePort(t, "127.0.0.2", "127.0.0.3")
 	clock := newGatedClock()
 	oldSim := newSimAt(t, "127.0.0.2", port, vllmsim.Config{Clock: clock, Profile: vllmsim.Profile{MaxNumSeqs: 1}})
 	stopOld := testrun.Start(t, "vllmsim old", oldSim.Run)
@@ -99,15 +99,33 @@ func newSimAt(t *testing.T, host string, port int, cfg vllmsim.Config) *vllmsim.
 	return f
 }
 
-// freePort returns a TCP port free on host just now.
-func freePort(t *testing.T, host string) int {
+// freePort returns a TCP port free just now on every one of hosts. A
+// machine whose loopback answers 127.0.0.1 only (not Linux, where all of
+// 127/8 is local) skips the test.
+func freePort(t *testing.T, hosts ...string) int {
 	t.Helper()
-	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-	if err != nil {
-		t.Skipf("cannot listen on %s: %v", host, err)
+	for range 20 {
+		l, err := net.Listen("tcp", net.JoinHostPort(hosts[0], "0"))
+		if err != nil {
+			t.Skipf("cannot listen on %s: %v", hosts[0], err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		free := true
+		for _, h := range hosts[1:] {
+			o, err := net.Listen("tcp", net.JoinHostPort(h, strconv.Itoa(port)))
+			if err != nil {
+				free = false
+				break
+			}
+			o.Close()
+		}
+		l.Close()
+		if free {
+			return port
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatalf("no port free on all of %v", hosts)
+	return 0
 }
 
 // settableResolver answers every name with the addresses last set.
