@@ -150,6 +150,13 @@ type RoutingConfig struct {
 	// (TestRollingRestart moved sessions in 2 of 4 runs at 1s, in none of
 	// 4 at 0).
 	SessionLocalTrust time.Duration `yaml:"session_local_trust"`
+	// BindingWriteSpacing is the least time between two of this
+	// gateway's batched binding writes to Redis: bindings made within one
+	// spacing share one pipelined write, and a binding made after a quiet
+	// spacing is written at once. Other gateways see a new binding up to
+	// this much later (this one serves it from memory meanwhile). Default
+	// 5ms; negative writes as soon as the last write returned.
+	BindingWriteSpacing time.Duration `yaml:"binding_write_spacing"`
 	// SpeculativeTTL is how long a routing decision's predicted blocks
 	// count as cached before the engine's events confirm them (up to
 	// 250 ms longer: their expiry is left to the KV-event path for that
@@ -432,6 +439,7 @@ func (c Config) withDefaults() Config {
 	}
 	def(&r.SessionTTL, DefaultSessionTTL)
 	def(&r.SpeculativeTTL, 2*time.Second)
+	def(&r.BindingWriteSpacing, DefaultBindingWriteSpacing)
 	r.Saturation = r.Saturation.WithDefaults()
 	if r.TokenizeCacheBytes == 0 {
 		r.TokenizeCacheBytes = 256 << 20

@@ -145,7 +145,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	}
 	g.sessions = session.NewStore(g.rdb, session.Options{Prefix: cfg.Redis.KeyPrefix, TTL: cfg.Routing.SessionTTL, Timeout: cfg.Redis.Timeout, LocalTrust: cfg.Routing.SessionLocalTrust})
 	g.flusher = &bindingFlusher{keys: make(chan string, flushBacklog), flush: g.sessions.FlushAll, timeout: cfg.Redis.Timeout,
-		finish: time.Second, failed: func() { g.m.redisErrors.WithLabelValues("remember").Inc() }}
+		spacing: max(0, cfg.Routing.BindingWriteSpacing), finish: time.Second, failed: func() { g.m.redisErrors.WithLabelValues("remember").Inc() }}
 
 	fc := cfg.fleetConfig(o, log, wrapped)
 	fc.OnUpdate = g.replicaUpdated
