@@ -48,7 +48,8 @@ var errEventTooLarge = errors.New("gateway: upstream SSE event exceeds 8 MiB")
 
 // sseFilter passes an upstream text/event-stream through event by event:
 // each event is released as soon as its terminating blank line arrives, so
-// nothing is held back. On the way it learns usage, drops the usage-only
+// nothing is held back (events that arrived together are released
+// together). On the way it learns usage, drops the usage-only
 // chunk when the client did not ask for one, and rewrites vLLM's
 // mid-stream errors into OpenAI's envelope. A stream that breaks, stalls
 // or ends without [DONE] is ended with an error event and [DONE] (see
@@ -80,9 +81,22 @@ func (f *sseFilter) Read(p []byte) (int, error) {
 		}
 		f.readLine()
 	}
+	// The events already received go out with it: what one read from the
+	// replica brought is one write (and one flush) to the client, as a
+	// plain proxy passes it, not one per event.
+	for f.err == nil && len(f.out) < len(p) && f.lineBuffered() {
+		f.readLine()
+	}
 	n := copy(p, f.out)
 	f.out = f.out[n:]
 	return n, nil
+}
+
+// lineBuffered reports whether a whole line is buffered, so that
+// readLine returns it without waiting on the replica.
+func (f *sseFilter) lineBuffered() bool {
+	b, _ := f.br.Peek(f.br.Buffered())
+	return bytes.IndexByte(b, '\n') >= 0
 }
 
 // readLine reads one line into the current event, and on a blank line
