@@ -11,11 +11,10 @@ import (
 
 // flushLog records a flusher's writes: when each started and its keys.
 type flushLog struct {
-	mu     sync.Mutex
-	at     []time.Duration
-	keys   [][]string
-	start  time.Time
-	failed int
+	mu    sync.Mutex
+	at    []time.Duration
+	keys  [][]string
+	start time.Time
 }
 
 func (l *flushLog) flush(_ context.Context, keys []string) error {
@@ -29,7 +28,7 @@ func (l *flushLog) flush(_ context.Context, keys []string) error {
 func TestBindingFlusherSpacing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		log := &flushLog{start: time.Now()}
-		f := &bindingFlusher{keys: make(chan string, flushBacklog), flush: log.flush, failed: func() { log.failed++ },
+		f := &bindingFlusher{keys: make(chan string, flushBacklog), flush: log.flush, failed: func() { t.Error("a write failed") },
 			timeout: time.Second, spacing: 5 * time.Millisecond, finish: time.Second}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
@@ -64,7 +63,7 @@ func TestBindingFlusherSpacing(t *testing.T) {
 func TestBindingFlusherNoSpacing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		log := &flushLog{start: time.Now()}
-		f := &bindingFlusher{keys: make(chan string, flushBacklog), flush: log.flush, failed: func() {},
+		f := &bindingFlusher{keys: make(chan string, flushBacklog), flush: log.flush, failed: func() { t.Error("a write failed") },
 			timeout: time.Second, finish: time.Second}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})

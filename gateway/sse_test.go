@@ -3,6 +3,7 @@ package gateway
 import (
 	"io"
 	"testing"
+	"time"
 )
 
 // Events that arrived together leave in one Read (one write and flush to
@@ -27,7 +28,13 @@ func TestSSEFilterReleasesWhatArrived(t *testing.T) {
 	}
 
 	write("data: {\"d\":4}\n\ndata: {\"e\"")
-	n, err = f.Read(buf) // must return without the rest of e
+	read := make(chan error, 1)
+	go func() { n, err = f.Read(buf); read <- err }() // must return without the rest of e
+	select {
+	case err = <-read:
+	case <-time.After(10 * time.Second): // a guard against a hang, not a wait the test relies on
+		t.Fatal("Read waited for the rest of a partial event")
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
