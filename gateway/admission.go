@@ -223,6 +223,14 @@ func (b *backlog) of(model string) int {
 	return n
 }
 
+// peers returns how many other gateways the last exchange saw.
+func (b *backlog) peers() int {
+	if r := b.remote.Load(); r != nil {
+		return r.peers
+	}
+	return 0
+}
+
 func (b *backlog) counter(model string) *atomic.Int64 {
 	if v, ok := b.models.Load(model); ok {
 		return v.(*atomic.Int64)

@@ -46,6 +46,7 @@ type remoteBacklog struct {
 	waiting map[string]int        // model → requests waiting
 	held    map[string][]heldPlan // replica → requests held for it
 	read    time.Time             // when exchanged
+	peers   int                   // the other gateways whose parts count
 }
 
 // part returns this gateway's part at now.
@@ -141,6 +142,7 @@ func (s *backlogSync) others(fields map[string]string, now time.Time) *remoteBac
 			s.stale = append(s.stale, id)
 			continue
 		}
+		r.peers++
 		for m, n := range part.Waiting {
 			r.waiting[m] += max(0, n)
 		}

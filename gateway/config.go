@@ -163,6 +163,12 @@ type RoutingConfig struct {
 	// long, see matchGrace); default 2s, negative disables speculative
 	// entries.
 	SpeculativeTTL time.Duration `yaml:"speculative_ttl"`
+	// ClaimMinTokens is the uncached prompt, in tokens, from which the
+	// precise policies share with the other gateways where they send it
+	// (prefix claims, claims.go: one pipelined Redis read before such a
+	// decision, one write beside it, only while other gateways are seen);
+	// default 1,024, negative disables.
+	ClaimMinTokens int `yaml:"claim_min_tokens"`
 	// Saturation (max_waiting, max_kv_usage, max_inflight_prefill_tokens)
 	// marks a replica saturated (reported in metrics and debug output;
 	// warmpath weighs the load itself instead).
@@ -410,6 +416,11 @@ func splitList(s string) []string {
 // DefaultSessionTTL is how long a session binding outlives its turn.
 const DefaultSessionTTL = 30 * time.Minute
 
+// DefaultClaimMinTokens is routing.claim_min_tokens' default: a prefill of
+// 1,024 tokens costs tens of milliseconds, a claim read one Redis round
+// trip.
+const DefaultClaimMinTokens = 1024
+
 // withDefaults returns c with every unset field at its default.
 func (c Config) withDefaults() Config {
 	def := func(p *time.Duration, d time.Duration) {
@@ -439,6 +450,9 @@ func (c Config) withDefaults() Config {
 	}
 	def(&r.SessionTTL, DefaultSessionTTL)
 	def(&r.SpeculativeTTL, 2*time.Second)
+	if r.ClaimMinTokens == 0 {
+		r.ClaimMinTokens = DefaultClaimMinTokens
+	}
 	def(&r.BindingWriteSpacing, DefaultBindingWriteSpacing)
 	r.Saturation = r.Saturation.WithDefaults()
 	if r.TokenizeCacheBytes == 0 {

@@ -79,6 +79,7 @@ type Gateway struct {
 	waiting     backlog               // requests waiting in admit, by model
 	queue       *queueAdmitter        // nil: no fair queue (disabled, or Options.Admitter)
 	shareQueue  *backlogSync          // shares waiting with the other gateways; nil without a queue or Redis
+	claims      *prefixClaims         // where the other gateways just sent long prefills; nil without shareQueue
 	wrapped     prometheus.Registerer // reg with the policy label
 	upstream    *http.Transport
 	upstreamKey string
@@ -188,6 +189,10 @@ func New(cfg Config, o Options) (*Gateway, error) {
 			g.shareQueue = &backlogSync{b: &g.waiting, rdb: g.rdb, key: cfg.Redis.KeyPrefix + backlogHash, id: rand.Text(),
 				every: cfg.Queue.SyncInterval, limit: cfg.Redis.Timeout, log: log.With("component", "backlog"),
 				failed: func() { g.m.redisErrors.WithLabelValues("backlog").Inc() }}
+			if rc := cfg.Routing; rc.ClaimMinTokens >= 0 && rc.SpeculativeTTL > 0 {
+				g.claims = &prefixClaims{rdb: g.rdb, prefix: cfg.Redis.KeyPrefix + claimPrefix, ttl: rc.SpeculativeTTL,
+					timeout: cfg.Redis.Timeout, min: rc.ClaimMinTokens, peers: g.waiting.peers}
+			}
 		}
 	}
 	if g.admit == nil {

@@ -276,6 +276,9 @@ func (g *Gateway) matchPrefix(ctx context.Context, r *Request, reps []*fleet.Rep
 		in.PromptTokens = len(tokens)
 		keys = g.index.keys(tokens, r.model, r.cacheSalt)
 		in.Matched, in.MatchedCPU = g.index.matchTiers(keys, names, len(tokens), engineBlocks(in.Endpoints))
+		if g.adoptClaims(ctx, keys, names, in.Matched, len(tokens)) {
+			in.Matched, in.MatchedCPU = g.index.matchTiers(keys, names, len(tokens), engineBlocks(in.Endpoints))
+		}
 		return keys, chunks
 	case g.policy.UsesApprox:
 		chunks = g.approx.keys(r.approxText(), r.model, r.cacheSalt)
@@ -334,6 +337,9 @@ func (g *Gateway) commit(ctx context.Context, r *Request, rt *route, bind sessio
 			}()
 			rt.speculated = done
 		}
+	}
+	if keys != nil && len(p.Predicted) > 0 && g.claims.active(p.PromptTokens-p.Predicted[0]) {
+		g.claim(chosen, keys)
 	}
 	if p.Bind != scoring.BindKeep || p.Reason == scoring.ReasonSticky {
 		rt.session, rt.binding = r.session.Value, g.newBinding(r, p, bind, keys)
