@@ -32,8 +32,11 @@ func TestClaimDepths(t *testing.T) {
 // so all it can know of the first one's prefills is their claims. Each
 // long context sent through the first gateway is then sent, with another
 // question, through the second: it goes to the replica the first chose,
-// having adopted the claim. Prompts below routing.claim_min_tokens read
-// no claims, and a gateway that sees no other writes none.
+// having adopted the claim. On an idle fleet the second gateway's load
+// routing may pick the same replica anyway, so the check that fails
+// without the claim is its predicted cached tokens (0 without). Prompts
+// below routing.claim_min_tokens read no claims, and a gateway that sees
+// no other writes none.
 func TestPrefixClaimsAcrossGateways(t *testing.T) {
 	sim := startSim(t, vllmsim.Config{Replicas: 4})
 	cfgA := fleetConfig(sim)

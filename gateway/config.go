@@ -166,8 +166,9 @@ type RoutingConfig struct {
 	// ClaimMinTokens is the uncached prompt, in tokens, from which the
 	// precise policies share with the other gateways where they send it
 	// (prefix claims, claims.go: one pipelined Redis read before such a
-	// decision, one write beside it, only while other gateways are seen);
-	// default 1,024, negative disables.
+	// decision, one write beside it, only while other gateways are seen,
+	// through the queue's backlog exchange); default 1,024, negative
+	// disables, as do a disabled queue and a negative speculative_ttl.
 	ClaimMinTokens int `yaml:"claim_min_tokens"`
 	// Saturation (max_waiting, max_kv_usage, max_inflight_prefill_tokens)
 	// marks a replica saturated (reported in metrics and debug output;
