@@ -94,6 +94,14 @@ type RedisConfig struct {
 	// Past it the gateway routes without the session binding (counted in
 	// warmpath_redis_errors_total) rather than wait.
 	Timeout time.Duration `yaml:"timeout"`
+	// Tracking is "on" (default) or "off": with a single Redis server
+	// (url, or one addr without master_name) that supports client-side
+	// caching (Redis 6 or later), the gateway subscribes to changes of
+	// the session bindings (CLIENT TRACKING in broadcasting mode) and
+	// answers a sticky turn's lookup from memory while no other gateway
+	// has changed the binding, instead of a GET per turn. Sentinel,
+	// Cluster and servers without tracking fall back to the GET.
+	Tracking string `yaml:"tracking"`
 }
 
 func (r RedisConfig) embedded() bool { return r.URL == "" && len(r.Addrs) == 0 }
@@ -436,6 +444,9 @@ func (c Config) withDefaults() Config {
 		c.Redis.KeyPrefix = "wp:"
 	}
 	def(&c.Redis.Timeout, 250*time.Millisecond)
+	if c.Redis.Tracking == "" {
+		c.Redis.Tracking = "on"
+	}
 	if c.KVEvents.Topology == "" {
 		c.KVEvents.Topology = TopologyPerReplica
 	}
@@ -609,6 +620,9 @@ func (c *Config) validate() error {
 		if u, err := url.Parse(c.Redis.URL); err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") {
 			bad("redis.url", "%q is not a redis:// or rediss:// URL", c.Redis.URL)
 		}
+	}
+	if t := c.Redis.Tracking; t != "on" && t != "off" {
+		bad("redis.tracking", "%q is not %q (the default) or %q", t, "on", "off")
 	}
 	for i, a := range c.Redis.Addrs {
 		if _, _, err := net.SplitHostPort(a); err != nil {

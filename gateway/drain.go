@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+
+	"github.com/warmpath/warmpath/session"
 )
 
 // errDraining ends the streams still open when the drain timeout passes.
@@ -48,6 +50,16 @@ func (g *Gateway) Run(ctx context.Context) error {
 	}
 	if g.shareQueue != nil {
 		eg.Go(func() error { return g.shareQueue.Run(ectx) })
+	}
+	if g.tracking != nil {
+		eg.Go(func() error {
+			if err := g.tracking.Run(ectx); errors.Is(err, session.ErrTrackingUnsupported) {
+				g.log.Info("session tracking off: every sticky turn asks Redis", "err", err)
+			} else if err != nil {
+				return err
+			}
+			return nil
+		})
 	}
 	eg.Go(func() error { return g.runKVEvents(ectx) })
 	servers := []*http.Server{g.srv}

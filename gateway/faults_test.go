@@ -359,6 +359,9 @@ func TestRedisOutageBreaker(t *testing.T) {
 	}
 	lat("redis up")
 	srv.Stop()
+	// Sticky lookups answer from memory while the session tracking holds;
+	// it notices the server gone, and from then on they ask Redis.
+	eventually(t, 5*time.Second, func() bool { return counter(t, gw.reg, "warmpath_session_tracking", nil) == 0 }, "session tracking off")
 	lat("redis down, breaker closing")
 	if got := counter(t, gw.reg, "warmpath_redis_breaker_open", nil); got != 1 {
 		t.Fatalf("breaker open = %v after Redis went away; want 1", got)

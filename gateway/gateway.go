@@ -80,6 +80,7 @@ type Gateway struct {
 	queue       *queueAdmitter        // nil: no fair queue (disabled, or Options.Admitter)
 	shareQueue  *backlogSync          // shares waiting with the other gateways; nil without a queue or Redis
 	claims      *prefixClaims         // where the other gateways just sent long prefills; nil without shareQueue
+	tracking    *session.Tracking     // keeps sticky lookups off Redis; nil without a single Redis server
 	wrapped     prometheus.Registerer // reg with the policy label
 	upstream    *http.Transport
 	upstreamKey string
@@ -145,6 +146,10 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		return nil, err
 	}
 	g.sessions = session.NewStore(g.rdb, session.Options{Prefix: cfg.Redis.KeyPrefix, TTL: cfg.Routing.SessionTTL, Timeout: cfg.Redis.Timeout, LocalTrust: cfg.Routing.SessionLocalTrust})
+	if c, ok := g.rdb.(*redis.Client); ok && cfg.Redis.Tracking == "on" && cfg.Redis.MasterName == "" {
+		g.tracking = g.sessions.Track(c.Options(), log.With("component", "session-tracking"))
+		g.m.watchTracking(wrapped, g.tracking)
+	}
 	g.flusher = &bindingFlusher{keys: make(chan string, flushBacklog), flush: g.sessions.FlushAll, timeout: cfg.Redis.Timeout,
 		spacing: max(0, cfg.Routing.BindingWriteSpacing), finish: time.Second, failed: func() { g.m.redisErrors.WithLabelValues("remember").Inc() }}
 

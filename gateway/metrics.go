@@ -4,6 +4,8 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/warmpath/warmpath/session"
 )
 
 // metrics are the gateway's own series. Every series carries the policy
@@ -41,6 +43,32 @@ type metrics struct {
 
 	mu    sync.Mutex // guards fracs
 	fracs map[[2]string]*[2]float64
+}
+
+// watchTracking registers the session tracking's metrics on reg.
+func (m *metrics) watchTracking(reg prometheus.Registerer, t *session.Tracking) {
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "warmpath_session_tracking",
+		Help: "1 while Redis reports every change to the session bindings (client-side tracking), so sticky lookups are answered from memory; 0 while every lookup asks Redis.",
+	}, func() float64 {
+		if t.On() {
+			return 1
+		}
+		return 0
+	}))
+	for _, kind := range []string{"key", "flush"} {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "warmpath_session_tracking_notices_total",
+			Help:        "Change notices the session tracking received: key (a binding changed: this gateway's own writes included), flush (everything distrusted: a flush, a lost connection, a write that failed).",
+			ConstLabels: prometheus.Labels{"kind": kind},
+		}, func() float64 {
+			keys, flushes := t.Notices()
+			if kind == "key" {
+				return float64(keys)
+			}
+			return float64(flushes)
+		}))
+	}
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/warmpath/warmpath/scoring"
+	"github.com/warmpath/warmpath/session"
 	"github.com/warmpath/warmpath/vllmsim"
 )
 
@@ -270,6 +271,65 @@ func TestTwoGatewaysShareSessions(t *testing.T) {
 	}
 }
 
+// With the session tracking on, a gateway answers a sticky turn's lookup
+// from memory, yet reads the binding again once another gateway changed
+// it in Redis: the change's notice distrusts its copy.
+func TestTrackingFollowsAnotherGatewaysRebind(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{Replicas: 2})
+	cfg := fleetConfig(sim)
+	rdb := redisFor(t, &cfg)
+	prefix := cfg.Redis.KeyPrefix + "sess:"
+	cmds := &sessionCmds{prefix: prefix, release: make(chan struct{})}
+	close(cmds.release)
+	rdb.AddHook(cmds)
+	g := startGateway(t, cfg, rdb)
+	eventually(t, 5*time.Second, func() bool { return counter(t, g.reg, "warmpath_session_tracking", nil) == 1 }, "session tracking on")
+	c := newConversation(words("rebound", 100), "hi")
+	c.header = map[string]string{"X-Session-ID": "rebound"}
+	c.turn(t, g.URL, "more")
+	var keys []string
+	eventually(t, 5*time.Second, func() bool {
+		keys = rdb.Keys(t.Context(), prefix+"*/*").Val() // the conversation's, under the session id
+		return len(keys) == 1
+	}, "the conversation's binding in Redis")
+	key := strings.TrimPrefix(keys[0], prefix)
+	turn := func() int64 {
+		cmds.gets.Store(0)
+		c.turn(t, g.URL, "more")
+		return cmds.gets.Load()
+	}
+	// Once its write has been answered, its own binding is read from memory.
+	eventually(t, 5*time.Second, func() bool { return turn() == 0 }, "a turn answered from memory")
+	if n := turn(); n != 0 {
+		t.Errorf("the turn after read %d session bindings from Redis; want none", n)
+	}
+
+	// Another gateway (a store of its own) changes the binding, once this
+	// gateway's last write has landed (a later one would overwrite it).
+	other := session.NewStore(rdb, session.Options{Prefix: cfg.Redis.KeyPrefix})
+	var b session.Binding
+	eventually(t, 5*time.Second, func() bool {
+		mine, _ := g.sessions.Local(key)
+		var ok bool
+		b, ok, _ = other.Lookup(t.Context(), key)
+		return ok && b.Updated.UnixMilli() == mine.Updated.UnixMilli()
+	}, "this gateway's last write in Redis")
+	b.Turns += 10
+	if !g.sessions.Trusted(key) {
+		t.Fatal("the binding is not trusted before the change")
+	}
+	if _, err := other.Remember(t.Context(), key, b, false); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, func() bool { return !g.sessions.Trusted(key) }, "the change's notice to distrust the binding")
+	if n := turn(); n != 1 {
+		t.Errorf("after another's change the turn read %d session bindings from Redis; want 1", n)
+	}
+	if n := turn(); n != 0 {
+		t.Errorf("after reading it again the turn read %d; want none", n)
+	}
+}
+
 // Concurrent first turns of one session on two gateways bind it once: the
 // first turns are routed without waiting for Redis (each gateway keeps its
 // binding in memory until its turn completes), the first write to land
@@ -421,14 +481,25 @@ func TestEarlyTokenizeOverlapsLookup(t *testing.T) {
 // Redis holds every binding write until the response is in, and the turn
 // is answered all the same, with no Redis error; the binding lands once
 // released, with what the turn left cached. Its later turns read theirs,
-// since another gateway may hold it.
+// since another gateway may have changed it, unless the session tracking
+// is on: then Redis would have said so, and they read nothing.
 func TestFirstTurnAsksRedisNothing(t *testing.T) {
+	for _, tracking := range []string{"off", "on"} {
+		t.Run("tracking "+tracking, func(t *testing.T) { testFirstTurnAsksRedisNothing(t, tracking) })
+	}
+}
+
+func testFirstTurnAsksRedisNothing(t *testing.T, tracking string) {
 	sim := startSim(t, vllmsim.Config{Replicas: 2})
 	cfg := fleetConfig(sim)
 	rdb := redisFor(t, &cfg)
+	cfg.Redis.Tracking = tracking
 	cmds := &sessionCmds{prefix: cfg.Redis.KeyPrefix + "sess:", release: make(chan struct{})}
 	rdb.AddHook(cmds)
 	g := startGateway(t, cfg, rdb)
+	if tracking == "on" {
+		eventually(t, 5*time.Second, func() bool { return counter(t, g.reg, "warmpath_session_tracking", nil) == 1 }, "session tracking on")
+	}
 	if r := chat(t, g.URL, chatBody("first turn", 0, 2), nil); r.Status != http.StatusOK {
 		t.Fatalf("first turn: %d %s", r.Status, r.Body)
 	}
@@ -448,8 +519,12 @@ func TestFirstTurnAsksRedisNothing(t *testing.T) {
 	if r := chat(t, g.URL, chatBody("first turn", 40, 2), nil); r.Status != http.StatusOK {
 		t.Fatalf("second turn: %d %s", r.Status, r.Body)
 	}
-	if n := cmds.gets.Load(); n != 1 {
-		t.Errorf("the second turn read %d session bindings from Redis; want 1", n)
+	want := int64(1)
+	if tracking == "on" {
+		want = 0
+	}
+	if n := cmds.gets.Load(); n != want {
+		t.Errorf("the second turn read %d session bindings from Redis; want %d", n, want)
 	}
 }
 

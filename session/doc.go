@@ -30,7 +30,12 @@
 // from memory with no round trip (off by default), so another process's
 // changes are seen within that window. A local copy Redis never confirmed (its write
 // failed) reaches Redis with Flush only if no other process bound the
-// session meanwhile; otherwise Flush adopts that binding.
+// session meanwhile; otherwise Flush adopts that binding. With a
+// [Tracking] running (Store.Track), Redis reports every change to the
+// binding keys on one pub/sub connection, and a binding this process read
+// or wrote is answered from memory until another process changes it: a
+// sticky turn pays no round trip, and sees another gateway's change.
 //
-// The package runs no goroutines; Store is safe for concurrent use.
+// Store runs no goroutines and is safe for concurrent use; Tracking.Run is
+// the one the package has.
 package session

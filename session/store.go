@@ -66,6 +66,9 @@ type Store struct {
 	// other; flushes serialises Flush's writes the same way, so the last
 	// write of a key to land is of its latest local copy.
 	updates, flushes [64]sync.Mutex
+	// trk, when Track made one, trusts local copies while Redis reports
+	// no change to them.
+	trk *Tracking
 }
 
 // entry is a binding kept in process memory and when it last agreed with
@@ -73,6 +76,7 @@ type Store struct {
 type entry struct {
 	b       Binding
 	checked time.Time
+	mark    mark // tracking's state when that read or write was issued
 }
 
 // stripe is key's index into the updates and flushes locks.
@@ -115,6 +119,7 @@ func (s *Store) Lookup(ctx context.Context, key string) (Binding, bool, error) {
 	}
 	var rerr error
 	if s.rdb != nil {
+		m := s.trk.mark(key)
 		cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 		v, err := s.rdb.Get(cctx, s.key(key)).Result()
 		cancel()
@@ -122,7 +127,7 @@ func (s *Store) Lookup(ctx context.Context, key string) (Binding, bool, error) {
 		case err == nil:
 			b, derr := decode(v)
 			if derr == nil {
-				return s.newer(key, b), true, nil
+				return s.newer(key, b, m), true, nil
 			}
 			rerr = derr
 		case errors.Is(err, redis.Nil):
@@ -189,14 +194,15 @@ func (s *Store) Propose(key string, b Binding) {
 // 7.0). Only that binding is kept locally, so a losing write never lingers
 // where a later lookup could restore it.
 func (s *Store) setIfAbsent(ctx context.Context, key string, b Binding) (Binding, error) {
+	m := s.trk.mark(key)
 	won, wrote, err := s.setNX(ctx, key, b)
 	switch {
 	case err != nil:
 		s.rememberUnchecked(key, won) // Redis is down: this process's choice stands
 	case wrote:
-		s.remember(key, b)
+		s.remember(key, b, m)
 	default:
-		s.remember(key, won)
+		s.remember(key, won, m)
 	}
 	return won, err
 }
@@ -207,13 +213,16 @@ func (s *Store) setIfAbsent(ctx context.Context, key string, b Binding) (Binding
 func (s *Store) setNX(ctx context.Context, key string, b Binding) (Binding, bool, error) {
 	cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
+	s.trk.expect(key)
 	old, err := s.rdb.SetArgs(cctx, s.key(key), b.encode(), redis.SetArgs{Mode: "NX", Get: true, TTL: s.opts.TTL}).Result()
 	switch {
 	case errors.Is(err, redis.Nil): // nothing was there: ours is written
 		return b, true, nil
 	case err != nil:
+		s.trk.failed()
 		return b, false, fmt.Errorf("session: remember: %w", err)
 	}
+	s.trk.unwritten(key)
 	won, err := decode(old)
 	if err != nil {
 		return b, false, err
@@ -224,22 +233,25 @@ func (s *Store) setNX(ctx context.Context, key string, b Binding) (Binding, bool
 func (s *Store) write(ctx context.Context, key string, b Binding) error {
 	cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
+	m := s.trk.mark(key)
+	s.trk.expect(key)
 	if err := s.rdb.Set(cctx, s.key(key), b.encode(), s.opts.TTL).Err(); err != nil {
+		s.trk.failed()
 		return fmt.Errorf("session: remember: %w", err)
 	}
-	s.checked(key, b)
+	s.checked(key, b, m)
 	return nil
 }
 
 // checked marks the local copy as agreeing with Redis now, if it is still
 // b (a later local change is not what Redis holds). It holds the key's
 // update lock, so an UpdateLocal is never overwritten.
-func (s *Store) checked(key string, b Binding) {
+func (s *Store) checked(key string, b Binding, m mark) {
 	mu := &s.updates[stripe(key)]
 	mu.Lock()
 	defer mu.Unlock()
 	if e, ok := s.local.Peek(key); ok && e.b == b {
-		s.local.Add(key, entry{b: b, checked: s.opts.Now()})
+		s.local.Add(key, entry{b: b, checked: s.opts.Now(), mark: m})
 	}
 }
 
@@ -260,9 +272,10 @@ func (s *Store) Forget(ctx context.Context, key string) error {
 	return nil
 }
 
-// remember keeps b as the local copy, agreeing with Redis now.
-func (s *Store) remember(key string, b Binding) {
-	s.local.Add(key, entry{b: b, checked: s.opts.Now()})
+// remember keeps b as the local copy, agreeing with Redis now (as of a
+// call issued under m).
+func (s *Store) remember(key string, b Binding, m mark) {
+	s.local.Add(key, entry{b: b, checked: s.opts.Now(), mark: m})
 }
 
 // rememberUnchecked keeps b as the local copy without Redis having
@@ -270,11 +283,14 @@ func (s *Store) remember(key string, b Binding) {
 // An update of the copy that last agreed with Redis keeps its check time,
 // so local changes never stretch the trust window.
 func (s *Store) rememberUnchecked(key string, b Binding) {
-	var checked time.Time
+	var (
+		checked time.Time
+		m       mark
+	)
 	if e, ok := s.local.Peek(key); ok && e.b.Replica == b.Replica {
-		checked = e.checked
+		checked, m = e.checked, e.mark
 	}
-	s.local.Add(key, entry{b: b, checked: checked})
+	s.local.Add(key, entry{b: b, checked: checked, mark: m})
 }
 
 // newer returns the binding a lookup should use when Redis holds stored:
@@ -282,12 +298,12 @@ func (s *Store) rememberUnchecked(key string, b Binding) {
 // UpdateLocal whose Flush has not landed yet), else stored, which then
 // replaces the local copy. A rebinding is always written to Redis at once,
 // so a copy naming another replica is never preferred.
-func (s *Store) newer(key string, stored Binding) Binding {
+func (s *Store) newer(key string, stored Binding, m mark) Binding {
 	if l, ok := s.fresh(key); ok && l.Replica == stored.Replica && l.Updated.UnixMilli() > stored.Updated.UnixMilli() {
-		s.checked(key, l) // Redis agrees on the replica
+		s.checked(key, l, m) // Redis agrees on the replica
 		return l
 	}
-	s.remember(key, stored)
+	s.remember(key, stored, m)
 	return stored
 }
 
@@ -415,6 +431,7 @@ func (s *Store) lockFlushes(keys []string) func() {
 func (s *Store) setAllNX(ctx context.Context, bs []flushed) ([]flushed, error) {
 	pipe := s.rdb.Pipeline()
 	cmds := make([]*redis.StatusCmd, len(bs))
+	marks := s.expectAll(bs)
 	for i, f := range bs {
 		cmds[i] = pipe.SetArgs(ctx, s.key(f.key), f.b.encode(), redis.SetArgs{Mode: "NX", Get: true, TTL: s.opts.TTL})
 	}
@@ -427,16 +444,18 @@ func (s *Store) setAllNX(ctx context.Context, bs []flushed) ([]flushed, error) {
 		old, err := cmds[i].Result()
 		switch {
 		case errors.Is(err, redis.Nil): // nothing was there: ours is written
-			s.checked(f.key, f.b)
+			s.checked(f.key, f.b, marks[i])
 		case err != nil:
+			s.trk.failed()
 			first = cmp.Or(first, fmt.Errorf("session: remember: %w", err))
 		default:
+			s.trk.unwritten(f.key)
 			won, derr := decode(old)
 			switch {
 			case derr != nil:
 				first = cmp.Or(first, derr)
 			case won.Replica != f.b.Replica:
-				s.updateTo(f.key, won) // another gateway bound the session first
+				s.updateTo(f.key, won, marks[i]) // another gateway bound the session first
 			default:
 				again = append(again, f) // Redis holds this binding already
 			}
@@ -452,6 +471,7 @@ func (s *Store) writeAll(ctx context.Context, bs []flushed) error {
 	}
 	pipe := s.rdb.Pipeline()
 	cmds := make([]*redis.StatusCmd, len(bs))
+	marks := s.expectAll(bs)
 	for i, f := range bs {
 		cmds[i] = pipe.Set(ctx, s.key(f.key), f.b.encode(), s.opts.TTL)
 	}
@@ -459,25 +479,47 @@ func (s *Store) writeAll(ctx context.Context, bs []flushed) error {
 	var first error
 	for i, f := range bs {
 		if err := cmds[i].Err(); err != nil {
+			s.trk.failed()
 			first = cmp.Or(first, fmt.Errorf("session: remember: %w", err))
 			continue
 		}
-		s.checked(f.key, f.b)
+		s.checked(f.key, f.b, marks[i])
 	}
 	return first
 }
 
-// updateTo replaces the local copy with b, which Redis holds now.
-func (s *Store) updateTo(key string, b Binding) {
+// expectAll marks each binding's key and announces its write to tracking.
+func (s *Store) expectAll(bs []flushed) []mark {
+	if !s.trk.On() {
+		return make([]mark, len(bs))
+	}
+	marks := make([]mark, len(bs))
+	for i, f := range bs {
+		marks[i] = s.trk.mark(f.key)
+		s.trk.expect(f.key)
+	}
+	return marks
+}
+
+// updateTo replaces the local copy with b, which Redis holds now (as of a
+// call issued under m).
+func (s *Store) updateTo(key string, b Binding, m mark) {
 	mu := &s.updates[stripe(key)]
 	mu.Lock()
 	defer mu.Unlock()
-	s.remember(key, b)
+	s.remember(key, b, m)
 }
 
 // Local returns this process's latest copy of the session's binding,
 // without asking Redis; false when it has none (or it outlived the TTL).
 func (s *Store) Local(key string) (Binding, bool) { return s.fresh(key) }
+
+// Trusted reports whether Lookup would answer key from this process's
+// memory now, without asking Redis.
+func (s *Store) Trusted(key string) bool {
+	_, ok := s.trusted(key)
+	return ok
+}
 
 // fresh returns the local binding if it has not outlived the TTL.
 func (s *Store) fresh(key string) (Binding, bool) {
@@ -489,16 +531,22 @@ func (s *Store) fresh(key string) (Binding, bool) {
 }
 
 // trusted returns the local binding if it agreed with Redis less than
-// LocalTrust ago (and has not outlived the TTL). Without Redis there is
-// nothing to agree with, and the local copy is the truth.
+// LocalTrust ago, or tracking has reported no change to it since (and it
+// has not outlived the TTL). Without Redis there is nothing to agree with,
+// and the local copy is the truth.
 func (s *Store) trusted(key string) (Binding, bool) {
-	if s.rdb != nil && s.opts.LocalTrust <= 0 {
+	if s.rdb != nil && s.opts.LocalTrust <= 0 && !s.trk.On() {
 		return Binding{}, false
 	}
 	e, ok := s.local.Get(key)
 	now := s.opts.Now()
-	if !ok || now.Sub(e.b.Updated) > s.opts.TTL || s.rdb != nil && (e.checked.IsZero() || now.Sub(e.checked) >= s.opts.LocalTrust) {
+	switch {
+	case !ok || now.Sub(e.b.Updated) > s.opts.TTL:
 		return Binding{}, false
+	case s.rdb == nil,
+		!e.checked.IsZero() && now.Sub(e.checked) < s.opts.LocalTrust,
+		!e.checked.IsZero() && s.trk.holds(key, e.mark):
+		return e.b, true
 	}
-	return e.b, true
+	return Binding{}, false
 }
