@@ -100,7 +100,9 @@ type RedisConfig struct {
 	// the session bindings (CLIENT TRACKING in broadcasting mode) and
 	// answers a sticky turn's lookup from memory while no other gateway
 	// has changed the binding, instead of a GET per turn. Sentinel,
-	// Cluster and servers without tracking fall back to the GET.
+	// Cluster and servers without tracking fall back to the GET. Set it
+	// off when url reaches several servers through a proxy: notices come
+	// only from the server the gateway subscribed on.
 	Tracking string `yaml:"tracking"`
 }
 

@@ -127,7 +127,7 @@ func (s *Store) Lookup(ctx context.Context, key string) (Binding, bool, error) {
 		case err == nil:
 			b, derr := decode(v)
 			if derr == nil {
-				return s.newer(key, b, m), true, nil
+				return s.newer(key, b, s.trk.settle(key, m)), true, nil
 			}
 			rerr = derr
 		case errors.Is(err, redis.Nil):
@@ -194,8 +194,7 @@ func (s *Store) Propose(key string, b Binding) {
 // 7.0). Only that binding is kept locally, so a losing write never lingers
 // where a later lookup could restore it.
 func (s *Store) setIfAbsent(ctx context.Context, key string, b Binding) (Binding, error) {
-	m := s.trk.mark(key)
-	won, wrote, err := s.setNX(ctx, key, b)
+	won, wrote, m, err := s.setNX(ctx, key, b)
 	switch {
 	case err != nil:
 		s.rememberUnchecked(key, won) // Redis is down: this process's choice stands
@@ -208,38 +207,39 @@ func (s *Store) setIfAbsent(ctx context.Context, key string, b Binding) (Binding
 }
 
 // setNX writes b unless Redis holds a binding, and returns the binding
-// Redis holds afterwards (b when the write failed) and whether it was b's
-// write.
-func (s *Store) setNX(ctx context.Context, key string, b Binding) (Binding, bool, error) {
+// Redis holds afterwards (b when the write failed), whether it was b's
+// write, and the tracking mark its answer may be trusted with.
+func (s *Store) setNX(ctx context.Context, key string, b Binding) (Binding, bool, mark, error) {
 	cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
-	s.trk.expect(key)
+	m := s.trk.markWrite(key)
+	defer s.trk.done(key, m)
 	old, err := s.rdb.SetArgs(cctx, s.key(key), b.encode(), redis.SetArgs{Mode: "NX", Get: true, TTL: s.opts.TTL}).Result()
 	switch {
 	case errors.Is(err, redis.Nil): // nothing was there: ours is written
-		return b, true, nil
+		return b, true, s.trk.settle(key, m), nil
 	case err != nil:
 		s.trk.failed()
-		return b, false, fmt.Errorf("session: remember: %w", err)
+		return b, false, mark{}, fmt.Errorf("session: remember: %w", err)
 	}
 	s.trk.unwritten(key)
 	won, err := decode(old)
 	if err != nil {
-		return b, false, err
+		return b, false, mark{}, err
 	}
-	return won, false, nil
+	return won, false, s.trk.settle(key, m), nil
 }
 
 func (s *Store) write(ctx context.Context, key string, b Binding) error {
 	cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
-	m := s.trk.mark(key)
-	s.trk.expect(key)
+	m := s.trk.markWrite(key)
+	defer s.trk.done(key, m)
 	if err := s.rdb.Set(cctx, s.key(key), b.encode(), s.opts.TTL).Err(); err != nil {
 		s.trk.failed()
 		return fmt.Errorf("session: remember: %w", err)
 	}
-	s.checked(key, b, m)
+	s.checked(key, b, s.trk.settle(key, m))
 	return nil
 }
 
@@ -431,7 +431,8 @@ func (s *Store) lockFlushes(keys []string) func() {
 func (s *Store) setAllNX(ctx context.Context, bs []flushed) ([]flushed, error) {
 	pipe := s.rdb.Pipeline()
 	cmds := make([]*redis.StatusCmd, len(bs))
-	marks := s.expectAll(bs)
+	marks := s.markWrites(bs)
+	defer s.doneAll(bs, marks)
 	for i, f := range bs {
 		cmds[i] = pipe.SetArgs(ctx, s.key(f.key), f.b.encode(), redis.SetArgs{Mode: "NX", Get: true, TTL: s.opts.TTL})
 	}
@@ -444,7 +445,7 @@ func (s *Store) setAllNX(ctx context.Context, bs []flushed) ([]flushed, error) {
 		old, err := cmds[i].Result()
 		switch {
 		case errors.Is(err, redis.Nil): // nothing was there: ours is written
-			s.checked(f.key, f.b, marks[i])
+			s.checked(f.key, f.b, s.trk.settle(f.key, marks[i]))
 		case err != nil:
 			s.trk.failed()
 			first = cmp.Or(first, fmt.Errorf("session: remember: %w", err))
@@ -455,7 +456,7 @@ func (s *Store) setAllNX(ctx context.Context, bs []flushed) ([]flushed, error) {
 			case derr != nil:
 				first = cmp.Or(first, derr)
 			case won.Replica != f.b.Replica:
-				s.updateTo(f.key, won, marks[i]) // another gateway bound the session first
+				s.updateTo(f.key, won, s.trk.settle(f.key, marks[i])) // another gateway bound the session first
 			default:
 				again = append(again, f) // Redis holds this binding already
 			}
@@ -471,7 +472,8 @@ func (s *Store) writeAll(ctx context.Context, bs []flushed) error {
 	}
 	pipe := s.rdb.Pipeline()
 	cmds := make([]*redis.StatusCmd, len(bs))
-	marks := s.expectAll(bs)
+	marks := s.markWrites(bs)
+	defer s.doneAll(bs, marks)
 	for i, f := range bs {
 		cmds[i] = pipe.Set(ctx, s.key(f.key), f.b.encode(), s.opts.TTL)
 	}
@@ -483,22 +485,27 @@ func (s *Store) writeAll(ctx context.Context, bs []flushed) error {
 			first = cmp.Or(first, fmt.Errorf("session: remember: %w", err))
 			continue
 		}
-		s.checked(f.key, f.b, marks[i])
+		s.checked(f.key, f.b, s.trk.settle(f.key, marks[i]))
 	}
 	return first
 }
 
-// expectAll marks each binding's key and announces its write to tracking.
-func (s *Store) expectAll(bs []flushed) []mark {
-	if !s.trk.On() {
-		return make([]mark, len(bs))
-	}
+// markWrites announces each binding's write to tracking (markWrite).
+func (s *Store) markWrites(bs []flushed) []mark {
 	marks := make([]mark, len(bs))
-	for i, f := range bs {
-		marks[i] = s.trk.mark(f.key)
-		s.trk.expect(f.key)
+	if s.trk.On() {
+		for i, f := range bs {
+			marks[i] = s.trk.markWrite(f.key)
+		}
 	}
 	return marks
+}
+
+// doneAll ends the writes markWrites announced.
+func (s *Store) doneAll(bs []flushed, marks []mark) {
+	for i, f := range bs {
+		s.trk.done(f.key, marks[i])
+	}
 }
 
 // updateTo replaces the local copy with b, which Redis holds now (as of a
@@ -530,9 +537,10 @@ func (s *Store) fresh(key string) (Binding, bool) {
 	return e.b, true
 }
 
-// trusted returns the local binding if it agreed with Redis less than
-// LocalTrust ago, or tracking has reported no change to it since (and it
-// has not outlived the TTL). Without Redis there is nothing to agree with,
+// trusted returns the local binding if it has not outlived the TTL and,
+// while tracking is on, tracking has reported no change to it since it
+// agreed with Redis; otherwise if it agreed with Redis less than
+// LocalTrust ago. Without Redis there is nothing to agree with,
 // and the local copy is the truth.
 func (s *Store) trusted(key string) (Binding, bool) {
 	if s.rdb != nil && s.opts.LocalTrust <= 0 && !s.trk.On() {
@@ -543,10 +551,12 @@ func (s *Store) trusted(key string) (Binding, bool) {
 	switch {
 	case !ok || now.Sub(e.b.Updated) > s.opts.TTL:
 		return Binding{}, false
-	case s.rdb == nil,
-		!e.checked.IsZero() && now.Sub(e.checked) < s.opts.LocalTrust,
-		!e.checked.IsZero() && s.trk.holds(key, e.mark):
+	case s.rdb == nil:
 		return e.b, true
+	case e.checked.IsZero():
+		return Binding{}, false
+	case s.trk.On(): // notices decide, whatever LocalTrust says
+		return e.b, s.trk.holds(key, e.mark)
 	}
-	return Binding{}, false
+	return e.b, now.Sub(e.checked) < s.opts.LocalTrust
 }

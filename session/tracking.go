@@ -26,17 +26,24 @@ import (
 //
 // What makes it safe:
 //   - This process's own writes notify too. Each write announces itself
-//     first (expect), and the notice it causes is absorbed instead of
+//     first (markWrite), and the notice it causes is absorbed instead of
 //     distrusting the key; a write that may or may not have landed (an
 //     error) distrusts everything, as a lost connection does.
 //   - A notice can overtake the reply of a read or write issued before
 //     it (two connections): trust is granted only if no notice about the
 //     key's stripe arrived between issuing the call and using its answer
 //     (mark, then trusted compares generations).
+//   - Two of this process's own calls about one key can land in Redis in
+//     either order, and their absorbed notices say nothing of the order:
+//     an answer is trusted only if no other own write of its stripe was in
+//     flight when the call was issued or was issued before it was used
+//     (settle).
 //   - While the connection is down, being re-established, or silent past
-//     its health check, nothing is trusted; every re-established
-//     subscription starts a new epoch, so trust granted before a gap
-//     never survives it.
+//     its health check, nothing is trusted; every subscription starts a
+//     new epoch, so trust granted before a gap never survives it. A flush
+//     (FLUSHALL, FLUSHDB) sends a notice naming no key, which go-redis
+//     cannot parse: the connection is re-established, with the same
+//     effect.
 //
 // Without Run (or while it is not subscribed) the Store behaves as
 // without tracking: Options.LocalTrust alone decides.
@@ -47,7 +54,11 @@ type Tracking struct {
 
 	active atomic.Bool
 	epoch  atomic.Uint64
-	gens   [trackStripes]atomic.Uint64
+	gens   [trackStripes]atomic.Uint64 // notices not absorbed, per stripe
+	// ownGen counts this process's writes issued and ownLive those in
+	// flight, per stripe (settle).
+	ownGen  [trackStripes]atomic.Uint64
+	ownLive [trackStripes]atomic.Int64
 
 	mu      sync.Mutex
 	pending map[string]int // key → own writes whose notices are yet to come
@@ -105,18 +116,23 @@ func (t *Tracking) Notices() (keys, flushes int64) {
 var ErrTrackingUnsupported = errors.New("session tracking: the Redis server does not support CLIENT TRACKING")
 
 // Run keeps the subscription until ctx ends, re-establishing it (with a
-// backoff of 100 ms to 5 s) when it fails. It returns nil when ctx ends,
-// and ErrTrackingUnsupported at once if the server refuses tracking.
+// backoff of 100 ms to 5 s, reset once it is subscribed again) when it
+// fails. It returns nil when ctx ends, and ErrTrackingUnsupported at once
+// if the server refuses tracking before it ever worked.
 func (t *Tracking) Run(ctx context.Context) error {
-	wait := 100 * time.Millisecond
+	wait, worked := 100*time.Millisecond, false
 	for ctx.Err() == nil {
-		err := t.follow(ctx)
+		subscribed, err := t.follow(ctx)
 		t.distrust(false)
 		if ctx.Err() != nil {
 			return nil
 		}
-		if errors.Is(err, ErrTrackingUnsupported) {
+		worked = worked || subscribed
+		if !worked && errors.Is(err, ErrTrackingUnsupported) {
 			return err
+		}
+		if subscribed {
+			wait = 100 * time.Millisecond
 		}
 		t.log.Warn("session tracking lost; every turn asks Redis until it is back", "err", err, "retry", wait)
 		select {
@@ -129,8 +145,9 @@ func (t *Tracking) Run(ctx context.Context) error {
 	return nil
 }
 
-// follow subscribes and applies notices until the connection fails.
-func (t *Tracking) follow(ctx context.Context) error {
+// follow subscribes and applies notices until the connection fails or
+// falls silent (watch), and reports whether it was subscribed.
+func (t *Tracking) follow(ctx context.Context) (subscribed bool, err error) {
 	o := *t.opt
 	o.OnConnect = func(ctx context.Context, cn *redis.Conn) error {
 		t.distrust(false) // a new connection: what the last one missed is unknown
@@ -153,43 +170,54 @@ func (t *Tracking) follow(ctx context.Context) error {
 	defer rdb.Close()
 	ps := rdb.Subscribe(ctx, invalidateChannel)
 	defer ps.Close()
-	stop := context.AfterFunc(ctx, func() { ps.Close() }) // a blocked receive returns at once
-	defer stop()
-	heard, pinged := time.Now(), time.Time{}
+	var heard atomic.Int64 // when the connection last said anything, Unix nanoseconds
+	heard.Store(time.Now().UnixNano())
+	wctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { t.watch(wctx, ps, &heard) })
+	defer func() { stop(); wg.Wait() }()
 	for {
-		msg, err := ps.ReceiveTimeout(ctx, trackPing)
-		now := time.Now()
+		// No read deadline: one firing inside a message would drop the
+		// rest of it (watch closes a silent connection instead).
+		msg, err := ps.Receive(wctx)
+		if err != nil {
+			return subscribed, err
+		}
+		heard.Store(time.Now().UnixNano())
 		switch m := msg.(type) {
 		case *redis.Subscription:
 			if m.Kind == "subscribe" && m.Channel == invalidateChannel {
+				subscribed = true
 				t.distrust(true)
 				t.log.Info("session tracking on: sticky turns answered from memory")
 			}
 		case *redis.Message:
 			t.notice(m)
-		}
-		if err == nil {
-			heard = now
-			continue
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		var nerr interface{ Timeout() bool }
-		if !errors.As(err, &nerr) || !nerr.Timeout() {
-			return err
-		}
-		if now.Sub(heard) > 3*trackPing && t.active.Load() {
-			t.distrust(false) // silent: trust nothing until it answers
-		}
-		if now.Sub(pinged) >= trackPing {
-			pinged = now
-			if err := ps.Ping(ctx); err != nil {
-				return err
+		case *redis.Pong:
+			if m.Payload != "" {
+				return subscribed, fmt.Errorf("session tracking: unexpected reply %q", m.Payload)
 			}
 		}
-		if now.Sub(heard) <= trackPing && !t.active.Load() {
-			t.distrust(true) // it answered again on the same connection: nothing was lost
+	}
+}
+
+// watch pings the subscription every trackPing and closes it once it has
+// been silent for three: a connection that stopped delivering notices
+// must not keep trust.
+func (t *Tracking) watch(ctx context.Context, ps *redis.PubSub, heard *atomic.Int64) {
+	tick := time.NewTicker(trackPing)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			ps.Close() // ends a blocked Receive
+			return
+		case now := <-tick.C:
+			if now.Sub(time.Unix(0, heard.Load())) > 3*trackPing || ps.Ping(ctx) != nil {
+				t.distrust(false)
+				ps.Close()
+				return
+			}
 		}
 	}
 }
@@ -243,16 +271,57 @@ func (t *Tracking) distrust(on bool) {
 func trackStripe(key string) uint64 { return xxhash.Sum64String(key) % trackStripes }
 
 // mark is what a call about a key knew when it was issued: trust from its
-// answer holds while the epoch and the key's stripe generation still are.
-type mark struct{ epoch, gen uint64 }
+// answer holds while the epoch and the key's stripe generation still are,
+// and is granted at all only if no other own write could have landed
+// around it (clean, own: see settle).
+type mark struct {
+	epoch, gen, own uint64
+	clean           bool
+}
 
-// mark returns key's mark now; the zero mark (never trusted) when
-// tracking is off.
+// mark returns key's mark for a read issued now; the zero mark (never
+// trusted) when tracking is off.
 func (t *Tracking) mark(key string) mark {
 	if !t.On() {
 		return mark{}
 	}
-	return mark{epoch: t.epoch.Load(), gen: t.gens[trackStripe(key)].Load()}
+	i := trackStripe(key)
+	return mark{epoch: t.epoch.Load(), gen: t.gens[i].Load(), own: t.ownGen[i].Load(), clean: t.ownLive[i].Load() == 0}
+}
+
+// markWrite announces a write of key by this process, issued now, and
+// returns its mark: the notice it causes is its own. Call done when it
+// has returned.
+func (t *Tracking) markWrite(key string) mark {
+	if !t.On() {
+		return mark{}
+	}
+	i := trackStripe(key)
+	t.mu.Lock()
+	t.pending[key]++
+	t.mu.Unlock()
+	m := mark{epoch: t.epoch.Load(), gen: t.gens[i].Load()}
+	m.clean = t.ownLive[i].Add(1) == 1
+	m.own = t.ownGen[i].Add(1)
+	return m
+}
+
+// done ends a write markWrite announced.
+func (t *Tracking) done(key string, m mark) {
+	if m.epoch != 0 {
+		t.ownLive[trackStripe(key)].Add(-1)
+	}
+}
+
+// settle returns the mark an answer obtained under m may be trusted with:
+// m, unless another of this process's writes of the key's stripe was in
+// flight when the call was issued or has been issued since (their order
+// in Redis is unknown), then the zero mark.
+func (t *Tracking) settle(key string, m mark) mark {
+	if m.epoch == 0 || !m.clean || t.ownGen[trackStripe(key)].Load() != m.own {
+		return mark{}
+	}
+	return m
 }
 
 // holds reports whether trust granted under m still holds.
@@ -260,17 +329,7 @@ func (t *Tracking) holds(key string, m mark) bool {
 	return m.epoch != 0 && t.On() && t.epoch.Load() == m.epoch && t.gens[trackStripe(key)].Load() == m.gen
 }
 
-// expect announces a write of key by this process: its notice is its own.
-func (t *Tracking) expect(key string) {
-	if !t.On() {
-		return
-	}
-	t.mu.Lock()
-	t.pending[key]++
-	t.mu.Unlock()
-}
-
-// unwritten withdraws an expect whose write changed nothing (a SET NX that
+// unwritten withdraws a markWrite whose write changed nothing (a SET NX that
 // found a binding): no notice will come for it. One already absorbed in
 // its place was another writer's, so the key is distrusted.
 func (t *Tracking) unwritten(key string) {

@@ -100,62 +100,86 @@ func TestTracking(t *testing.T) {
 
 // The trust rules without a server: a notice that overtakes the answer of
 // a call issued before it denies that answer trust, an own write's notice
-// is absorbed once, and a SET NX that wrote nothing gives back the notice
-// it expected, or distrusts its key when another writer's was absorbed in
-// its place.
+// is absorbed once, a SET NX that wrote nothing gives back the notice it
+// expected (or distrusts its key when another writer's was absorbed in its
+// place), and an answer is not trusted when another own write of the key
+// was in flight or issued meanwhile (their order in Redis is unknown).
 func TestTrackingMarks(t *testing.T) {
 	s := NewStore(nil, Options{Prefix: "p:"})
 	trk := s.Track(&redis.Options{Addr: "127.0.0.1:1"}, slog.Default())
 	trk.distrust(true)
 	notice := func(k string) { trk.notice(&redis.Message{PayloadSlice: []string{"p:sess:" + k}}) }
+	trusted := func(m mark) bool { return trk.holds("k", trk.settle("k", m)) }
 
 	m := trk.mark("k")
-	if !trk.holds("k", m) {
+	if !trusted(m) {
 		t.Fatal("a fresh mark does not hold")
 	}
 	notice("k")
-	if trk.holds("k", m) {
+	if trusted(m) {
 		t.Error("a mark holds after a notice about its key")
 	}
 
-	m = trk.mark("k")
-	trk.expect("k")
+	w := trk.markWrite("k")
 	notice("k")
-	if !trk.holds("k", m) {
+	if !trusted(w) {
 		t.Error("an own write's notice distrusted its key")
 	}
+	trk.done("k", w)
 	notice("k")
-	if trk.holds("k", m) {
+	if trusted(w) {
 		t.Error("a second notice was absorbed by one write")
 	}
 
-	m = trk.mark("k")
-	trk.expect("k")
+	w = trk.markWrite("k")
 	trk.unwritten("k")
+	trk.done("k", w)
 	notice("k")
-	if trk.holds("k", m) {
+	if trusted(w) {
 		t.Error("a notice after an unwritten SET NX was absorbed")
 	}
-	m = trk.mark("k")
-	trk.expect("k")
+	w = trk.markWrite("k")
 	notice("k") // another writer's, absorbed in place of the SET NX's
 	trk.unwritten("k")
-	if trk.holds("k", m) {
+	trk.done("k", w)
+	if trusted(w) {
 		t.Error("an unwritten SET NX left its key trusted after absorbing another's notice")
+	}
+
+	// Two own writes at once: neither answer is trusted.
+	w1 := trk.markWrite("k")
+	w2 := trk.markWrite("k")
+	notice("k")
+	notice("k")
+	if trusted(w1) || trusted(w2) {
+		t.Error("an answer trusted while another own write of its key was in flight")
+	}
+	trk.done("k", w1)
+	trk.done("k", w2)
+	// A read, then an own write issued before its answer is used.
+	m = trk.mark("k")
+	w = trk.markWrite("k")
+	if trusted(m) {
+		t.Error("a read's answer trusted with an own write issued after it")
+	}
+	trk.done("k", w)
+	notice("k")
+	if m := trk.mark("k"); !trusted(m) {
+		t.Error("a read with no own write around it not trusted")
 	}
 
 	m = trk.mark("k")
 	trk.failed()
-	if trk.holds("k", m) {
+	if trusted(m) {
 		t.Error("a mark holds after a failed write")
 	}
 	m = trk.mark("k")
-	trk.notice(&redis.Message{}) // a flush names no key
-	if trk.holds("k", m) {
+	trk.notice(&redis.Message{}) // a notice naming no key
+	if trusted(m) {
 		t.Error("a mark holds after a flush")
 	}
 	trk.distrust(false)
-	if m := trk.mark("k"); m != (mark{}) || trk.holds("k", trk.mark("k")) {
+	if m := trk.mark("k"); m != (mark{}) || trusted(m) {
 		t.Error("marks while tracking is off")
 	}
 }
@@ -173,5 +197,33 @@ func TestTrackingUnsupported(t *testing.T) {
 	}
 	if trk.On() {
 		t.Error("tracking on without the server's support")
+	}
+}
+
+// A connection that stops answering (the server paused) loses trust
+// within three health checks, and tracking comes back once it answers.
+func TestTrackingSilentConnection(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	s := NewStore(rdb, Options{})
+	trk := s.Track(rdb.Options(), slog.Default())
+	active := make(chan bool, 8)
+	trk.onActive = func(on bool) { active <- on }
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error)
+	go func() { done <- trk.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	if !<-active {
+		t.Fatal("tracking did not turn on")
+	}
+	if err := rdb.Do(ctx, "CLIENT", "PAUSE", "4500", "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if <-active {
+		t.Fatal("tracking turned on again while the server was paused")
+	}
+	if !<-active {
+		t.Fatal("tracking did not come back after the pause")
 	}
 }
