@@ -16,6 +16,7 @@ import (
 	"net/url"
 	"os/exec"
 	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strings"
 	"sync"
@@ -557,6 +558,7 @@ func (ob *overheadBench) maxRate(ctx context.Context, t *target) (float64, error
 // window sends shape requests to t at rate for d, open loop (each request
 // at its scheduled time, latency measured from it), and waits for them.
 func (ob *overheadBench) window(ctx context.Context, t *target, shape string, rate float64, d time.Duration) (ohSample, error) {
+	defer trace.StartRegion(ctx, fmt.Sprintf("overhead %s %s %g", t.name, shape, rate)).End() // --trace
 	n := int(rate * d.Seconds())
 	bodies := make([][]byte, n)
 	for i := range bodies {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/pprof"
+	"runtime/trace"
 	"strconv"
 	"strings"
 
@@ -30,6 +31,7 @@ func runOverhead(ctx context.Context, args []string) error {
 	jsonPath := fs.String("json", "", "write the report as JSON to FILE")
 	quiet := fs.Bool("quiet", false, "no progress lines")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run (gateway, proxy and load; the simulator too with --fleet in-process) to FILE; samples carry a target label (pprof -tagfocus target=warmpath:warmpath)")
+	tracePath := fs.String("trace", "", "write a runtime execution trace of the run to FILE; each target's windows are regions named \"overhead <target> <shape> <rate>\" (go tool trace FILE)")
 	fs.StringVar(&cfg.Tokenizer, "tokenizer", "", "the warmpath targets' routing.tokenizer: simulator (default, in process) or replicas (their /tokenize)")
 	fleetMode := fs.String("fleet", "child", "where the simulated replicas run: child (a `warmpath sim` process per fleet, their CPU not counted) or in-process")
 	if err := fs.Parse(args); err != nil {
@@ -86,6 +88,17 @@ func runOverhead(ctx context.Context, args []string) error {
 			return err
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if *tracePath != "" {
+		f, err := os.Create(*tracePath)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := trace.Start(f); err != nil {
+			return err
+		}
+		defer trace.Stop()
 	}
 	rep, err := bench.Overhead(ctx, cfg)
 	if err != nil {
