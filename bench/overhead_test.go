@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"runtime/trace"
 	"strings"
 	"testing"
 	"time"
@@ -12,14 +13,25 @@ import (
 )
 
 // A tiny overhead run: every target answers every request, the report
-// names each, and the table prints.
+// names each, the table prints, and an execution trace of the run has a
+// region per target's window (--trace).
 func TestOverheadSmoke(t *testing.T) {
+	var tr bytes.Buffer
+	tracing := trace.Start(&tr) == nil // not when go test -trace runs one
 	rep, err := Overhead(t.Context(), OverheadConfig{
 		Shapes: map[string][]float64{ShapeShort: {50}, ShapeSticky: {50}}, Window: 400 * time.Millisecond, Rounds: 1,
 		MaxRates: []float64{100}, Policies: []string{"warmpath"},
 	})
+	if tracing {
+		trace.Stop()
+	}
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, region := range []string{"overhead direct short 50", "overhead proxy sticky 50", "overhead warmpath:warmpath short 50"} {
+		if tracing && !bytes.Contains(tr.Bytes(), []byte(region)) {
+			t.Errorf("the trace has no region %q", region)
+		}
 	}
 	targets := map[string]bool{}
 	for _, r := range rep.Results {
