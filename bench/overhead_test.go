@@ -37,7 +37,7 @@ func TestOverheadSmoke(t *testing.T) {
 	for _, r := range rep.Results {
 		targets[r.Target] = true
 		if r.Requests == 0 || r.Errors != 0 {
-			t.Errorf("%s %s: %d requests, %d errors", r.Shape, r.Target, r.Requests, r.Errors)
+			t.Errorf("%s %s: %d requests, %d errors %v", r.Shape, r.Target, r.Requests, r.Errors, r.ErrorKinds)
 		}
 		// The gateway's phases are read from its own metrics: only
 		// warmpath targets have them, and every phase ran.
