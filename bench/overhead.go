@@ -203,6 +203,11 @@ func Overhead(ctx context.Context, cfg OverheadConfig) (*OverheadReport, error) 
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4096, MaxIdleConns: 4096, IdleConnTimeout: time.Minute}, Timeout: time.Minute}
 	ob := &overheadBench{cfg: cfg, client: client, targets: targets, rng: rand.New(rand.NewPCG(uint64(cfg.Seed), 7))}
+	for _, t := range targets {
+		if err := ob.warmUp(ctx, t); err != nil {
+			return nil, err
+		}
+	}
 	rep := &OverheadReport{MaxRate: map[string]float64{}, MaxP99Ms: ms(cfg.MaxP99)}
 	shapes := []string{ShapeShort, ShapeSticky, ShapeStream, ShapeLong}
 	for _, shape := range shapes {
@@ -554,6 +559,34 @@ func (ob *overheadBench) maxRate(ctx context.Context, t *target) (float64, error
 	}
 	return held, nil
 }
+
+// warmUp sends each of t's addresses requests, one at a time, until one of
+// each shape is answered, so that no window counts a cold start (its first
+// connections, the gateway's auth cache, the replicas' first health
+// probes). It gives up after warmUpTries failures in a row.
+func (ob *overheadBench) warmUp(ctx context.Context, t *target) error {
+	for range t.urls {
+		for _, shape := range []string{ShapeShort, ShapeSticky, ShapeStream} {
+			var err error
+			for try := 0; try < warmUpTries; try++ {
+				if err = ob.send(ctx, t, shape, ob.body(shape, try)); err == nil {
+					break
+				}
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(100 * time.Millisecond):
+				}
+			}
+			if err != nil {
+				return fmt.Errorf("bench: overhead: %s never answered a %s request: %w", t.name, shape, err)
+			}
+		}
+	}
+	return nil
+}
+
+const warmUpTries = 50
 
 // window sends shape requests to t at rate for d, open loop (each request
 // at its scheduled time, latency measured from it), and waits for them.

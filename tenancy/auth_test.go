@@ -2,6 +2,7 @@ package tenancy
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -406,5 +407,75 @@ func TestDevKey(t *testing.T) {
 	}
 	if _, err := e.auth.Authenticate(ctx, bearer(full)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// gateReads is a go-redis hook that counts HMGETs of one Redis key and
+// holds them until open is closed.
+type gateReads struct {
+	key   string
+	open  chan struct{}
+	reads atomic.Int32
+}
+
+func (g *gateReads) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (g *gateReads) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (g *gateReads) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if args := cmd.Args(); cmd.Name() == "hmget" && len(args) > 1 && args[1] == g.key {
+			g.reads.Add(1)
+			<-g.open
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// A burst of requests with a key not yet cached costs one Redis read, and
+// the read survives the first caller going away.
+func TestConcurrentMissesShareARead(t *testing.T) {
+	e := newEnv(t)
+	mustTenant(t, e.store, Tenant{ID: "acme"})
+	k, full := mustKey(t, e.store, "acme", KeySpec{})
+	_, warm := mustKey(t, e.store, "acme", KeySpec{})
+	if _, err := e.auth.Authenticate(t.Context(), bearer(warm)); err != nil { // the tenant is cached
+		t.Fatal(err)
+	}
+	g := &gateReads{key: e.store.keyKey(k.ID), open: make(chan struct{})}
+	e.r.Client.(*redis.Client).AddHook(g)
+	waits := make(chan struct{}, 64)
+	e.store.onWait = func(name string) {
+		if name == "k:"+k.ID {
+			waits <- struct{}{}
+		}
+	}
+	const n = 16
+	first, cancelFirst := context.WithCancel(t.Context())
+	errs := make(chan error, n)
+	auth := func(ctx context.Context) {
+		_, err := e.auth.Authenticate(ctx, bearer(full))
+		errs <- err
+	}
+	go auth(first)
+	<-waits
+	for range n - 1 {
+		go auth(t.Context())
+	}
+	for range n - 1 {
+		<-waits
+	}
+	cancelFirst()
+	if err := <-errs; err == nil {
+		t.Error("the caller that went away was answered")
+	}
+	close(g.open)
+	for range n - 1 {
+		if err := <-errs; err != nil {
+			t.Errorf("a waiting caller: %v", err)
+		}
+	}
+	if r := g.reads.Load(); r != 1 {
+		t.Errorf("%d concurrent misses made %d reads of the key; want 1", n, r)
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/singleflight"
 )
 
 // Sentinel errors of the Store.
@@ -63,9 +64,18 @@ type Store struct {
 	// before a revocation cannot be added just after its removal.
 	inval sync.Mutex
 
+	// reads joins concurrent misses of one entry into one Redis read, so a
+	// burst of requests with a key not yet cached (a gateway's first
+	// seconds, a cache purge on resubscription) costs one round trip, not
+	// one each, and cannot queue on the pool past the read timeout.
+	reads singleflight.Group
+
 	// onInvalidate, when set (tests), is called with each entry dropped on
 	// a pub/sub message, or "*" when the whole cache is.
 	onInvalidate func(name string)
+	// onWait, when set (tests), is called as a lookup starts waiting on a
+	// read, its own or one already in flight.
+	onWait func(name string)
 
 	mu      sync.Mutex           // guards noted and pending
 	noted   map[string]time.Time // key id → last-used time last queued
@@ -198,22 +208,18 @@ func (s *Store) lookupTenant(ctx context.Context, id string, now time.Time) (*Te
 	return e.tenant, err
 }
 
-// lookup serves name from the cache while fresh, else reads it. When the
-// read fails for any reason but absence, a stale entry (within CacheStale)
-// still serves; without one the result is errUnavailable.
+// lookup serves name from the cache while fresh, else reads it, joining a
+// read of the same entry already in flight. When the read fails for any
+// reason but absence, a stale entry (within CacheStale) still serves;
+// without one the result is errUnavailable.
 func (s *Store) lookup(ctx context.Context, name string, now time.Time, read func(context.Context) (cached, error)) (cached, error) {
 	e, ok := s.cache.Get(name)
 	if ok && now.Sub(e.at) < s.ttl {
 		return e, nil
 	}
-	seq := s.seq.Load()
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	fresh, err := read(ctx)
+	fresh, err := s.readShared(ctx, name, now, read)
 	switch {
 	case err == nil:
-		fresh.at = now
-		s.keep(name, fresh, seq)
 		return fresh, nil
 	case errors.Is(err, redis.Nil) || errors.Is(err, ErrNotFound):
 		s.cache.Remove(name)
@@ -223,6 +229,34 @@ func (s *Store) lookup(ctx context.Context, name string, now time.Time, read fun
 		return e, nil
 	}
 	return cached{}, fmt.Errorf("%w: %w", errUnavailable, err)
+}
+
+// readShared reads name once for every concurrent caller and caches what it
+// read. The flight is keyed by the invalidation count as well, so a caller
+// that arrives after an invalidation never takes a read begun before it.
+// The read is bounded by the store's timeout and outlives a caller that
+// goes away, since others may be waiting on it.
+func (s *Store) readShared(ctx context.Context, name string, now time.Time, read func(context.Context) (cached, error)) (cached, error) {
+	seq := s.seq.Load()
+	ch := s.reads.DoChan(name+"@"+strconv.FormatUint(seq, 10), func() (any, error) {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
+		defer cancel()
+		fresh, err := read(rctx)
+		if err == nil {
+			fresh.at = now
+			s.keep(name, fresh, seq)
+		}
+		return fresh, err
+	})
+	if s.onWait != nil {
+		s.onWait(name)
+	}
+	select {
+	case r := <-ch:
+		return r.Val.(cached), r.Err
+	case <-ctx.Done():
+		return cached{}, ctx.Err()
+	}
 }
 
 // keep caches e, read for name after the seq-th invalidation, unless an
