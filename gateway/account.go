@@ -38,7 +38,7 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 	obs := observer{
 		firstByte: func() {
 			x.flight.FirstByte()
-			x.endPending()
+			g.firstByte(x)
 			if stream || resp.ContentLength < 0 {
 				// A whole answer of declared length ends (done, which
 				// writes the binding) before its last bytes are passed

@@ -74,6 +74,9 @@ func (g *Gateway) finish(x *exchange, u Usage, have bool) {
 	}
 	x.finished = true
 	x.endPending()
+	if !x.startedAt.IsZero() {
+		x.pendingLoad.unnoteStarted(x.startedAt)
+	}
 	x.req.placement.unclaim()
 	x.release(u)
 	if x.lease != nil {

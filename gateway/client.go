@@ -38,6 +38,10 @@ type exchange struct {
 	pending      *atomic.Int64
 	pendingDone  atomic.Bool
 	pendingTimer atomic.Pointer[time.Timer] // ends a non-streaming request's count (startPending)
+	// pendingLoad is the routed replica's bookkeeping; startedAt the
+	// scrape under which its first byte was counted there (noteStarted).
+	pendingLoad *replicaLoad
+	startedAt   time.Time
 
 	// prepared, admitted, routed and answered are when routing's I/O
 	// before admission ended, admission let the request go, routing was

@@ -87,14 +87,18 @@ type QueueConfig struct {
 //
 //	room_r = EngineWaiting − queued_r                          interactive
 //	room_r = EngineWaiting − pending_r                         interactive, with vllm_priority
-//	room_r = BackgroundEngineWaiting − (waiting_r + sent_r)    background, while kv_r < BackgroundMaxKVUsage (else 0)
-//	queued_r = max(waiting_r + sent_r, notstarted_r)
+//	room_r = BackgroundEngineWaiting − waiting'_r              background, while kv_r < BackgroundMaxKVUsage (else 0)
+//	queued_r = max(waiting'_r, notstarted_r)
+//	waiting'_r = waiting_r + sent_r − started_r (started_r taking it to 0 at most)
 //
 // waiting_r and kv_r are the replica's engine queue and KV-cache use as
 // last scraped; sent_r is what this gateway sent it since that scrape net
 // of what finished since (negative when more finished: each finished
 // request freed a place a waiting one takes, so dispatch follows
-// completions rather than the next scrape); notstarted_r is this
+// completions rather than the next scrape); started_r is this gateway's
+// streaming requests on it whose first token came since that scrape and
+// that are still running (they have left its engine queue, so room opens
+// at a first token rather than at the next scrape); notstarted_r is this
 // gateway's requests on it that have not started (no first byte yet),
 // which a scrape taken before the engine saw them would miss (a
 // non-streaming answer's first byte is its end, so a non-streaming
@@ -415,6 +419,14 @@ type replicaLoad struct {
 	// lastInteractive).
 	lastInteractive atomic.Int64
 	reserved        atomic.Bool
+	// started counts this gateway's streaming requests on the replica
+	// whose first byte came after the scrape taken at startedAt and that
+	// have not finished: they left the engine's queue since that scrape
+	// counted them waiting (or since they were sent), so room opens at a
+	// request's first token rather than at the next scrape.
+	startedMu sync.Mutex
+	startedAt time.Time
+	started   int
 	// claimed counts the requests the queue dispatched to the replica
 	// (placement.place) that have not been sent yet: room they hold
 	// before the replica's in-flight count shows them; claimedTokens is
@@ -442,7 +454,8 @@ func (g *Gateway) startPending(x *exchange) {
 	c := g.queue.capacity
 	rep, _ := x.route.candidate(0)
 	class := min(x.req.class, fairq.Background)
-	x.pending = &c.loadFor(rep).pending[class]
+	x.pendingLoad = c.loadFor(rep)
+	x.pending = &x.pendingLoad.pending[class]
 	x.pending.Add(1)
 	if !x.req.stream {
 		// A non-streaming answer's first byte is its end: after two
@@ -457,6 +470,49 @@ func (g *Gateway) startPending(x *exchange) {
 	if class == fairq.Interactive {
 		c.noteInteractive(rep, x.route.reps, time.Now())
 	}
+}
+
+// startedSince is how many of started count under the scrape taken at
+// scrapedAt (none after a newer scrape, which saw them start).
+func (l *replicaLoad) startedSince(scrapedAt time.Time) int {
+	l.startedMu.Lock()
+	defer l.startedMu.Unlock()
+	if !l.startedAt.Equal(scrapedAt) {
+		return 0
+	}
+	return l.started
+}
+
+// noteStarted counts a streaming request's first byte under the scrape
+// taken at scrapedAt and returns it, for unnoteStarted.
+func (l *replicaLoad) noteStarted(scrapedAt time.Time) time.Time {
+	l.startedMu.Lock()
+	defer l.startedMu.Unlock()
+	if !l.startedAt.Equal(scrapedAt) {
+		l.startedAt, l.started = scrapedAt, 0
+	}
+	l.started++
+	return scrapedAt
+}
+
+// unnoteStarted takes a finished request out of started, if it still
+// counts there: once it has finished, the in-flight count nets it out.
+func (l *replicaLoad) unnoteStarted(scrapedAt time.Time) {
+	l.startedMu.Lock()
+	defer l.startedMu.Unlock()
+	if l.startedAt.Equal(scrapedAt) && l.started > 0 {
+		l.started--
+	}
+}
+
+// firstByte is the exchange's first byte from its replica: a streaming
+// request there has left the engine's queue.
+func (g *Gateway) firstByte(x *exchange) {
+	if rep, _ := x.route.candidate(0); x.pendingLoad != nil && x.req.stream && !x.pendingDone.Load() && x.replica == rep {
+		x.startedAt = x.pendingLoad.noteStarted(x.replica.State().ScrapedAt)
+		defer g.queue.q.Kick()
+	}
+	x.endPending()
 }
 
 // endPending ends startPending's count, once.
@@ -693,6 +749,9 @@ func (c *fleetCapacity) room(rep *fleet.Replica, st *fleet.State, inflight int, 
 	// would hold all background off the replica (measured: 40 s waits with
 	// capacity idle, and timeouts).
 	queued := st.Waiting + sent
+	if queued > 0 { // those that started since the scrape wait no more
+		queued -= min(queued, c.loadFor(rep).startedSince(st.ScrapedAt))
+	}
 	if class == fairq.Interactive {
 		queued = max(queued, int(pend[fairq.Interactive].Load()+pend[fairq.Background].Load()))
 	}

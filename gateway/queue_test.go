@@ -720,6 +720,7 @@ func TestFleetCapacityRoom(t *testing.T) {
 	sat := (QueueConfig{}).withDefaults().Saturation
 	sat.MaxRunning = 10
 	rep := &fleet.Replica{}
+	t0 := time.Unix(1_800_000_000, 0)
 	for _, tt := range []struct {
 		name     string
 		priority bool
@@ -728,21 +729,28 @@ func TestFleetCapacityRoom(t *testing.T) {
 		pending  int64 // interactive not started
 		class    fairq.Class
 		want     int
+		started  time.Time // the scrape under which one streaming request started, if set
 	}{
-		{"idle", false, fleet.State{}, 0, 0, fairq.Interactive, 4},
-		{"queue counts", false, fleet.State{Waiting: 3}, 0, 0, fairq.Interactive, 1},
-		{"sent since the scrape counts", false, fleet.State{Waiting: 1, InflightAtScrape: 5}, 7, 0, fairq.Interactive, 1},
-		{"finished since the scrape give room", false, fleet.State{Waiting: 5, InflightAtScrape: 9}, 6, 0, fairq.Interactive, 2},
-		{"not started count whatever the scrape", false, fleet.State{InflightAtScrape: 3}, 3, 3, fairq.Interactive, 1},
-		{"batch full", false, fleet.State{Running: 9, InflightAtScrape: 3}, 4, 0, fairq.Interactive, 0},
-		{"priority: only interactive ahead", true, fleet.State{Waiting: 30}, 0, 1, fairq.Interactive, 3},
-		{"background: short queue", false, fleet.State{Waiting: 0, KVUsage: 0.5}, 0, 0, fairq.Background, 1},
-		{"background: queue", false, fleet.State{Waiting: 1, KVUsage: 0.5}, 0, 0, fairq.Background, 0},
-		{"background: headroom", true, fleet.State{KVUsage: 0.9}, 0, 0, fairq.Background, 0},
+		{"idle", false, fleet.State{}, 0, 0, fairq.Interactive, 4, time.Time{}},
+		{"queue counts", false, fleet.State{Waiting: 3}, 0, 0, fairq.Interactive, 1, time.Time{}},
+		{"sent since the scrape counts", false, fleet.State{Waiting: 1, InflightAtScrape: 5}, 7, 0, fairq.Interactive, 1, time.Time{}},
+		{"finished since the scrape give room", false, fleet.State{Waiting: 5, InflightAtScrape: 9}, 6, 0, fairq.Interactive, 2, time.Time{}},
+		{"not started count whatever the scrape", false, fleet.State{InflightAtScrape: 3}, 3, 3, fairq.Interactive, 1, time.Time{}},
+		{"batch full", false, fleet.State{Running: 9, InflightAtScrape: 3}, 4, 0, fairq.Interactive, 0, time.Time{}},
+		{"priority: only interactive ahead", true, fleet.State{Waiting: 30}, 0, 1, fairq.Interactive, 3, time.Time{}},
+		{"background: short queue", false, fleet.State{Waiting: 0, KVUsage: 0.5}, 0, 0, fairq.Background, 1, time.Time{}},
+		{"background: queue", false, fleet.State{Waiting: 1, KVUsage: 0.5}, 0, 0, fairq.Background, 0, time.Time{}},
+		{"background: headroom", true, fleet.State{KVUsage: 0.9}, 0, 0, fairq.Background, 0, time.Time{}},
+		{"background: started since the scrape", false, fleet.State{Waiting: 1, KVUsage: 0.5, ScrapedAt: t0}, 0, 0, fairq.Background, 1, t0},
+		{"background: started before the scrape", false, fleet.State{Waiting: 1, KVUsage: 0.5, ScrapedAt: t0}, 0, 0, fairq.Background, 0, t0.Add(-time.Second)},
+		{"started frees no more than waits", false, fleet.State{KVUsage: 0.5, InflightAtScrape: 2, ScrapedAt: t0}, 1, 0, fairq.Background, 2, t0},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			c := &fleetCapacity{sat: sat, priority: tt.priority}
 			c.loadFor(rep).pending[fairq.Interactive].Store(tt.pending)
+			if !tt.started.IsZero() {
+				c.loadFor(rep).noteStarted(tt.started)
+			}
 			if got := c.room(rep, &tt.st, tt.inflight, tt.class); got != tt.want {
 				t.Errorf("room = %d; want %d", got, tt.want)
 			}
@@ -957,6 +965,44 @@ func TestQueueDispatchesAroundBoundHead(t *testing.T) {
 		t.Errorf("interactive queue depth %v once %s freed; want the bound turn still waiting for %s", d, r.away, r.home)
 	}
 	r.finish(t)
+}
+
+// A streaming background request leaves its engine's queue at its first
+// token, so the background request queued behind it (background may have
+// one in an engine queue) dispatches then: not at the next scrape (none
+// comes here) nor when the first request finishes, half a minute later.
+func TestQueueBackgroundRoomAtFirstToken(t *testing.T) {
+	clock := newGatedClock()
+	sim := startSim(t, vllmsim.Config{Clock: clock, Replicas: 1, Speed: 1})
+	cfg := fleetConfig(sim)
+	cfg.Debug = true
+	cfg.Queue.RecheckInterval = time.Hour
+	cfg.Health.Interval, cfg.Health.ScrapeInterval, cfg.Health.StaleAfter = time.Hour, time.Hour, 2*time.Hour
+	g := startGateway(t, cfg, redisFor(t, &cfg))
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	bg := map[string]string{"X-Warmpath-Priority": "background"}
+	stream := func(seed string, maxTokens int) map[string]any {
+		b := chatBody(seed, 0, maxTokens)
+		b["stream"] = true
+		return b
+	}
+	clock.pause()
+	asyncChat(ctx, g.URL, stream("long", 3000), bg) // 3,000 steps of 11 ms
+	eventually(t, 10*time.Second, func() bool {
+		return counter(t, g.Registry(), "warmpath_replica_inflight_requests", nil) == 1
+	}, "the first background request sent to the paused engine")
+	second := asyncChat(ctx, g.URL, stream("short", 4), bg)
+	eventually(t, 10*time.Second, func() bool { return queued(t, g, nil) == 1 }, "the second background request queued")
+	clock.resume()
+	select {
+	case r := <-second:
+		if r.Status != 200 {
+			t.Fatalf("second request: %d %s", r.Status, r.Body)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the second background request still queued 15 s after the first one's first token")
+	}
 }
 
 // A non-streaming request's first byte is its end, so only the scrapes
