@@ -64,7 +64,8 @@ type QueueConfig struct {
 	// default 100ms.
 	SyncInterval time.Duration `yaml:"sync_interval"`
 	// RecheckInterval is how often capacity is re-checked besides the
-	// checks on every scrape and every finished request; default 100ms.
+	// checks on every scrape, every finished request and every streaming
+	// request's first token; default 100ms.
 	RecheckInterval time.Duration `yaml:"recheck_interval"`
 	// VLLMPriority sends a background request's class to vLLM as
 	// "priority": 1 (interactive is vLLM's default 0), so interactive
@@ -506,13 +507,20 @@ func (l *replicaLoad) unnoteStarted(scrapedAt time.Time) {
 }
 
 // firstByte is the exchange's first byte from its replica: a streaming
-// request there has left the engine's queue.
+// request there has left the engine's queue. Before the replica's first
+// scrape there is no scraped queue to correct (its metrics are stale, so
+// it has no room anyway), and a zero startedAt means "not counted".
 func (g *Gateway) firstByte(x *exchange) {
-	if rep, _ := x.route.candidate(0); x.pendingLoad != nil && x.req.stream && !x.pendingDone.Load() && x.replica == rep {
-		x.startedAt = x.pendingLoad.noteStarted(x.replica.State().ScrapedAt)
-		defer g.queue.q.Kick()
+	rep, _ := x.route.candidate(0)
+	count := x.pendingLoad != nil && x.req.stream && !x.pendingDone.Load() && x.replica == rep
+	x.endPending() // before the re-check, which then sees it started
+	if !count {
+		return
 	}
-	x.endPending()
+	if at := rep.State().ScrapedAt; !at.IsZero() {
+		x.startedAt = x.pendingLoad.noteStarted(at)
+		g.queue.q.Kick()
+	}
 }
 
 // endPending ends startPending's count, once.
