@@ -163,7 +163,10 @@ func runLoop(ctx context.Context, log *slog.Logger, n int, open func(i int) (*zm
 			}
 		}
 	}()
-	rd := newReadiness()
+	rd, err := newReadiness(ctx)
+	if err != nil {
+		return err
+	}
 	defer rd.close()
 	var watchErr error // the last watch failure logged
 	for ctx.Err() == nil {
@@ -196,7 +199,10 @@ func runLoop(ctx context.Context, log *slog.Logger, n int, open func(i int) (*zm
 		if len(seq.replays) > 0 {
 			wake = minTime(wake, now.Add(pollInterval))
 		}
-		if err := waitReady(ctx, rd.ready, wake); err != nil {
+		if err := rd.wait(wake); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
 			return err
 		}
 	}
@@ -264,6 +270,12 @@ func serve(subs []subSocket, seq *sequencer, replica func([]byte, time.Time) (st
 	return served, nil
 }
 
+// readable reports whether sock has a message to read now (ZMQ_EVENTS).
+func readable(sock *zmq.Socket) (bool, error) {
+	ev, err := sock.GetEvents()
+	return ev&zmq.POLLIN != 0, err
+}
+
 // fail closes s's socket and schedules the next attempt.
 func (s *subSocket) fail(now time.Time) {
 	if s.sock != nil {
@@ -271,24 +283,6 @@ func (s *subSocket) fail(now time.Time) {
 		s.sock = nil
 	}
 	s.retryAt = now.Add(s.bo.next())
-}
-
-// waitReady blocks until ready signals, wake passes (never, when zero) or
-// ctx ends (then it returns ctx.Err()).
-func waitReady(ctx context.Context, ready <-chan struct{}, wake time.Time) error {
-	var timer <-chan time.Time
-	if !wake.IsZero() {
-		t := time.NewTimer(max(0, time.Until(wake)))
-		defer t.Stop()
-		timer = t.C
-	}
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-ready:
-	case <-timer:
-	}
-	return nil
 }
 
 // drain reads the messages waiting on s, at most maxDrain, and hands them
