@@ -15,6 +15,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os/exec"
+	"path/filepath"
 	"runtime/pprof"
 	"runtime/trace"
 	"slices"
@@ -27,6 +28,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
 
@@ -93,6 +95,17 @@ type OverheadConfig struct {
 	// of the CPU figures, which count the load generator, the proxy and
 	// the gateways only. Empty runs the fleets in this process.
 	FleetCommand []string
+	// TargetCommand, when set, runs the plain proxy and each gateway as a
+	// child process: the command (such as the warmpath binary and
+	// "overhead-target"), given --spec and an OverheadTarget as JSON,
+	// serving it (ServeOverheadTarget). A target's CPU is then its own
+	// process's; in this process (empty), the process's net of the direct
+	// window's.
+	TargetCommand []string
+	// TargetProfileDir, with TargetCommand, makes each child target write
+	// a CPU profile of its run to DIR/<target>.prof (target names with
+	// ':' written as '-').
+	TargetProfileDir string
 	// Tokenizer is the warmpath targets' routing.tokenizer; default
 	// "simulator" (in process, as a gateway in front of a simulated fleet
 	// is configured), "replicas" asks the replicas' /tokenize.
@@ -103,6 +116,15 @@ type OverheadConfig struct {
 	Logger *slog.Logger
 	// Progress, when set, gets one line per window.
 	Progress io.Writer
+}
+
+// targetProfile is where the child target name writes its CPU profile;
+// empty for none.
+func (c *OverheadConfig) targetProfile(name string) string {
+	if c.TargetProfileDir == "" {
+		return ""
+	}
+	return filepath.Join(c.TargetProfileDir, strings.ReplaceAll(name, ":", "-")+".prof")
 }
 
 func (c *OverheadConfig) withDefaults() {
@@ -148,6 +170,8 @@ type OverheadResult struct {
 	// ErrorKinds counts the errors by kind: "status N" for an answer
 	// other than 200, "transport" for a request that got none.
 	ErrorKinds map[string]int `json:"error_kinds,omitempty"`
+	// ErrorExamples holds, per kind, the first error's message.
+	ErrorExamples map[string]string `json:"error_examples,omitempty"`
 	// P50Ms, P90Ms and P99Ms are the latency (send to end of body), in ms.
 	P50Ms float64 `json:"p50_ms"`
 	P90Ms float64 `json:"p90_ms"`
@@ -156,8 +180,9 @@ type OverheadResult struct {
 	AddedP50Ms float64 `json:"added_p50_ms"`
 	AddedP90Ms float64 `json:"added_p90_ms"`
 	AddedP99Ms float64 `json:"added_p99_ms"`
-	// CPUMsPer1000 is the process CPU the target's windows used beyond
-	// direct's, per 1,000 requests.
+	// CPUMsPer1000 is, per 1,000 requests, the CPU of the target's own
+	// process over its windows (child targets), or the process CPU its
+	// windows used beyond direct's (in process).
 	CPUMsPer1000 float64 `json:"cpu_ms_per_1000"`
 	// PhaseMeanMs is, for a warmpath target, the mean time per request in
 	// each of the gateway's phases before it forwards
@@ -179,7 +204,20 @@ type target struct {
 	name string
 	urls []string // base URLs; the client round-robins over them
 	next atomic.Uint64
-	reg  *prometheus.Registry // a gateway's metrics; nil for direct and proxy
+	// gather reads a gateway's metrics; nil for direct and proxy.
+	gather func() ([]*dto.MetricFamily, error)
+	// cpu, for a target in a process of its own, is that process's CPU so
+	// far; nil in this process (its windows count the process's CPU net
+	// of direct's).
+	cpu func() time.Duration
+}
+
+// cpuNow is the CPU a window of t counts from.
+func (t *target) cpuNow() time.Duration {
+	if t.cpu != nil {
+		return t.cpu()
+	}
+	return processCPU()
 }
 
 func (t *target) url() string { return t.urls[int(t.next.Add(1)-1)%len(t.urls)] }
@@ -322,15 +360,30 @@ func overheadTargets(ctx context.Context, eg *errgroup.Group, cfg OverheadConfig
 		for _, s := range specs {
 			urls = append(urls, s.URL)
 		}
-		switch i {
-		case 0:
+		child := len(cfg.TargetCommand) > 0
+		switch {
+		case i == 0:
 			targets = append(targets, &target{name: "direct", urls: urls})
-		case 1:
+		case i == 1 && child:
+			t, err := childTarget(ctx, eg, cfg, "proxy", OverheadTarget{Kind: TargetProxy, Replicas: specs, CPUProfile: cfg.targetProfile("proxy")})
+			if err != nil {
+				return nil, err
+			}
+			targets = append(targets, t)
+		case i == 1:
 			proxyURL, err := startPlainProxy(ctx, eg, urls)
 			if err != nil {
 				return nil, err
 			}
 			targets = append(targets, &target{name: "proxy", urls: []string{proxyURL}})
+		case child:
+			pol := cfg.Policies[i-2]
+			t, err := childTarget(ctx, eg, cfg, "warmpath:"+pol, OverheadTarget{Kind: TargetWarmpath, Policy: pol,
+				Replicas: specs, RedisAddr: cfg.RedisAddr, Tokenizer: cfg.Tokenizer, CPUProfile: cfg.targetProfile("warmpath:" + pol)})
+			if err != nil {
+				return nil, err
+			}
+			targets = append(targets, t)
 		default:
 			t, err := startOverheadGateway(ctx, eg, cfg, cfg.Policies[i-2], specs, stores)
 			if err != nil {
@@ -379,7 +432,7 @@ func startOverheadGateway(ctx context.Context, eg *errgroup.Group, cfg OverheadC
 	if err != nil {
 		return nil, fmt.Errorf("bench: overhead: %s not ready: %w", pol, err)
 	}
-	return &target{name: name, urls: []string{"http://" + gw.Addr()}, reg: reg}, nil
+	return &target{name: name, urls: []string{"http://" + gw.Addr()}, gather: reg.Gather}, nil
 }
 
 const overheadKey = "sk-overhead-bench"
@@ -431,6 +484,7 @@ type ohSample struct {
 	lat      []time.Duration
 	errors   int
 	kinds    map[string]int
+	examples map[string]string // kind → its first error's message
 	cpu      time.Duration
 	requests int
 	phases   phaseTotals // the gateway's, over the windows
@@ -442,11 +496,11 @@ type phaseTotals map[string][2]float64
 
 // gatherPhases reads the gateway's phase histograms; nil without a
 // registry.
-func gatherPhases(reg *prometheus.Registry) phaseTotals {
-	if reg == nil {
+func gatherPhases(gather func() ([]*dto.MetricFamily, error)) phaseTotals {
+	if gather == nil {
 		return nil
 	}
-	mfs, err := reg.Gather()
+	mfs, err := gather()
 	if err != nil {
 		return nil
 	}
@@ -512,8 +566,12 @@ func (ob *overheadBench) measure(ctx context.Context, shape string, rate float64
 			for k, n := range s.kinds {
 				if samples[i].kinds == nil {
 					samples[i].kinds = map[string]int{}
+					samples[i].examples = map[string]string{}
 				}
 				samples[i].kinds[k] += n
+				if _, ok := samples[i].examples[k]; !ok {
+					samples[i].examples[k] = s.examples[k]
+				}
 			}
 			samples[i].cpu += s.cpu
 			samples[i].requests += s.requests
@@ -527,10 +585,14 @@ func (ob *overheadBench) measure(ctx context.Context, shape string, rate float64
 	for i, t := range ob.targets {
 		s := &samples[i]
 		slices.Sort(s.lat)
-		out[i] = OverheadResult{Shape: shape, Rate: rate, Target: t.name, Requests: s.requests, Errors: s.errors, ErrorKinds: s.kinds,
+		out[i] = OverheadResult{Shape: shape, Rate: rate, Target: t.name, Requests: s.requests, Errors: s.errors, ErrorKinds: s.kinds, ErrorExamples: s.examples,
 			P50Ms: ms(quantile(s.lat, 0.5)), P90Ms: ms(quantile(s.lat, 0.9)), P99Ms: ms(quantile(s.lat, 0.99)),
 			PhaseMeanMs: s.phases.meansMs()}
-		if s.requests > 0 && i > 0 {
+		switch {
+		case s.requests == 0 || i == 0:
+		case t.cpu != nil: // a process of its own
+			out[i].CPUMsPer1000 = ms(s.cpu) * 1000 / float64(s.requests)
+		default:
 			out[i].CPUMsPer1000 = ms(s.cpu-samples[0].cpu) * 1000 / float64(s.requests)
 		}
 	}
@@ -600,8 +662,8 @@ func (ob *overheadBench) window(ctx context.Context, t *target, shape string, ra
 	var mu sync.Mutex
 	var s ohSample
 	var wg sync.WaitGroup
-	phases0 := gatherPhases(t.reg)
-	cpu0 := processCPU()
+	phases0 := gatherPhases(t.gather)
+	cpu0 := t.cpuNow()
 	start := time.Now()
 	interval := time.Duration(float64(time.Second) / rate)
 	for i := range n {
@@ -622,17 +684,20 @@ func (ob *overheadBench) window(ctx context.Context, t *target, shape string, ra
 			if err != nil {
 				s.errors++
 				if s.kinds == nil {
-					s.kinds = map[string]int{}
+					s.kinds, s.examples = map[string]int{}, map[string]string{}
 				}
-				s.kinds[errorKind(err)]++
+				k := errorKind(err)
+				if s.kinds[k]++; s.kinds[k] == 1 {
+					s.examples[k] = err.Error()
+				}
 				return
 			}
 			s.lat = append(s.lat, lat)
 		})
 	}
 	wg.Wait()
-	s.cpu = processCPU() - cpu0
-	s.phases.add(phases0, gatherPhases(t.reg))
+	s.cpu = t.cpuNow() - cpu0
+	s.phases.add(phases0, gatherPhases(t.gather))
 	return s, ctx.Err()
 }
 
@@ -738,7 +803,7 @@ func (r *OverheadReport) WriteTable(w io.Writer) error {
 	}
 	for _, x := range r.Results {
 		if len(x.ErrorKinds) > 0 {
-			fmt.Fprintf(w, "errors, %s %.0f/s %s: %v\n", x.Shape, x.Rate, x.Target, x.ErrorKinds)
+			fmt.Fprintf(w, "errors, %s %.0f/s %s: %v, first of each: %v\n", x.Shape, x.Rate, x.Target, x.ErrorKinds, x.ErrorExamples)
 		}
 	}
 	if len(r.MaxRate) > 0 {

@@ -3,9 +3,13 @@ package bench
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"os"
 	"runtime/trace"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -83,5 +87,71 @@ func TestParseSimLine(t *testing.T) {
 	}
 	if _, ok := parseSimLine("overhead: short 200/s"); ok {
 		t.Error("a line that is not a replica parsed")
+	}
+}
+
+// With TargetCommand, the proxy and the gateway each run in a process of
+// their own (this test binary, as TestOverheadTargetProcess): they answer
+// every request, the gateway's phases come from its /metrics, and the
+// targets' CPU is their processes'.
+func TestOverheadChildTargets(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Overhead(t.Context(), OverheadConfig{
+		Shapes: map[string][]float64{ShapeShort: {50}}, Window: 400 * time.Millisecond, Rounds: 1,
+		MaxRates: []float64{}, Policies: []string{"warmpath"},
+		TargetCommand: []string{exe, "-test.run=^TestOverheadTargetProcess$", "--"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	targets := map[string]bool{}
+	for _, r := range rep.Results {
+		targets[r.Target] = true
+		if r.Requests == 0 || r.Errors != 0 {
+			t.Errorf("%s %s: %d requests, %d errors %v", r.Shape, r.Target, r.Requests, r.Errors, r.ErrorKinds)
+		}
+		if gw := strings.HasPrefix(r.Target, "warmpath:"); gw != (len(r.PhaseMeanMs) == 3) {
+			t.Errorf("%s %s: phase means %v", r.Shape, r.Target, r.PhaseMeanMs)
+		}
+	}
+	for _, want := range []string{"direct", "proxy", "warmpath:warmpath"} {
+		if !targets[want] {
+			t.Errorf("no results for %s", want)
+		}
+	}
+}
+
+// TestOverheadTargetProcess is the child TestOverheadChildTargets runs:
+// it serves the --spec given after the test flags, until it is killed.
+func TestOverheadTargetProcess(t *testing.T) {
+	i := slices.Index(os.Args, "--spec")
+	if i < 0 || i+1 >= len(os.Args) {
+		t.Skip("a target process of TestOverheadChildTargets")
+	}
+	var spec OverheadTarget
+	if err := json.Unmarshal([]byte(os.Args[i+1]), &spec); err != nil {
+		t.Fatal(err)
+	}
+	if err := ServeOverheadTarget(t.Context(), spec, os.Stdout); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// procCPU reads a process's CPU as the kernel accounts it: for this
+// process, what getrusage says, to within the ticks /proc counts in.
+func TestProcCPU(t *testing.T) {
+	deadline := processCPU() + 100*time.Millisecond
+	for x := 0; processCPU() < deadline; x++ { // burn CPU, not wall time
+		_ = syscall.Getpid()
+	}
+	got, want := procCPU(os.Getpid()), processCPU()
+	if got <= 0 || got > want+20*time.Millisecond || got < want-50*time.Millisecond {
+		t.Errorf("procCPU = %v; getrusage says %v", got, want)
+	}
+	if procCPU(-1) != 0 {
+		t.Error("procCPU of no process is not 0")
 	}
 }

@@ -165,7 +165,7 @@ type RoutingConfig struct {
 	// spacing share one pipelined write, and a binding made after a quiet
 	// spacing is written at once. Other gateways see a new binding up to
 	// this much later (this one serves it from memory meanwhile). Default
-	// 5ms; negative writes as soon as the last write returned.
+	// 20ms; negative writes as soon as the last write returned.
 	BindingWriteSpacing time.Duration `yaml:"binding_write_spacing"`
 	// SpeculativeTTL is how long a routing decision's predicted blocks
 	// count as cached before the engine's events confirm them (up to

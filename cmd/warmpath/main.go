@@ -29,6 +29,7 @@ func commands() []command {
 		{"migrate", "apply pending Redis keyspace migrations", runMigrate},
 		{"config", "check FILE: validate a configuration offline, naming every bad field", runConfig},
 		{"overhead", "measure the gateway's own cost per request against a plain proxy and direct", runOverhead},
+		{"overhead-target", "serve one target of the overhead benchmark (overhead runs it)", runOverheadTarget},
 		{"kv-relay", "relay connecting engines' KV events to several gateways", runKVRelay},
 	}
 }
@@ -36,7 +37,7 @@ func commands() []command {
 func usage() {
 	fmt.Fprintf(os.Stderr, "usage: warmpath <command> [flags]\n\ncommands:\n")
 	for _, c := range commands() {
-		fmt.Fprintf(os.Stderr, "  %-8s %s\n", c.name, c.short)
+		fmt.Fprintf(os.Stderr, "  %-15s %s\n", c.name, c.short)
 	}
 	fmt.Fprintf(os.Stderr, "\nRun 'warmpath <command> -h' for a command's flags.\n")
 }

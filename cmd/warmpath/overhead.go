@@ -18,7 +18,7 @@ import (
 // proxy and direct requests: `warmpath overhead [--policies warmpath,round-robin]
 // [--shapes short=200:1000,sticky=200:1000,stream=1000,long=25:50] [--window 3s]
 // [--rounds 3] [--max-rates 500,1000,…|none] [--fleet child|in-process]
-// [--json FILE] [--quiet]`.
+// [--targets child|in-process] [--json FILE] [--quiet]`.
 func runOverhead(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("overhead", flag.ContinueOnError)
 	var cfg bench.OverheadConfig
@@ -34,6 +34,8 @@ func runOverhead(ctx context.Context, args []string) error {
 	tracePath := fs.String("trace", "", "write a runtime execution trace of the run to FILE; each target's windows are regions named \"overhead <target> <shape> <rate>\" (go tool trace FILE)")
 	fs.StringVar(&cfg.Tokenizer, "tokenizer", "", "the warmpath targets' routing.tokenizer: simulator (default, in process) or replicas (their /tokenize)")
 	fleetMode := fs.String("fleet", "child", "where the simulated replicas run: child (a `warmpath sim` process per fleet, their CPU not counted) or in-process")
+	fs.StringVar(&cfg.TargetProfileDir, "target-profiles", "", "with --targets child, each target process writes a CPU profile of its run to DIR/<target>.prof")
+	targetMode := fs.String("targets", "child", "where the proxy and the gateways run: child (a `warmpath overhead-target` process each; a target's CPU is its process's) or in-process (CPU net of the direct window's; implied by --cpuprofile and --trace)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -74,6 +76,17 @@ func runOverhead(ctx context.Context, args []string) error {
 		cfg.FleetCommand = []string{exe, "sim"}
 	default:
 		return fmt.Errorf("--fleet %q: want child or in-process", *fleetMode)
+	}
+	switch {
+	case *targetMode == "in-process" || *cpuProfile != "" || *tracePath != "":
+	case *targetMode == "child":
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("--targets child: %w", err)
+		}
+		cfg.TargetCommand = []string{exe, "overhead-target"}
+	default:
+		return fmt.Errorf("--targets %q: want child or in-process", *targetMode)
 	}
 	if !*quiet {
 		cfg.Progress = os.Stderr
@@ -116,4 +129,31 @@ func runOverhead(ctx context.Context, args []string) error {
 
 func flagError(flag, value string) error {
 	return fmt.Errorf("--%s: %q is not a positive rate list", flag, value)
+}
+
+// runOverheadTarget serves one target of the overhead benchmark, the one
+// --spec describes (bench.OverheadTarget as JSON), until it is killed:
+// `warmpath overhead-target --spec JSON`. runOverhead starts these.
+func runOverheadTarget(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("overhead-target", flag.ContinueOnError)
+	spec := fs.String("spec", "", "the target, as bench.OverheadTarget JSON")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var t bench.OverheadTarget
+	if err := json.Unmarshal([]byte(*spec), &t); err != nil {
+		return fmt.Errorf("--spec: %w", err)
+	}
+	if t.CPUProfile != "" {
+		f, err := os.Create(t.CPUProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	return bench.ServeOverheadTarget(ctx, t, os.Stdout)
 }
