@@ -164,8 +164,11 @@ type RoutingConfig struct {
 	// gateway's batched binding writes to Redis: bindings made within one
 	// spacing share one pipelined write, and a binding made after a quiet
 	// spacing is written at once. Other gateways see a new binding up to
-	// this much later (this one serves it from memory meanwhile). Default
-	// 20ms; negative writes as soon as the last write returned.
+	// this much later (this one serves it from memory meanwhile). Unset:
+	// 20ms while this gateway sees no other, 5ms while it does (the
+	// queue's backlog exchange sees them), since a session's next turn may
+	// then reach another gateway right after this turn ends; negative
+	// writes as soon as the last write returned.
 	BindingWriteSpacing time.Duration `yaml:"binding_write_spacing"`
 	// SpeculativeTTL is how long a routing decision's predicted blocks
 	// count as cached before the engine's events confirm them (up to
@@ -467,7 +470,6 @@ func (c Config) withDefaults() Config {
 	if r.ClaimMinTokens == 0 {
 		r.ClaimMinTokens = DefaultClaimMinTokens
 	}
-	def(&r.BindingWriteSpacing, DefaultBindingWriteSpacing)
 	r.Saturation = r.Saturation.WithDefaults()
 	if r.TokenizeCacheBytes == 0 {
 		r.TokenizeCacheBytes = 256 << 20

@@ -31,9 +31,10 @@ type bindingFlusher struct {
 	flush   func(ctx context.Context, keys []string) error
 	failed  func() // counts a batch whose write failed
 	timeout time.Duration
-	// spacing is the least time between the starts of two writes; 0
-	// writes whenever a key is queued and the last write has returned.
-	spacing time.Duration
+	// spacing is the least time between the starts of two writes, asked
+	// before each; nil or 0 writes whenever a key is queued and the last
+	// write has returned.
+	spacing func() time.Duration
 	// finish is how long Run keeps writing queued keys after its context
 	// ends (writes worth landing on shutdown).
 	finish time.Duration
@@ -43,9 +44,29 @@ type bindingFlusher struct {
 const (
 	flushBatch   = 256
 	flushBacklog = 4096
-	// DefaultBindingWriteSpacing is routing.binding_write_spacing's default.
+	// DefaultBindingWriteSpacing is routing.binding_write_spacing's
+	// default while no other gateway is seen (nobody else reads this
+	// one's bindings soon), PeerBindingWriteSpacing while others are (a
+	// session's next turn may reach one of them right after this turn).
 	DefaultBindingWriteSpacing = 20 * time.Millisecond
+	PeerBindingWriteSpacing    = 5 * time.Millisecond
 )
+
+// bindingSpacing is the binding writer's spacing: set when
+// routing.binding_write_spacing is (negative: none), else the default for
+// whether other gateways are seen now.
+func bindingSpacing(set time.Duration, peers func() int) func() time.Duration {
+	if set != 0 {
+		set = max(0, set)
+		return func() time.Duration { return set }
+	}
+	return func() time.Duration {
+		if peers() > 0 {
+			return PeerBindingWriteSpacing
+		}
+		return DefaultBindingWriteSpacing
+	}
+}
 
 // add queues key's binding for writing; with the backlog full it writes
 // it at once rather than lose it.
@@ -83,7 +104,10 @@ func (f *bindingFlusher) Run(ctx context.Context) error {
 // space waits until spacing has passed since last; false when ctx ended
 // first.
 func (f *bindingFlusher) space(ctx context.Context, last time.Time) bool {
-	wait := f.spacing - time.Since(last)
+	if f.spacing == nil {
+		return true
+	}
+	wait := f.spacing() - time.Since(last)
 	if wait <= 0 {
 		return true
 	}

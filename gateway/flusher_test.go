@@ -29,7 +29,7 @@ func TestBindingFlusherSpacing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		log := &flushLog{start: time.Now()}
 		f := &bindingFlusher{keys: make(chan string, flushBacklog), flush: log.flush, failed: func() { t.Error("a write failed") },
-			timeout: time.Second, spacing: 5 * time.Millisecond, finish: time.Second}
+			timeout: time.Second, spacing: func() time.Duration { return 5 * time.Millisecond }, finish: time.Second}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { _ = f.Run(ctx); close(done) }()
@@ -79,4 +79,26 @@ func TestBindingFlusherNoSpacing(t *testing.T) {
 			t.Fatalf("writes %v, want %v", log.keys, want)
 		}
 	})
+}
+
+// Unset, the binding writer's spacing follows whether other gateways are
+// seen (20 ms alone, 5 ms beside them); a set spacing holds either way,
+// and a negative one is none.
+func TestBindingSpacing(t *testing.T) {
+	peers := 0
+	seen := func() int { return peers }
+	auto := bindingSpacing(0, seen)
+	if got := auto(); got != DefaultBindingWriteSpacing {
+		t.Errorf("alone: %v; want %v", got, DefaultBindingWriteSpacing)
+	}
+	peers = 1
+	if got := auto(); got != PeerBindingWriteSpacing {
+		t.Errorf("beside a peer: %v; want %v", got, PeerBindingWriteSpacing)
+	}
+	if got := bindingSpacing(50*time.Millisecond, seen)(); got != 50*time.Millisecond {
+		t.Errorf("set 50ms beside a peer: %v", got)
+	}
+	if got := bindingSpacing(-time.Millisecond, seen)(); got != 0 {
+		t.Errorf("set negative: %v; want 0", got)
+	}
 }

@@ -151,7 +151,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		g.m.watchTracking(wrapped, g.tracking)
 	}
 	g.flusher = &bindingFlusher{keys: make(chan string, flushBacklog), flush: g.sessions.FlushAll, timeout: cfg.Redis.Timeout,
-		spacing: max(0, cfg.Routing.BindingWriteSpacing), finish: time.Second, failed: func() { g.m.redisErrors.WithLabelValues("remember").Inc() }}
+		spacing: bindingSpacing(cfg.Routing.BindingWriteSpacing, g.waiting.peers), finish: time.Second, failed: func() { g.m.redisErrors.WithLabelValues("remember").Inc() }}
 
 	fc := cfg.fleetConfig(o, log, wrapped)
 	fc.OnUpdate = g.replicaUpdated

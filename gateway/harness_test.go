@@ -26,7 +26,7 @@ import (
 )
 
 // startSim runs a simulated fleet for the test's lifetime.
-func startSim(t *testing.T, cfg vllmsim.Config) *vllmsim.Fleet {
+func startSim(t testing.TB, cfg vllmsim.Config) *vllmsim.Fleet {
 	t.Helper()
 	if cfg.Speed == 0 {
 		cfg.Speed = 50
@@ -62,7 +62,7 @@ type testGateway struct {
 	URL string
 }
 
-func startGateway(t *testing.T, cfg Config, rdb redis.UniversalClient) *testGateway {
+func startGateway(t testing.TB, cfg Config, rdb redis.UniversalClient) *testGateway {
 	t.Helper()
 	g, err := New(cfg, Options{Redis: rdb, Logger: testLogger(t)})
 	if err != nil {
@@ -95,7 +95,7 @@ func startLoggedGateway(t *testing.T, cfg Config) (*testGateway, *logCapture) {
 }
 
 // waitHealthy waits until every replica in the fleet is healthy.
-func (g *testGateway) waitHealthy(t *testing.T) {
+func (g *testGateway) waitHealthy(t testing.TB) {
 	t.Helper()
 	eventually(t, 10*time.Second, func() bool {
 		for _, r := range g.fleet.Snapshot().Replicas {
@@ -109,7 +109,7 @@ func (g *testGateway) waitHealthy(t *testing.T) {
 
 // redisFor returns a client of the shared test Redis with a per-test key
 // prefix applied through the gateway's configuration.
-func redisFor(t *testing.T, cfg *Config) redis.UniversalClient {
+func redisFor(t testing.TB, cfg *Config) redis.UniversalClient {
 	rdb, prefix := redistest.Client(t)
 	cfg.Redis.KeyPrefix = prefix
 	// Tests assert the binding protocol, not this machine's load: a
@@ -118,7 +118,7 @@ func redisFor(t *testing.T, cfg *Config) redis.UniversalClient {
 	return rdb
 }
 
-func eventually(t *testing.T, within time.Duration, cond func() bool, what string) {
+func eventually(t testing.TB, within time.Duration, cond func() bool, what string) {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for !cond() {
@@ -293,7 +293,7 @@ func stringsReader(s string) io.Reader { return strings.NewReader(s) }
 
 // testLogger sends the gateway's warnings to the test log, and everything
 // at debug when WARMPATH_TEST_LOG=debug.
-func testLogger(t *testing.T) *slog.Logger {
+func testLogger(t testing.TB) *slog.Logger {
 	level := slog.LevelWarn
 	if os.Getenv("WARMPATH_TEST_LOG") == "debug" {
 		level = slog.LevelDebug
@@ -301,7 +301,7 @@ func testLogger(t *testing.T) *slog.Logger {
 	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: level}))
 }
 
-type tWriter struct{ t *testing.T }
+type tWriter struct{ t testing.TB }
 
 func (w tWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))

@@ -1,0 +1,48 @@
+package gateway
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"testing"
+
+	"github.com/warmpath/warmpath/vllmsim"
+)
+
+// BenchmarkServeShort sends short fresh chat completions one at a time
+// through a gateway (the warmpath policy, Redis, the in-process
+// tokenizer) in front of four simulated replicas answering at once, and
+// straight to a replica. Its allocations per request, less direct's, are
+// the gateway's own; unlike wall time they hardly move with the machine's
+// load, so they track the request path's cost between commits
+// (benchstat). Each request is a new prompt (the non-sticky path: a
+// tokenization, a prefix match, a new binding).
+func BenchmarkServeShort(b *testing.B) {
+	sim := startSim(b, vllmsim.Config{Replicas: 4, Speed: 20000})
+	cfg := fleetConfig(sim)
+	cfg.Routing.Tokenizer = TokenizerSimulator
+	rdb := redisFor(b, &cfg)
+	gw := startGateway(b, cfg, rdb)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
+	for _, target := range []struct{ name, url string }{{"direct", sim.Replicas()[0].Info().URL}, {"warmpath", gw.URL}} {
+		b.Run(target.name, func(b *testing.B) {
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				i++
+				body := fmt.Sprintf(`{"model":%q,"max_tokens":8,"messages":[{"role":"user","content":"request %d of the benchmark: %s"}]}`,
+					vllmsim.DefaultModel, i, words(fmt.Sprint(i), 40))
+				resp, err := client.Post(target.url+"/v1/chat/completions", "application/json", bytes.NewReader([]byte(body)))
+				if err != nil {
+					b.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					b.Fatalf("status %d", resp.StatusCode)
+				}
+			}
+		})
+	}
+}
