@@ -45,11 +45,12 @@ import (
 // every target sees the same machine. Replicas answer in well under a
 // millisecond (the simulator at a very high speed), so what remains is the
 // hop. It reports each target's latency added over direct (p50, p90,
-// p99), its CPU per 1,000 requests (the process's CPU over the window net
-// of the direct window's: the load generator is in the same process, and
-// so are the replicas unless FleetCommand runs them as child processes),
-// and, for short prompts, the highest rate each target holds with p99
-// under the bound.
+// p99), its CPU per 1,000 requests (its own process's when TargetCommand
+// runs the proxy and the gateways as child processes; else this
+// process's CPU over the window net of the direct window's, the load
+// generator being in the same process, and so are the replicas unless
+// FleetCommand runs them as child processes), and, for short prompts,
+// the highest rate each target holds with p99 under the bound.
 //
 // Every target has a simulated fleet of its own, so a gateway ingests the
 // KV events of its own requests only (and pays for all of them), and

@@ -98,8 +98,8 @@ func ServeOverheadTarget(parent context.Context, spec OverheadTarget, out io.Wri
 }
 
 // childTarget runs spec as a child process (cfg.TargetCommand with
-// --spec JSON), killed when ctx ends, and returns it as a target whose
-// CPU and metrics are the child's.
+// --spec JSON), interrupted when ctx ends, and returns it as a target
+// whose CPU and metrics are the child's.
 func childTarget(ctx context.Context, eg *errgroup.Group, cfg OverheadConfig, name string, spec OverheadTarget) (*target, error) {
 	b, err := json.Marshal(spec)
 	if err != nil {

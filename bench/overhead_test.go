@@ -37,23 +37,7 @@ func TestOverheadSmoke(t *testing.T) {
 			t.Errorf("the trace has no region %q", region)
 		}
 	}
-	targets := map[string]bool{}
-	for _, r := range rep.Results {
-		targets[r.Target] = true
-		if r.Requests == 0 || r.Errors != 0 {
-			t.Errorf("%s %s: %d requests, %d errors %v", r.Shape, r.Target, r.Requests, r.Errors, r.ErrorKinds)
-		}
-		// The gateway's phases are read from its own metrics: only
-		// warmpath targets have them, and every phase ran.
-		if gw := strings.HasPrefix(r.Target, "warmpath:"); gw != (len(r.PhaseMeanMs) == 3) {
-			t.Errorf("%s %s: phase means %v", r.Shape, r.Target, r.PhaseMeanMs)
-		}
-	}
-	for _, want := range []string{"direct", "proxy", "warmpath:warmpath"} {
-		if !targets[want] {
-			t.Errorf("no results for %s", want)
-		}
-	}
+	checkOverheadResults(t, rep)
 	var b bytes.Buffer
 	if err := rep.WriteTable(&b); err != nil || !strings.Contains(b.String(), "highest short-prompt rate") ||
 		!strings.Contains(b.String(), "gateway phases, mean ms, short 50/s warmpath:warmpath: prepare ") {
@@ -107,11 +91,19 @@ func TestOverheadChildTargets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	checkOverheadResults(t, rep)
+}
+
+// checkOverheadResults checks that every target answered every request
+// and has results, and that only the gateway has phases (read from its
+// own metrics), every one of them observed.
+func checkOverheadResults(t *testing.T, rep *OverheadReport) {
+	t.Helper()
 	targets := map[string]bool{}
 	for _, r := range rep.Results {
 		targets[r.Target] = true
 		if r.Requests == 0 || r.Errors != 0 {
-			t.Errorf("%s %s: %d requests, %d errors %v", r.Shape, r.Target, r.Requests, r.Errors, r.ErrorKinds)
+			t.Errorf("%s %s: %d requests, %d errors %v %v", r.Shape, r.Target, r.Requests, r.Errors, r.ErrorKinds, r.ErrorExamples)
 		}
 		if gw := strings.HasPrefix(r.Target, "warmpath:"); gw != (len(r.PhaseMeanMs) == 3) {
 			t.Errorf("%s %s: phase means %v", r.Shape, r.Target, r.PhaseMeanMs)

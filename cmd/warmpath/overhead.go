@@ -92,15 +92,11 @@ func runOverhead(ctx context.Context, args []string) error {
 		cfg.Progress = os.Stderr
 	}
 	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
+		stop, err := startCPUProfile(*cpuProfile)
 		if err != nil {
 			return err
 		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+		defer stop()
 	}
 	if *tracePath != "" {
 		f, err := os.Create(*tracePath)
@@ -145,15 +141,24 @@ func runOverheadTarget(ctx context.Context, args []string) error {
 		return fmt.Errorf("--spec: %w", err)
 	}
 	if t.CPUProfile != "" {
-		f, err := os.Create(t.CPUProfile)
+		stop, err := startCPUProfile(t.CPUProfile)
 		if err != nil {
 			return err
 		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+		defer stop()
 	}
 	return bench.ServeOverheadTarget(ctx, t, os.Stdout)
+}
+
+// startCPUProfile profiles this process's CPU into path until stop.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
