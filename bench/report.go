@@ -874,6 +874,26 @@ func (rep *Report) WriteSamples(w io.Writer) error {
 	return nil
 }
 
+// WriteLoad writes every result's sampled engine state as JSON lines,
+// one per sample: the policy (or part), the replicas' names in the order
+// of the per-replica fields, and the LoadSample.
+func (rep *Report) WriteLoad(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	type line struct {
+		Policy   string   `json:"policy"`
+		Replicas []string `json:"replicas"`
+		LoadSample
+	}
+	for _, r := range rep.Results {
+		for _, l := range r.Load {
+			if err := enc.Encode(line{r.Policy, r.loadNames, l}); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 func (s *sample) record(policy string) sampleRecord {
 	opt := func(d time.Duration) *float64 { v := ms(d); return &v }
 	rec := sampleRecord{

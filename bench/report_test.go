@@ -259,3 +259,31 @@ func TestFailureKind(t *testing.T) {
 		}
 	}
 }
+
+// WriteLoad writes one line per engine sample of every result, naming the
+// replicas in the order of the per-replica fields.
+func TestWriteLoad(t *testing.T) {
+	rep := testReport()
+	rep.Results[0].Load = []LoadSample{{T: 0, Waiting: []int{1, 0}, Running: []int{2, 3}, KVUsage: []float64{0.5, 0.25}}}
+	rep.Results[0].loadNames = []string{"r0", "r1"}
+	rep.Results[1].Load = []LoadSample{{T: 0}, {T: 1, Waiting: []int{0, 4}}}
+	var b bytes.Buffer
+	if err := rep.WriteLoad(&b); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("%d lines; want 3:\n%s", len(lines), b.String())
+	}
+	var first struct {
+		Policy   string   `json:"policy"`
+		Replicas []string `json:"replicas"`
+		Running  []int    `json:"running"`
+	}
+	if err := json.Unmarshal([]byte(lines[0]), &first); err != nil {
+		t.Fatal(err)
+	}
+	if first.Policy != "round-robin" || len(first.Replicas) != 2 || first.Replicas[1] != "r1" || len(first.Running) != 2 || first.Running[1] != 3 {
+		t.Errorf("first line %s; want round-robin's sample with replicas r0, r1", lines[0])
+	}
+}

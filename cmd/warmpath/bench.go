@@ -45,6 +45,7 @@ func runBench(ctx context.Context, args []string) error {
 	reportDir := fs.String("report", "", "write an HTML report to DIR/index.html")
 	jsonPath := fs.String("json", "", "write the results as JSON to FILE")
 	samplesPath := fs.String("samples", "", "write every request (policy, turn, TTFT and its phases, replica, reason, cached tokens) as JSON lines to FILE")
+	loadPath := fs.String("load", "", "write the simulated engines' sampled state (per replica: waiting, running, KV use, by simulated second) as JSON lines to FILE")
 	quiet := fs.Bool("quiet", false, "no progress bar")
 	logPath := fs.String("log", "", "write the simulated fleet's and the gateways' logs to FILE (text, info level)")
 	if err := fs.Parse(args); err != nil {
@@ -76,6 +77,11 @@ func runBench(ctx context.Context, args []string) error {
 	}
 	if *samplesPath != "" {
 		if err := writeFile(*samplesPath, rep.WriteSamples); err != nil {
+			return err
+		}
+	}
+	if *loadPath != "" {
+		if err := writeFile(*loadPath, rep.WriteLoad); err != nil {
 			return err
 		}
 	}
