@@ -85,6 +85,10 @@ type RedisConfig struct {
 	Addrs []string `yaml:"addrs"`
 	// MasterName selects Sentinel mode.
 	MasterName string `yaml:"master_name"`
+	// Cluster selects Cluster mode with a single address (a managed
+	// cluster's configuration endpoint); two or more addrs without
+	// master_name select it anyway.
+	Cluster bool `yaml:"cluster"`
 	Username   string `yaml:"username"`
 	Password   string `yaml:"password"`
 	DB         int    `yaml:"db"`
@@ -347,6 +351,13 @@ func (c *Config) applyEnv(getenv func(string) string) error {
 		c.Redis.Addrs = splitList(v)
 	}
 	str("WARMPATH_REDIS_MASTER", &c.Redis.MasterName)
+	if v := getenv("WARMPATH_REDIS_CLUSTER"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("config: WARMPATH_REDIS_CLUSTER: %w", err)
+		}
+		c.Redis.Cluster = b
+	}
 	if v := getenv("WARMPATH_DEBUG"); v != "" {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
@@ -624,6 +635,9 @@ func (c *Config) validate() error {
 		if u, err := url.Parse(c.Redis.URL); err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") {
 			bad("redis.url", "%q is not a redis:// or rediss:// URL", c.Redis.URL)
 		}
+	}
+	if c.Redis.Cluster && (len(c.Redis.Addrs) == 0 || c.Redis.MasterName != "") {
+		bad("redis.cluster", "needs addrs and no master_name")
 	}
 	if t := c.Redis.Tracking; t != "on" && t != "off" {
 		bad("redis.tracking", "%q is not %q (the default) or %q", t, "on", "off")

@@ -274,14 +274,29 @@ func newRedis(rc RedisConfig) (redis.UniversalClient, error) {
 		}
 		return redis.NewClient(opt), nil
 	}
-	return redis.NewUniversalClient(&redis.UniversalOptions{
-		Addrs:      rc.Addrs,
-		MasterName: rc.MasterName,
-		Username:   rc.Username,
-		Password:   rc.Password,
-		DB:         rc.DB,
-	}), nil
+	uo := &redis.UniversalOptions{
+		Addrs:         rc.Addrs,
+		MasterName:    rc.MasterName,
+		Username:      rc.Username,
+		Password:      rc.Password,
+		DB:            rc.DB,
+		IsClusterMode: rc.Cluster,
+	}
+	if rc.MasterName == "" && (len(rc.Addrs) > 1 || rc.Cluster) {
+		// go-redis reloads a cluster's slot map on MOVED but not when a
+		// dead master refuses the dial; its default of a minute between
+		// reloads would outlast a failover by far.
+		co := uo.Cluster()
+		co.ClusterStateReloadInterval = clusterStateReload
+		return redis.NewClusterClient(co), nil
+	}
+	return redis.NewUniversalClient(uo), nil
 }
+
+// clusterStateReload is how often a cluster client reloads the slot map
+// while it is in use: how long after a failover a gateway keeps dialling
+// the dead master (CLUSTER SLOTS, one small reply, a second per gateway).
+const clusterStateReload = time.Second
 
 // Addr returns the address the gateway listens on.
 func (g *Gateway) Addr() string { return g.ln.Addr().String() }

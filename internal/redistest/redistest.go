@@ -1,6 +1,10 @@
-// Package redistest gives tests a real redis-server: the shared one that
-// .ci/run starts (named by WARMPATH_TEST_REDIS), or a private process started
-// for one test when a test must restart or kill its server.
+// Package redistest gives tests real Redis: the shared redis-server that
+// .ci/run starts (named by WARMPATH_TEST_REDIS), a private process started
+// for one test when a test must restart or kill its server, and the three
+// topologies a gateway supports (Topology): a single server, a six-node
+// Cluster and a master + replica watched by three sentinels, started once
+// per test binary (Shared, Each; TestMain calls Main) or per test
+// (StartTopology, for tests that kill a node).
 //
 // Tests that need Redis skip when none is reachable, except under CI=true,
 // where they fail: CI must never pass by skipping.
@@ -15,7 +19,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -75,12 +81,16 @@ func Client(t testing.TB) (*redis.Client, string) {
 	return c, prefix
 }
 
-// Server is a private redis-server process owned by one test.
+// Server is a private redis-server process owned by one test (or, as a
+// node of a shared Topology, by the test binary).
 type Server struct {
-	Addr string
-	dir  string
-	port int
-	cmd  *exec.Cmd
+	Addr  string
+	dir   string
+	port  int
+	extra []string // arguments after the common ones
+
+	mu  sync.Mutex // guards cmd
+	cmd *exec.Cmd
 }
 
 // Start launches a private redis-server on a free loopback port, with
@@ -104,31 +114,48 @@ func Start(t testing.TB) *Server {
 
 func (s *Server) start(t testing.TB) {
 	t.Helper()
-	s.cmd = exec.Command("redis-server", "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", s.dir,
-		"--logfile", filepath.Join(s.dir, "redis.log"))
-	if err := s.cmd.Start(); err != nil {
-		t.Fatalf("redistest: start redis-server: %v", err)
-	}
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, DialTimeout: 200 * time.Millisecond})
-	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		err := c.Ping(ctx).Err()
-		cancel()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("redistest: redis-server on %s did not answer: %v", s.Addr, err)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := s.launch(); err != nil {
+		t.Fatalf("redistest: %v", err)
 	}
 }
 
-// Stop kills the server; its data is gone (persistence is off).
+// launch starts the process and waits up to ten seconds for it to answer
+// PING; on failure the process is stopped.
+func (s *Server) launch() error {
+	args := []string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", s.dir,
+		"--logfile", filepath.Join(s.dir, "redis.log")}
+	cmd := exec.Command("redis-server", append(args, s.extra...)...)
+	if s.isSentinel() {
+		// A sentinel takes its configuration file first and rewrites it.
+		cmd = exec.Command("redis-server", filepath.Join(s.dir, "sentinel.conf"),
+			"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--dir", s.dir,
+			"--logfile", filepath.Join(s.dir, "redis.log"), "--sentinel")
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start redis-server: %w", err)
+	}
+	s.mu.Lock()
+	s.cmd = cmd
+	s.mu.Unlock()
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, DialTimeout: 200 * time.Millisecond})
+	defer c.Close()
+	err := wait(10*time.Second, "redis-server on "+s.Addr+" did not answer", func(ctx context.Context) error {
+		return c.Ping(ctx).Err()
+	})
+	if err != nil {
+		s.Stop()
+	}
+	return err
+}
+
+func (s *Server) isSentinel() bool { return slices.Contains(s.extra, "--sentinel") }
+
+// Stop kills the server (SIGKILL); its data is gone (persistence is off).
+// Stopping a stopped server does nothing.
 func (s *Server) Stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.cmd == nil || s.cmd.Process == nil {
 		return
 	}

@@ -1,0 +1,111 @@
+package redistest
+
+import (
+	"fmt"
+	"context"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+)
+
+func TestMain(m *testing.M) { os.Exit(Main(m)) }
+
+// Each topology serves reads and writes through the gateway's kind of
+// client, and a prefix's keys on every master are gone after its test.
+func TestTopologies(t *testing.T) {
+	Each(t, func(t *testing.T, tp *Topology) {
+		ctx := context.Background()
+		var prefix string
+		t.Run("write", func(t *testing.T) {
+			c, p := tp.Client(t)
+			prefix = p
+			for i := range 50 {
+				if err := c.Set(ctx, p+strconv.Itoa(i), i, time.Minute).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			n := 0
+			if err := ScanAll(ctx, c, p+"*", func(string) error { n++; return nil }); err != nil {
+				t.Fatal(err)
+			}
+			if n < 50 {
+				t.Errorf("ScanAll found %d keys; want 50", n)
+			}
+		})
+		c := tp.NewClient()
+		defer c.Close()
+		n := 0
+		if err := ScanAll(ctx, c, prefix+"*", func(string) error { n++; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		if n != 0 {
+			t.Errorf("%d keys of the ended test left; want 0", n)
+		}
+	})
+}
+
+// Slot agrees with the cluster's own CLUSTER KEYSLOT.
+func TestSlot(t *testing.T) {
+	tp := Shared(t, Cluster)
+	c := tp.NewClient()
+	defer c.Close()
+	for _, k := range []string{"a", "foo", "{user1000}.following", "x{}y", "{}{a}", "resp:{acme}:r1", "123456789"} {
+		want, err := c.ClusterKeySlot(context.Background(), k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := Slot(k); got != int(want) {
+			t.Errorf("Slot(%q) = %d; want %d", k, got, want)
+		}
+	}
+}
+
+// A private cluster and a private sentinel topology each promote a replica
+// when the master holding a key is killed, and Master follows.
+func TestKillMasterFailsOver(t *testing.T) {
+	for _, k := range []Kind{Cluster, Sentinel} {
+		t.Run(string(k), func(t *testing.T) {
+			tp := StartTopology(t, k)
+			ctx := context.Background()
+			c := tp.NewClient()
+			defer c.Close()
+			if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+			before, err := tp.Master(ctx, "k")
+			if err != nil {
+				t.Fatal(err)
+			}
+			// WAIT: the replica holds the write before its master dies.
+			if err := c.Do(ctx, "WAIT", 1, 2000).Err(); err != nil {
+				t.Fatal(err)
+			}
+			tp.Kill(t, before)
+			err = wait(30*time.Second, "no new master", func(ctx context.Context) error {
+				m, err := tp.Master(ctx, "k")
+				if err == nil && m == before {
+					return errFailover
+				}
+				if err == nil {
+					if err = c.Get(ctx, "k").Err(); err != nil {
+						err = fmt.Errorf("master %s: GET: %w", m, err)
+					}
+				}
+				return err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v, err := c.Get(ctx, "k").Result(); err != nil || v != "v" {
+				t.Errorf("after failover GET k = %q, %v; want v", v, err)
+			}
+		})
+	}
+}
+
+var errFailover = errorString("master unchanged")
+
+type errorString string
+
+func (e errorString) Error() string { return string(e) }
