@@ -88,10 +88,10 @@ type RedisConfig struct {
 	// Cluster selects Cluster mode with a single address (a managed
 	// cluster's configuration endpoint); two or more addrs without
 	// master_name select it anyway.
-	Cluster bool `yaml:"cluster"`
-	Username   string `yaml:"username"`
-	Password   string `yaml:"password"`
-	DB         int    `yaml:"db"`
+	Cluster  bool   `yaml:"cluster"`
+	Username string `yaml:"username"`
+	Password string `yaml:"password"`
+	DB       int    `yaml:"db"`
 	// KeyPrefix is prepended to every key warmpath writes; default "wp:".
 	KeyPrefix string `yaml:"key_prefix"`
 	// Timeout bounds each Redis call on the request path; default 250ms.

@@ -133,7 +133,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	}
 	g.rdb = o.Redis
 	if g.rdb == nil && !cfg.Redis.embedded() {
-		if g.rdb, err = newRedis(cfg.Redis); err != nil {
+		if g.rdb, err = cfg.Redis.Client(); err != nil {
 			return nil, err
 		}
 		g.ownsRedis = true
@@ -266,7 +266,10 @@ func (c *Config) fleetConfig(o Options, log *slog.Logger, reg prometheus.Registe
 	}
 }
 
-func newRedis(rc RedisConfig) (redis.UniversalClient, error) {
+// Client returns a client for the configured Redis: one server (url, or
+// one addr), Sentinel (addrs of the sentinels and master_name) or Cluster
+// (several addrs, or cluster: true). The caller closes it.
+func (rc RedisConfig) Client() (redis.UniversalClient, error) {
 	if rc.URL != "" {
 		opt, err := redis.ParseURL(rc.URL)
 		if err != nil {

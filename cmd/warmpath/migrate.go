@@ -5,26 +5,38 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 
-	"github.com/redis/go-redis/v9"
-
+	"github.com/warmpath/warmpath/gateway"
 	"github.com/warmpath/warmpath/migrations"
 )
 
 // runMigrate applies the pending Redis keyspace migrations.
 func runMigrate(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
-	url := fs.String("redis-url", envOr("WARMPATH_REDIS_URL", "redis://127.0.0.1:6379"), "Redis URL (env WARMPATH_REDIS_URL)")
+	url := fs.String("redis-url", envOr("WARMPATH_REDIS_URL", ""), "Redis URL of one server (env WARMPATH_REDIS_URL; default redis://127.0.0.1:6379 when no addrs are given)")
+	addrs := fs.String("redis-addrs", envOr("WARMPATH_REDIS_ADDRS", ""), "comma-separated sentinel (with --redis-master) or cluster node addresses (env WARMPATH_REDIS_ADDRS)")
+	master := fs.String("redis-master", envOr("WARMPATH_REDIS_MASTER", ""), "Sentinel master name (env WARMPATH_REDIS_MASTER)")
+	cluster := fs.Bool("redis-cluster", os.Getenv("WARMPATH_REDIS_CLUSTER") == "true", "Cluster mode with one address (env WARMPATH_REDIS_CLUSTER)")
 	prefix := fs.String("key-prefix", envOr("WARMPATH_REDIS_KEY_PREFIX", "wp:"), "key prefix of the keyspace (env WARMPATH_REDIS_KEY_PREFIX)")
 	dry := fs.Bool("dry-run", false, "list the pending migrations without applying them")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	opt, err := redis.ParseURL(*url)
-	if err != nil {
-		return fmt.Errorf("--redis-url: %w", err)
+	rc := gateway.RedisConfig{URL: *url, MasterName: *master, Cluster: *cluster}
+	if *addrs != "" {
+		rc.Addrs = strings.Split(*addrs, ",")
 	}
-	rdb := redis.NewClient(opt)
+	switch {
+	case rc.URL != "" && len(rc.Addrs) > 0:
+		return fmt.Errorf("migrate: give --redis-url or --redis-addrs, not both")
+	case rc.URL == "" && len(rc.Addrs) == 0:
+		rc.URL = "redis://127.0.0.1:6379"
+	}
+	rdb, err := rc.Client()
+	if err != nil {
+		return err
+	}
 	defer rdb.Close()
 	steps := migrations.Steps()
 	if *dry {
