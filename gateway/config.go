@@ -93,6 +93,10 @@ type RedisConfig struct {
 	Password string `yaml:"password"`
 	DB       int    `yaml:"db"`
 	// KeyPrefix is prepended to every key warmpath writes; default "wp:".
+	// It may not contain '{' or '}': on a Cluster the keys that change
+	// together share a hash tag after the prefix, and a brace in the
+	// prefix would become every key's tag (one slot for everything) or
+	// split a tenant's keys.
 	KeyPrefix string `yaml:"key_prefix"`
 	// Timeout bounds each Redis call on the request path; default 250ms.
 	// Past it the gateway routes without the session binding (counted in
@@ -635,6 +639,9 @@ func (c *Config) validate() error {
 		if u, err := url.Parse(c.Redis.URL); err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") {
 			bad("redis.url", "%q is not a redis:// or rediss:// URL", c.Redis.URL)
 		}
+	}
+	if strings.ContainsAny(c.Redis.KeyPrefix, "{}") {
+		bad("redis.key_prefix", "%q contains a brace; hash tags are warmpath's own", c.Redis.KeyPrefix)
 	}
 	if c.Redis.Cluster && (len(c.Redis.Addrs) == 0 || c.Redis.MasterName != "") {
 		bad("redis.cluster", "needs addrs and no master_name")
