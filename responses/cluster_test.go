@@ -2,6 +2,7 @@ package responses
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -111,4 +112,73 @@ func testJobGroupRecreated(t *testing.T, tp *redistest.Topology) {
 	if err != nil || len(groups) != 1 || groups[0].Name != jobGroup {
 		t.Fatalf("groups after recovery = %+v, %v; want %q", groups, err, jobGroup)
 	}
+}
+
+// A Cluster failover of the master holding the job stream: the workers'
+// reads fail until a replica takes over the slot, then background jobs
+// run again (the group came over with the replica, or is recreated).
+func TestBackgroundAfterFailover(t *testing.T) {
+	tp := redistest.StartTopology(t, redistest.Cluster)
+	rdb, prefix := tp.Client(t)
+	f := startSim(t, vllmsim.Config{})
+	e := &env{rdb: rdb, prefix: prefix}
+	e.start(t, newSimChat(f))
+	r := e.create(t, "", map[string]any{"input": "before", "background": true})
+	waitStatus(t, e, r.ID, StatusCompleted, 10*time.Second)
+
+	ctx := context.Background()
+	dead, err := tp.Master(ctx, e.svc.st.jobsKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp.Kill(t, dead)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		m, err := tp.Master(ctx, e.svc.st.jobsKey())
+		if err == nil && m != dead {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no replica took over from %s: %v", dead, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	var id string
+	for id == "" {
+		code, b := e.do(t, "POST", "/v1/responses", "", map[string]any{"model": vllmsim.DefaultModel, "input": "after", "background": true})
+		switch {
+		case code == 200:
+			id = decodeID(t, b)
+		case time.Now().After(deadline):
+			t.Fatalf("create after the failover: %d %s", code, b)
+		default:
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	waitStatus(t, e, id, StatusCompleted, 20*time.Second)
+}
+
+// waitStatus polls a response until it has status, failing after d.
+func waitStatus(t *testing.T, e *env, id, status string, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		code, b := e.do(t, "GET", "/v1/responses/"+id, "", nil)
+		if code == 200 && strings.Contains(string(b), `"status":"`+status+`"`) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("response %s after %v: %d %s; want status %s", id, d, code, b, status)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func decodeID(t *testing.T, b []byte) string {
+	t.Helper()
+	var r Response
+	if err := json.Unmarshal(b, &r); err != nil || r.ID == "" {
+		t.Fatalf("decode response: %v: %s", err, b)
+	}
+	return r.ID
 }
