@@ -79,7 +79,29 @@
 //
 // Every limit and usage key of a tenant carries the hash tag {<tenant>}, so
 // a Cluster keeps a tenant's admission in one slot; <key> is the key id or
-// "jwt:<subject>".
+// "jwt:<subject>". Token state expires a second after its bucket drains,
+// leases twice LeaseTTL after their last renewal.
+//
+// # Redis Cluster
+//
+// Every operation works on a single server, Sentinel and Cluster. The
+// admission, release and renewal scripts name only one principal's limit
+// keys, which share the {<tenant>} tag. The records (tenants, tenant:<id>,
+// key:<id>, keyhash:<sha256>) carry no tag and are never written in one
+// transaction: a bearer token names only a key id or the key itself, so
+// key:<id> and keyhash:<sha256> must be found without knowing the tenant.
+// A key is written record first, then the imported key's hash (SETNX, so
+// concurrent imports agree on one key), then the tenant's key index; a
+// tenant record before the tenant index. An index entry thus always names
+// an existing record, and a write that fails part way leaves at most a
+// record nothing finds. Edits (revocation, rotation, tenant updates) are
+// optimistic transactions on one record each. Pipelines (last-used and
+// usage writes, lease renewal) are not transactions; a Cluster client
+// splits them by slot. Invalidations are published cluster-wide, so a
+// subscriber on any node receives them. A key_prefix containing '{' moves
+// the hash tag into the prefix: "{wp}:" puts every key in one slot, which
+// works; a prefix with an empty "{}" would split a tenant's limit keys
+// across slots, which breaks admission.
 //
 // # Goroutines
 //

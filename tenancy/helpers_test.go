@@ -3,6 +3,7 @@ package tenancy
 import (
 	"context"
 	"net/http"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -29,7 +30,8 @@ func testConfig(t testing.TB) Config {
 
 // env is one gateway's tenancy components on a shared test Redis.
 type env struct {
-	rdb   *redis.Client
+	tp    *redistest.Topology // nil for a private server
+	rdb   redis.UniversalClient
 	r     Redis
 	store *Store
 	auth  *Authenticator
@@ -54,21 +56,38 @@ func (c *clock) advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
-// newEnv returns components over a fresh prefix of the shared test server.
-func newEnv(t testing.TB) *env {
+// TestMain stops the shared Cluster and Sentinel topologies after the tests.
+func TestMain(m *testing.M) { os.Exit(redistest.Main(m)) }
+
+// newEnv returns components over a fresh prefix of tp.
+func newEnv(t testing.TB, tp *redistest.Topology) *env {
 	t.Helper()
-	rdb, prefix := redistest.Client(t)
-	t.Cleanup(func() { cleanRate(rdb, prefix) })
-	return envOn(t, rdb, prefix, testConfig(t))
+	return newEnvConfig(t, tp, testConfig(t))
 }
 
-// envOn builds a second (third, …) gateway's components on rdb and prefix,
-// with its own client, as another process would have.
-func envOn(t testing.TB, rdb *redis.Client, prefix string, cfg Config) *env {
+// newEnvConfig is newEnv with cfg.
+func newEnvConfig(t testing.TB, tp *redistest.Topology, cfg Config) *env {
 	t.Helper()
-	o := rdb.Options()
-	own := redis.NewClient(&redis.Options{Addr: o.Addr, MaxRetries: o.MaxRetries, DialTimeout: o.DialTimeout,
-		DialerRetries: o.DialerRetries, DialerRetryTimeout: o.DialerRetryTimeout})
+	rdb, prefix := tp.Client(t)
+	t.Cleanup(func() { cleanRate(rdb, prefix) })
+	e := envWith(t, rdb, tp.NewClient(), prefix, cfg)
+	e.tp = tp
+	return e
+}
+
+// peer builds a second (third, …) gateway's components on e's Redis and
+// prefix, with its own client, as another process would have.
+func (e *env) peer(t testing.TB, cfg Config) *env {
+	t.Helper()
+	f := envWith(t, e.rdb, e.tp.NewClient(), e.r.Prefix, cfg)
+	f.tp = e.tp
+	return f
+}
+
+// envWith builds components using own (closed when the test ends) on
+// prefix; rdb is the test's own client of the same Redis.
+func envWith(t testing.TB, rdb, own redis.UniversalClient, prefix string, cfg Config) *env {
+	t.Helper()
 	t.Cleanup(func() { own.Close() })
 	r := Redis{Client: own, Prefix: prefix, Timeout: 2 * time.Second}
 	c := &clock{t: time.Now()}
@@ -90,13 +109,10 @@ func envOn(t testing.TB, rdb *redis.Client, prefix string, cfg Config) *env {
 }
 
 // cleanRate deletes redis_rate's keys, which live outside the prefix.
-func cleanRate(rdb *redis.Client, prefix string) {
+func cleanRate(rdb redis.UniversalClient, prefix string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	iter := rdb.Scan(ctx, 0, "rate:"+prefix+"*", 1000).Iterator()
-	for iter.Next(ctx) {
-		rdb.Del(ctx, iter.Val())
-	}
+	_ = redistest.ScanAll(ctx, rdb, "rate:"+prefix+"*", func(k string) error { return rdb.Del(ctx, k).Err() })
 }
 
 func bearer(tok string) http.Header {

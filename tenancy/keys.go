@@ -71,14 +71,7 @@ func (s *Store) ImportKey(ctx context.Context, tenant, plaintext string, sp KeyS
 	}
 	h := hashSecret(plaintext)
 	if id, err := s.rdb.Get(ctx, s.hashKey(h)).Result(); err == nil {
-		k, err := s.readKey(ctx, id)
-		if err != nil {
-			return Key{}, err
-		}
-		if k.Tenant != tenant {
-			return Key{}, ErrExists
-		}
-		return k.public(), nil
+		return s.imported(ctx, tenant, id)
 	} else if !errors.Is(err, redis.Nil) {
 		return Key{}, fmt.Errorf("tenancy: import key: %w", err)
 	}
@@ -86,6 +79,33 @@ func (s *Store) ImportKey(ctx context.Context, tenant, plaintext string, sp KeyS
 	return s.putKey(ctx, tenant, id, h, true, sp)
 }
 
+// imported returns the key id that an imported key's hash names, if it is
+// tenant's, and indexes it under the tenant again (an import that failed
+// after claiming the hash left it unlisted); ErrExists if it is another
+// tenant's.
+func (s *Store) imported(ctx context.Context, tenant, id string) (Key, error) {
+	k, err := s.readKey(ctx, id)
+	if err != nil {
+		return Key{}, err
+	}
+	if k.Tenant != tenant {
+		return Key{}, ErrExists
+	}
+	if err := s.rdb.SAdd(ctx, s.tenantKeysKey(tenant), id).Err(); err != nil {
+		return Key{}, fmt.Errorf("tenancy: index key: %w", err)
+	}
+	return k.public(), nil
+}
+
+// putKey stores a new key: its record, then (imported) the hash naming
+// it, then its id in the tenant's index. The three live in different
+// Cluster slots and cannot share a hash tag, since a bearer token names
+// only the key id (key:<id>) or the key itself (keyhash:<sha256>), not the
+// tenant; so they are written one by one, in an order where every index
+// entry names a record that exists. A failure part way leaves at most a
+// record nothing finds (an issued key's secret was never shown) or an
+// imported key missing from the listing, which importing it again repairs.
+// ListKeys skips ids whose record is missing all the same.
 func (s *Store) putKey(ctx context.Context, tenant, id, hash string, imported bool, sp KeySpec) (Key, error) {
 	now := s.now().UTC().Truncate(time.Millisecond)
 	if err := sp.validate(now); err != nil {
@@ -97,16 +117,25 @@ func (s *Store) putKey(ctx context.Context, tenant, id, hash string, imported bo
 	k := Key{ID: id, Tenant: tenant, Name: sp.Name, Hash: hash, Imported: imported, Created: now,
 		Expires: sp.Expires.UTC(), Models: sp.Models, Limits: sp.Limits, ClassCeiling: sp.ClassCeiling}
 	b, _ := json.Marshal(k)
-	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.HSet(ctx, s.keyKey(id), "rec", b)
-		p.SAdd(ctx, s.tenantKeysKey(tenant), id)
-		if imported {
-			p.SetNX(ctx, s.hashKey(hash), id, 0)
-		}
-		return nil
-	})
-	if err != nil {
+	if err := s.rdb.HSet(ctx, s.keyKey(id), "rec", b).Err(); err != nil {
 		return Key{}, fmt.Errorf("tenancy: store key: %w", err)
+	}
+	if imported {
+		won, err := s.rdb.SetNX(ctx, s.hashKey(hash), id, 0).Result()
+		if err != nil {
+			return Key{}, fmt.Errorf("tenancy: store key hash: %w", err)
+		}
+		if !won { // a concurrent import of the same key claimed the hash first
+			_ = s.rdb.Del(ctx, s.keyKey(id)).Err() // never indexed nor named by the hash
+			first, err := s.rdb.Get(ctx, s.hashKey(hash)).Result()
+			if err != nil {
+				return Key{}, fmt.Errorf("tenancy: read key hash: %w", err)
+			}
+			return s.imported(ctx, tenant, first)
+		}
+	}
+	if err := s.rdb.SAdd(ctx, s.tenantKeysKey(tenant), id).Err(); err != nil {
+		return Key{}, fmt.Errorf("tenancy: index key: %w", err)
 	}
 	return k.public(), nil
 }

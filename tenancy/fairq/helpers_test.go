@@ -1,13 +1,19 @@
 package fairq
 
 import (
+	"os"
 	"sync/atomic"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/warmpath/warmpath/internal/redistest"
 )
+
+// TestMain stops the shared Cluster and Sentinel topologies after the tests.
+func TestMain(m *testing.M) { os.Exit(redistest.Main(m)) }
 
 // testCap is a Capacity driven by the test: a model is saturated when the
 // queue's running grants reach the limit, or while forced.
