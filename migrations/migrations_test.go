@@ -3,6 +3,7 @@ package migrations
 import (
 	"context"
 	"errors"
+	"os"
 	"strconv"
 	"sync"
 	"testing"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/warmpath/warmpath/internal/redistest"
 )
+
+func TestMain(m *testing.M) { os.Exit(redistest.Main(m)) }
 
 // counting returns n steps that each count their runs in <prefix>runs:<v>.
 func counting(n int) []Step {
@@ -26,14 +29,16 @@ func counting(n int) []Step {
 }
 
 // TestConcurrentApply: gateways starting together apply each step once.
-func TestConcurrentApply(t *testing.T) {
-	rdb, prefix := redistest.Client(t)
+func TestConcurrentApply(t *testing.T) { redistest.Each(t, testConcurrentApply) }
+
+func testConcurrentApply(t *testing.T, tp *redistest.Topology) {
+	rdb, prefix := tp.Client(t)
 	steps := counting(5)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	total := 0
 	for range 8 {
-		c := redis.NewClient(&redis.Options{Addr: rdb.Options().Addr}) // one client per "gateway"
+		c := tp.NewClient() // one client per "gateway"
 		defer c.Close()
 		wg.Go(func() {
 			done, err := Apply(t.Context(), c, prefix, steps)
@@ -66,8 +71,10 @@ func TestConcurrentApply(t *testing.T) {
 	}
 }
 
-func TestFailedStepStopsAndResumes(t *testing.T) {
-	rdb, prefix := redistest.Client(t)
+func TestFailedStepStopsAndResumes(t *testing.T) { redistest.Each(t, testFailedStepStopsAndResumes) }
+
+func testFailedStepStopsAndResumes(t *testing.T, tp *redistest.Topology) {
+	rdb, prefix := tp.Client(t)
 	steps := counting(3)
 	boom := errors.New("boom")
 	broken := append([]Step(nil), steps...)
@@ -86,8 +93,10 @@ func TestFailedStepStopsAndResumes(t *testing.T) {
 	}
 }
 
-func TestCheck(t *testing.T) {
-	rdb, prefix := redistest.Client(t)
+func TestCheck(t *testing.T) { redistest.Each(t, testCheck) }
+
+func testCheck(t *testing.T, tp *redistest.Topology) {
+	rdb, prefix := tp.Client(t)
 	st, err := Check(t.Context(), rdb, prefix, nil)
 	if err != nil || st != (State{}) || st.Behind() {
 		t.Fatalf("empty keyspace, no steps: %+v %v", st, err)
@@ -116,8 +125,10 @@ func TestCheck(t *testing.T) {
 
 // TestLockHeldElsewhere: while another process holds the lock, Apply waits
 // and runs nothing.
-func TestLockHeldElsewhere(t *testing.T) {
-	rdb, prefix := redistest.Client(t)
+func TestLockHeldElsewhere(t *testing.T) { redistest.Each(t, testLockHeldElsewhere) }
+
+func testLockHeldElsewhere(t *testing.T, tp *redistest.Topology) {
+	rdb, prefix := tp.Client(t)
 	rdb.Set(t.Context(), prefix+"schema:lock", "someone-else", time.Minute)
 	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 	defer cancel()

@@ -9,11 +9,14 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/warmpath/warmpath/internal/redistest"
 	"github.com/warmpath/warmpath/vllmsim"
 )
 
-func TestCreateText(t *testing.T) {
-	e := newEnv(t, vllmsim.Config{})
+func TestCreateText(t *testing.T) { redistest.Each(t, testCreateText) }
+
+func testCreateText(t *testing.T, tp *redistest.Topology) {
+	e := newEnv(t, tp, vllmsim.Config{})
 	r := e.create(t, "acme", map[string]any{"input": "Say hello.", "instructions": "Be brief.", "metadata": map[string]string{"k": "v"}})
 	if r.Object != "response" || r.Status != StatusCompleted || !strings.HasPrefix(r.ID, "resp_") {
 		t.Fatalf("got object %q status %q id %q", r.Object, r.Status, r.ID)
@@ -56,8 +59,10 @@ func TestCreateText(t *testing.T) {
 	}
 }
 
-func TestStreamTextEventSequence(t *testing.T) {
-	e := newEnv(t, vllmsim.Config{})
+func TestStreamTextEventSequence(t *testing.T) { redistest.Each(t, testStreamTextEventSequence) }
+
+func testStreamTextEventSequence(t *testing.T, tp *redistest.Topology) {
+	e := newEnv(t, tp, vllmsim.Config{})
 	evs := e.stream(t, "acme", map[string]any{"input": "Say hello."})
 	ts := types(evs)
 	head := []string{"response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"}
@@ -106,8 +111,10 @@ func TestStreamTextEventSequence(t *testing.T) {
 	}
 }
 
-func TestStreamFunctionCallEvents(t *testing.T) {
-	e := newEnv(t, vllmsim.Config{})
+func TestStreamFunctionCallEvents(t *testing.T) { redistest.Each(t, testStreamFunctionCallEvents) }
+
+func testStreamFunctionCallEvents(t *testing.T, tp *redistest.Topology) {
+	e := newEnv(t, tp, vllmsim.Config{})
 	evs := e.stream(t, "", map[string]any{"input": "Use the get_weather tool for Paris.", "tools": []any{weatherTool}})
 	ts := types(evs)
 	want := []string{"response.created", "response.in_progress", "response.output_item.added"}
@@ -155,8 +162,10 @@ func TestStreamFunctionCallEvents(t *testing.T) {
 	}
 }
 
-func TestPreviousResponseChain(t *testing.T) {
-	e := newEnv(t, vllmsim.Config{})
+func TestPreviousResponseChain(t *testing.T) { redistest.Each(t, testPreviousResponseChain) }
+
+func testPreviousResponseChain(t *testing.T, tp *redistest.Topology) {
+	e := newEnv(t, tp, vllmsim.Config{})
 	r1 := e.create(t, "acme", map[string]any{"input": "Use the get_weather tool for Paris.", "tools": []any{weatherTool}, "instructions": "old"})
 	call := r1.Output[0]
 	if call.Type != ItemFunctionCall {
@@ -195,8 +204,10 @@ func jsonString(s string) string {
 	return string(b)
 }
 
-func TestPreviousResponseNotFound(t *testing.T) {
-	e := newEnv(t, vllmsim.Config{})
+func TestPreviousResponseNotFound(t *testing.T) { redistest.Each(t, testPreviousResponseNotFound) }
+
+func testPreviousResponseNotFound(t *testing.T, tp *redistest.Topology) {
+	e := newEnv(t, tp, vllmsim.Config{})
 	r := e.create(t, "acme", map[string]any{"input": "hi"})
 	unstored := e.create(t, "acme", map[string]any{"input": "hi", "store": false})
 	for name, c := range map[string]struct{ tenant, id string }{
@@ -223,8 +234,10 @@ func TestPreviousResponseNotFound(t *testing.T) {
 	}
 }
 
-func TestDeleteAndInputItems(t *testing.T) {
-	e := newEnv(t, vllmsim.Config{})
+func TestDeleteAndInputItems(t *testing.T) { redistest.Each(t, testDeleteAndInputItems) }
+
+func testDeleteAndInputItems(t *testing.T, tp *redistest.Topology) {
+	e := newEnv(t, tp, vllmsim.Config{})
 	var input []any
 	for i := range 5 {
 		input = append(input, map[string]any{"role": "user", "content": fmt.Sprintf("message %d", i)})
@@ -278,8 +291,10 @@ func TestDeleteAndInputItems(t *testing.T) {
 	}
 }
 
-func TestItemReference(t *testing.T) {
-	e := newEnv(t, vllmsim.Config{})
+func TestItemReference(t *testing.T) { redistest.Each(t, testItemReference) }
+
+func testItemReference(t *testing.T, tp *redistest.Topology) {
+	e := newEnv(t, tp, vllmsim.Config{})
 	r1 := e.create(t, "acme", map[string]any{"input": "Tell me a story."})
 	msgID := r1.Output[0].ID
 	r2 := e.create(t, "acme", map[string]any{"input": []any{
@@ -306,7 +321,8 @@ func TestItemReference(t *testing.T) {
 }
 
 func TestUnsupportedFeatures(t *testing.T) {
-	e := newEnv(t, vllmsim.Config{})
+	tp := single(t)
+	e := newEnv(t, tp, vllmsim.Config{})
 	cases := []struct {
 		body  map[string]any
 		param string
@@ -351,7 +367,8 @@ func TestUnsupportedFeatures(t *testing.T) {
 }
 
 func TestInputTokens(t *testing.T) {
-	e := newEnv(t, vllmsim.Config{})
+	tp := single(t)
+	e := newEnv(t, tp, vllmsim.Config{})
 	r := e.create(t, "", map[string]any{"input": "Count these words please."})
 	code, b := e.do(t, "POST", "/v1/responses/input_tokens", "", map[string]any{"model": vllmsim.DefaultModel, "input": "And these.", "previous_response_id": r.ID})
 	var got struct {
@@ -367,8 +384,10 @@ func TestInputTokens(t *testing.T) {
 	}
 }
 
-func TestConversations(t *testing.T) {
-	e := newEnv(t, vllmsim.Config{})
+func TestConversations(t *testing.T) { redistest.Each(t, testConversations) }
+
+func testConversations(t *testing.T, tp *redistest.Topology) {
+	e := newEnv(t, tp, vllmsim.Config{})
 	code, b := e.do(t, "POST", "/v1/conversations", "acme", map[string]any{"metadata": map[string]string{"topic": "demo"},
 		"items": []any{map[string]any{"role": "user", "content": "Remember: the code word is plum."}}})
 	var c Conversation
@@ -434,7 +453,11 @@ func TestConversations(t *testing.T) {
 // once: exactly one gets 409 conversation_locked while the other runs, and
 // the conversation holds the winner's items only, in order.
 func TestConversationConcurrentTurns(t *testing.T) {
-	e := newEnv(t, vllmsim.Config{})
+	redistest.Each(t, testConversationConcurrentTurns)
+}
+
+func testConversationConcurrentTurns(t *testing.T, tp *redistest.Topology) {
+	e := newEnv(t, tp, vllmsim.Config{})
 	_, b := e.do(t, "POST", "/v1/conversations", "", map[string]any{})
 	var c Conversation
 	_ = json.Unmarshal(b, &c)
@@ -473,7 +496,8 @@ func TestConversationConcurrentTurns(t *testing.T) {
 }
 
 func TestUpstreamErrorPassesThrough(t *testing.T) {
-	e := newEnv(t, vllmsim.Config{})
+	tp := single(t)
+	e := newEnv(t, tp, vllmsim.Config{})
 	code, b := e.do(t, "POST", "/v1/responses", "", map[string]any{"model": "no-such-model", "input": "x"})
 	msg, _, _, errCode := envelope(t, b)
 	if code != 404 || msg == "" || errCode != nil {
@@ -482,7 +506,8 @@ func TestUpstreamErrorPassesThrough(t *testing.T) {
 }
 
 func TestModelsAndTokenizeOptions(t *testing.T) {
-	e := newEnv(t, vllmsim.Config{}, func(o *Options) {
+	tp := single(t)
+	e := newEnv(t, tp, vllmsim.Config{}, func(o *Options) {
 		o.Models = func() []string { return []string{vllmsim.DefaultModel} }
 		o.Tokenize = func(_ context.Context, body []byte) (int, error) { return len(body), nil }
 	})

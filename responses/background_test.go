@@ -61,9 +61,11 @@ func (e *env) get(t *testing.T, id string) *Response {
 	return &r
 }
 
-func TestBackgroundRunAndResume(t *testing.T) {
+func TestBackgroundRunAndResume(t *testing.T) { redistest.Each(t, testBackgroundRunAndResume) }
+
+func testBackgroundRunAndResume(t *testing.T, tp *redistest.Topology) {
 	var g *gate
-	e := newEnvWith(t, vllmsim.Config{}, func(c *simChat) Chat { g = newGate(c); return g })
+	e := newEnvWith(t, tp, vllmsim.Config{}, func(c *simChat) Chat { g = newGate(c); return g })
 	r := e.create(t, "", map[string]any{"input": "Write a haiku.", "background": true})
 	if r.Status != StatusQueued || !r.Background {
 		t.Fatalf("create: status %q background %v; want queued", r.Status, r.Background)
@@ -107,9 +109,11 @@ func TestBackgroundRunAndResume(t *testing.T) {
 	}
 }
 
-func TestBackgroundCancel(t *testing.T) {
+func TestBackgroundCancel(t *testing.T) { redistest.Each(t, testBackgroundCancel) }
+
+func testBackgroundCancel(t *testing.T, tp *redistest.Topology) {
 	var g *gate
-	e := newEnvWith(t, vllmsim.Config{}, func(c *simChat) Chat { g = newGate(c); return g },
+	e := newEnvWith(t, tp, vllmsim.Config{}, func(c *simChat) Chat { g = newGate(c); return g },
 		func(o *Options) { o.BackgroundWorkers = 1 })
 	running := e.create(t, "", map[string]any{"input": "one", "background": true})
 	<-g.entered
@@ -153,14 +157,15 @@ func TestBackgroundCancel(t *testing.T) {
 // kills A's Redis connection mid-run: A can neither renew its lease nor
 // finish. Gateway B's sweeper must mark the response failed with a reason,
 // and B's GET stream must end with response.failed.
-func TestBackgroundDeadGateway(t *testing.T) {
-	addr := redistest.Addr(t)
-	shared, prefix := redistest.Client(t)
+func TestBackgroundDeadGateway(t *testing.T) { redistest.Each(t, testBackgroundDeadGateway) }
+
+func testBackgroundDeadGateway(t *testing.T, tp *redistest.Topology) {
+	shared, prefix := tp.Client(t)
 	f := startSim(t, vllmsim.Config{})
 	chat := newSimChat(f)
 	g := newGate(chat)
 
-	aRedis := redis.NewClient(&redis.Options{Addr: addr})
+	aRedis := tp.NewClient()
 	a := &env{rdb: aRedis, prefix: prefix}
 	a.start(t, g)
 	r := a.create(t, "", map[string]any{"input": "long job", "background": true})
@@ -221,7 +226,11 @@ func TestRedisRestartMidRun(t *testing.T) {
 // first event, the worker takes the conversation's lock, and the turn's
 // items are appended.
 func TestBackgroundStreamAndConversation(t *testing.T) {
-	e := newEnv(t, vllmsim.Config{})
+	redistest.Each(t, testBackgroundStreamAndConversation)
+}
+
+func testBackgroundStreamAndConversation(t *testing.T, tp *redistest.Topology) {
+	e := newEnv(t, tp, vllmsim.Config{})
 	_, b := e.do(t, "POST", "/v1/conversations", "", map[string]any{"items": []any{map[string]any{"role": "user", "content": "seed"}}})
 	var c Conversation
 	_ = json.Unmarshal(b, &c)
@@ -243,8 +252,10 @@ func TestBackgroundStreamAndConversation(t *testing.T) {
 // TestBackgroundShutdownMidRun stops gateway A's Run while its background
 // response is upstream: A leaves the lease to lapse, and gateway B's
 // sweeper fails the response and ends its stream with response.failed.
-func TestBackgroundShutdownMidRun(t *testing.T) {
-	shared, prefix := redistest.Client(t)
+func TestBackgroundShutdownMidRun(t *testing.T) { redistest.Each(t, testBackgroundShutdownMidRun) }
+
+func testBackgroundShutdownMidRun(t *testing.T, tp *redistest.Topology) {
+	shared, prefix := tp.Client(t)
 	f := startSim(t, vllmsim.Config{})
 	chat := newSimChat(f)
 	g := newGate(chat)

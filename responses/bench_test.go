@@ -109,11 +109,12 @@ func BenchmarkChainRebuild(b *testing.B) {
 
 // TestChainRebuildIsOneRoundTrip pins the design property the benchmark
 // reports: a 100-turn chain is rebuilt in exactly one trip to Redis.
-func TestChainRebuildIsOneRoundTrip(t *testing.T) {
-	addr := redistest.Addr(t)
-	_, prefix := redistest.Client(t)
+func TestChainRebuildIsOneRoundTrip(t *testing.T) { redistest.Each(t, testChainRebuildIsOneRoundTrip) }
+
+func testChainRebuildIsOneRoundTrip(t *testing.T, tp *redistest.Topology) {
+	_, prefix := tp.Client(t)
 	rt := &roundTrips{}
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	rdb := tp.NewClient()
 	rdb.AddHook(rt)
 	t.Cleanup(func() { rdb.Close() })
 	st := &store{rdb: rdb, prefix: prefix, ttl: DefaultTTL, convTTL: DefaultTTL}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/warmpath/warmpath/internal/redistest"
 	"github.com/warmpath/warmpath/vllmsim"
 )
 
@@ -83,7 +84,11 @@ func assistantJSON(r *Response) string {
 // turn carries the chain root as its session key, and the simulator's
 // cached prefix grows turn after turn.
 func TestChainRenderingIsPrefixStable(t *testing.T) {
-	e := newEnv(t, vllmsim.Config{Replicas: 2})
+	redistest.Each(t, testChainRenderingIsPrefixStable)
+}
+
+func testChainRenderingIsPrefixStable(t *testing.T, tp *redistest.Topology) {
+	e := newEnv(t, tp, vllmsim.Config{Replicas: 2})
 	rs := toolChain(t, 20, func(body map[string]any) *Response { return e.create(t, "acme", body) })
 	turns := e.chat.recorded()
 	if len(turns) != len(rs) {

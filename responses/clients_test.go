@@ -73,7 +73,7 @@ func TestNodeClients(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(strings.TrimSuffix(c.script, ".mjs"), func(t *testing.T) {
-			e := newEnvStopped(t, vllmsim.Config{Replicas: 2})
+			e := newEnvStopped(t, single(t), vllmsim.Config{Replicas: 2})
 			rc := &recorder{}
 			e.wrap = func(h http.Handler) http.Handler { rc.next = h; return rc }
 			e.start(t, e.chat)

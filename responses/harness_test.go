@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -109,6 +110,12 @@ func testTenant(ctx context.Context) string {
 	return s
 }
 
+func TestMain(m *testing.M) { os.Exit(redistest.Main(m)) }
+
+// single is the shared single server, for tests whose subject is not
+// Redis (client compatibility).
+func single(t testing.TB) *redistest.Topology { return redistest.Shared(t, redistest.Single) }
+
 // env is a running Service over a simulated fleet, served over HTTP.
 type env struct {
 	svc    *Service
@@ -124,26 +131,26 @@ type env struct {
 
 type envOpt func(*Options)
 
-// newEnv starts a fleet, a Service (with Run) on the shared test Redis and
-// an HTTP server for it.
-func newEnv(t testing.TB, cfg vllmsim.Config, opts ...envOpt) *env {
+// newEnv starts a fleet, a Service (with Run) on the topology tp and an
+// HTTP server for it.
+func newEnv(t testing.TB, tp *redistest.Topology, cfg vllmsim.Config, opts ...envOpt) *env {
 	t.Helper()
-	return newEnvWith(t, cfg, func(c *simChat) Chat { return c }, opts...)
+	return newEnvWith(t, tp, cfg, func(c *simChat) Chat { return c }, opts...)
 }
 
 // newEnvWith is newEnv with the Service's Chat wrapped around the
 // simulator's.
-func newEnvWith(t testing.TB, cfg vllmsim.Config, wrap func(*simChat) Chat, opts ...envOpt) *env {
+func newEnvWith(t testing.TB, tp *redistest.Topology, cfg vllmsim.Config, wrap func(*simChat) Chat, opts ...envOpt) *env {
 	t.Helper()
-	e := newEnvStopped(t, cfg)
+	e := newEnvStopped(t, tp, cfg)
 	e.start(t, wrap(e.chat), opts...)
 	return e
 }
 
 // newEnvStopped is a fleet and a Redis prefix, without a Service yet.
-func newEnvStopped(t testing.TB, cfg vllmsim.Config) *env {
+func newEnvStopped(t testing.TB, tp *redistest.Topology, cfg vllmsim.Config) *env {
 	t.Helper()
-	rdb, prefix := redistest.Client(t)
+	rdb, prefix := tp.Client(t)
 	f := startSim(t, cfg)
 	return &env{chat: newSimChat(f), fleet: f, rdb: rdb, prefix: prefix}
 }

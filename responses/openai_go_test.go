@@ -26,7 +26,7 @@ var goWeatherTool = responses.ToolUnionParam{OfFunction: &responses.FunctionTool
 }}
 
 func TestOpenAIGoCreateAndChain(t *testing.T) {
-	e := newEnv(t, vllmsim.Config{})
+	e := newEnv(t, single(t), vllmsim.Config{})
 	c := e.openaiClient("acme")
 	ctx := context.Background()
 	r1, err := c.Responses.New(ctx, responses.ResponseNewParams{
@@ -70,7 +70,7 @@ func TestOpenAIGoCreateAndChain(t *testing.T) {
 }
 
 func TestOpenAIGoStream(t *testing.T) {
-	e := newEnv(t, vllmsim.Config{})
+	e := newEnv(t, single(t), vllmsim.Config{})
 	c := e.openaiClient("")
 	st := c.Responses.NewStreaming(context.Background(), responses.ResponseNewParams{
 		Model: vllmsim.DefaultModel, Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("Stream a story.")},
@@ -104,7 +104,7 @@ func TestOpenAIGoStream(t *testing.T) {
 // calls a function, the client answers with function_call_output chained
 // on previous_response_id, the model answers in text.
 func TestOpenAIGoFunctionCallLoop(t *testing.T) {
-	e := newEnv(t, vllmsim.Config{})
+	e := newEnv(t, single(t), vllmsim.Config{})
 	c := e.openaiClient("")
 	ctx := context.Background()
 	params := responses.ResponseNewParams{Model: vllmsim.DefaultModel, Tools: []responses.ToolUnionParam{goWeatherTool},
@@ -144,7 +144,7 @@ func TestOpenAIGoFunctionCallLoop(t *testing.T) {
 }
 
 func TestOpenAIGoConversations(t *testing.T) {
-	e := newEnv(t, vllmsim.Config{})
+	e := newEnv(t, single(t), vllmsim.Config{})
 	c := e.openaiClient("acme")
 	ctx := context.Background()
 	conv, err := c.Conversations.New(ctx, conversations.ConversationNewParams{

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -131,7 +132,7 @@ end
 return 1`)
 
 // MigrateBindings rewrites every version 1 binding under prefix+"sess:"
-// as a version 2 record, keeping its TTL; records already at version 2
+// (on every master of a Cluster) as a version 2 record, keeping its TTL; records already at version 2
 // are left alone, so it is idempotent and safe to re-run after a crash.
 // A record a gateway rewrote meanwhile is skipped (it is version 2 by
 // then). It returns how many records it rewrote. Unreadable records are
@@ -139,32 +140,59 @@ return 1`)
 func MigrateBindings(ctx context.Context, rdb redis.UniversalClient, prefix string) (int, error) {
 	var migrated int
 	var bad []error
-	iter := rdb.Scan(ctx, 0, prefix+"sess:*", 1000).Iterator()
-	for iter.Next(ctx) {
-		key := iter.Val()
+	err := scanKeys(ctx, rdb, prefix+"sess:*", func(key string) error {
 		v, err := rdb.Get(ctx, key).Result()
 		if errors.Is(err, redis.Nil) || (err == nil && !strings.HasPrefix(v, "1|")) {
-			continue // expired meanwhile, or already current
+			return nil // expired meanwhile, or already current
 		}
 		if err != nil {
-			return migrated, fmt.Errorf("session: migrate %s: %w", key, err)
+			return fmt.Errorf("session: migrate %s: %w", key, err)
 		}
 		b, err := decodeV1(v)
 		if err != nil {
 			bad = append(bad, fmt.Errorf("%s: %w", key, err))
-			continue
+			return nil
 		}
 		n, err := migrateScript.Run(ctx, rdb, []string{key}, v, b.encode()).Int()
 		if err != nil {
-			return migrated, fmt.Errorf("session: migrate %s: %w", key, err)
+			return fmt.Errorf("session: migrate %s: %w", key, err)
 		}
 		migrated += n
-	}
-	if err := iter.Err(); err != nil {
-		return migrated, fmt.Errorf("session: migrate: scan: %w", err)
+		return nil
+	})
+	if err != nil {
+		return migrated, err
 	}
 	if len(bad) > 0 {
 		return migrated, fmt.Errorf("session: migrate: %d unreadable bindings left in place: %w", len(bad), errors.Join(bad...))
 	}
 	return migrated, nil
+}
+
+// scanKeys calls fn for every key matching pattern: on each master of a
+// Cluster (a SCAN through a ClusterClient reaches one node only), on the
+// one server otherwise. A key may be reported more than once (SCAN's
+// guarantee). The masters are scanned at once, but fn is called for one
+// key at a time.
+func scanKeys(ctx context.Context, rdb redis.UniversalClient, pattern string, fn func(key string) error) error {
+	var mu sync.Mutex
+	scan := func(ctx context.Context, c redis.Cmdable) error {
+		iter := c.Scan(ctx, 0, pattern, 1000).Iterator()
+		for iter.Next(ctx) {
+			mu.Lock()
+			err := fn(iter.Val())
+			mu.Unlock()
+			if err != nil {
+				return err
+			}
+		}
+		if err := iter.Err(); err != nil {
+			return fmt.Errorf("session: scan %s: %w", pattern, err)
+		}
+		return nil
+	}
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return scan(ctx, n) })
+	}
+	return scan(ctx, rdb)
 }

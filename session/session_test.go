@@ -3,6 +3,8 @@ package session
 import (
 	"context"
 	"net/http"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,6 +16,8 @@ import (
 	"github.com/warmpath/warmpath/internal/redistest"
 	"github.com/warmpath/warmpath/scoring"
 )
+
+func TestMain(m *testing.M) { os.Exit(redistest.Main(m)) }
 
 func TestIdentify(t *testing.T) {
 	opening := []byte(`system:You are helpful.|user:hi`)
@@ -183,8 +187,10 @@ func TestBindingEncoding(t *testing.T) {
 
 // Migration 1: version 1 records written by an older gateway are rewritten
 // as version 2 without loss, keeping their TTL; re-running changes nothing.
-func TestMigrateBindings(t *testing.T) {
-	rdb, prefix := redistest.Client(t)
+func TestMigrateBindings(t *testing.T) { redistest.Each(t, testMigrateBindings) }
+
+func testMigrateBindings(t *testing.T, tp *redistest.Topology) {
+	rdb, prefix := tp.Client(t)
 	ctx := context.Background()
 	v1 := "1|10.0.0.7:8000|fedcba9876543210|931|15000|61000|59000|abcdef0123456789|15400|12|1789095808123"
 	if err := rdb.Set(ctx, prefix+"sess:h:a", v1, time.Hour).Err(); err != nil {
@@ -198,10 +204,17 @@ func TestMigrateBindings(t *testing.T) {
 	rdb.Set(ctx, prefix+"sess:h:c", current.encode(), time.Hour)
 	rdb.Set(ctx, prefix+"sess:h:bad", "1|garbage", time.Hour)
 	rdb.Set(ctx, prefix+"other:key", v1, 0) // not a binding
+	// Enough more that every master of a Cluster holds some.
+	const spread = 30
+	for i := range spread {
+		if err := rdb.Set(ctx, prefix+"sess:s:"+strconv.Itoa(i), v1, time.Hour).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	n, err := MigrateBindings(ctx, rdb, prefix)
-	if n != 2 || err == nil || !strings.Contains(err.Error(), "1 unreadable") {
-		t.Fatalf("MigrateBindings = %d, %v; want 2 and one unreadable", n, err)
+	if n != 2+spread || err == nil || !strings.Contains(err.Error(), "1 unreadable") {
+		t.Fatalf("MigrateBindings = %d, %v; want %d and one unreadable", n, err, 2+spread)
 	}
 	s := NewStore(rdb, Options{Prefix: prefix, TTL: time.Hour})
 	got, ok, err := s.Lookup(ctx, "h:a")
@@ -225,8 +238,10 @@ func TestMigrateBindings(t *testing.T) {
 	}
 }
 
-func TestStoreRedis(t *testing.T) {
-	rdb, prefix := redistest.Client(t)
+func TestStoreRedis(t *testing.T) { redistest.Each(t, testStoreRedis) }
+
+func testStoreRedis(t *testing.T, tp *redistest.Topology) {
+	rdb, prefix := tp.Client(t)
 	ctx := context.Background()
 	s := NewStore(rdb, Options{Prefix: prefix, TTL: time.Minute})
 	if _, ok, err := s.Lookup(ctx, "k1"); ok || err != nil {
@@ -256,8 +271,10 @@ func TestStoreRedis(t *testing.T) {
 // An update kept locally is what this process's lookups see until its
 // flush lands, and what other processes see after; a rebinding by another
 // process wins over it.
-func TestStoreUpdateLocalThenFlush(t *testing.T) {
-	rdb, prefix := redistest.Client(t)
+func TestStoreUpdateLocalThenFlush(t *testing.T) { redistest.Each(t, testStoreUpdateLocalThenFlush) }
+
+func testStoreUpdateLocalThenFlush(t *testing.T, tp *redistest.Topology) {
+	rdb, prefix := tp.Client(t)
 	ctx := context.Background()
 	clock := time.UnixMilli(1_800_000_000_000)
 	now := func() time.Time { return clock }
@@ -303,8 +320,10 @@ func TestStoreUpdateLocalThenFlush(t *testing.T) {
 
 // Concurrent first turns of one session on several gateways agree on one
 // replica.
-func TestStoreFirstWriterWins(t *testing.T) {
-	rdb, prefix := redistest.Client(t)
+func TestStoreFirstWriterWins(t *testing.T) { redistest.Each(t, testStoreFirstWriterWins) }
+
+func testStoreFirstWriterWins(t *testing.T, tp *redistest.Topology) {
+	rdb, prefix := tp.Client(t)
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	results := make([]string, 8)
@@ -391,8 +410,10 @@ func bind(replica string, tipDepth int) Binding {
 // memory for LocalTrust, without a round trip: a rebinding by another
 // gateway is seen once the window has passed, and local changes do not
 // stretch it.
-func TestStoreLocalTrust(t *testing.T) {
-	rdb, prefix := redistest.Client(t)
+func TestStoreLocalTrust(t *testing.T) { redistest.Each(t, testStoreLocalTrust) }
+
+func testStoreLocalTrust(t *testing.T, tp *redistest.Topology) {
+	rdb, prefix := tp.Client(t)
 	ctx := context.Background()
 	clock := time.UnixMilli(1_800_000_000_000)
 	now := func() time.Time { return clock }
@@ -503,8 +524,10 @@ func TestStoreFlushUnconfirmed(t *testing.T) {
 // confirmed earlier is rewritten with its local change, and a key with
 // no local copy is skipped, all in one pipeline; a key given twice is
 // written once.
-func TestStoreFlushAllProposals(t *testing.T) {
-	rdb, prefix := redistest.Client(t)
+func TestStoreFlushAllProposals(t *testing.T) { redistest.Each(t, testStoreFlushAllProposals) }
+
+func testStoreFlushAllProposals(t *testing.T, tp *redistest.Topology) {
+	rdb, prefix := tp.Client(t)
 	ctx := context.Background()
 	a := NewStore(rdb, Options{Prefix: prefix})
 	b := NewStore(rdb, Options{Prefix: prefix})
