@@ -30,7 +30,7 @@ import (
 // tokens) and can be cancelled while it runs.
 const (
 	slowModel = "slow-e2e"
-	slowStep  = 400 * time.Millisecond
+	slowStep  = time.Second
 )
 
 // Failover bounds of TestSeveralGateways. With the Redis breaker
@@ -70,7 +70,7 @@ func TestSeveralGateways(t *testing.T) {
 	testrun.Start(t, "vllmsim slow", slow.Run)
 	replicas := append(sim.Replicas(), slow.Replicas()...)
 	for _, kind := range []redistest.Kind{redistest.Cluster, redistest.Sentinel} {
-		t.Run(string(kind), func(t *testing.T) { severalGateways(t, bin, kind, replicas) })
+		t.Run(string(kind), func(t *testing.T) { severalGateways(t, bin, kind, replicas, slow.Replicas()[0]) })
 	}
 }
 
@@ -145,7 +145,7 @@ type responseObj struct {
 	} `json:"output"`
 }
 
-func severalGateways(t *testing.T, bin string, kind redistest.Kind, replicas []*vllmsim.Replica) {
+func severalGateways(t *testing.T, bin string, kind redistest.Kind, replicas []*vllmsim.Replica, slowReplica *vllmsim.Replica) {
 	tp := redistest.StartTopology(t, kind)
 	rnd := make([]byte, 4)
 	rand.Read(rnd)
@@ -320,18 +320,29 @@ func severalGateways(t *testing.T, bin string, kind redistest.Kind, replicas []*
 	// slow replica, started at A and seen at B.
 	pre := mustChain(B, r3.ID, "the turn before the kill")
 	var bg responseObj
+	begun := time.Now()
 	e.must(http.StatusOK, A, "POST", "/v1/responses", key, map[string]any{"model": slowModel, "input": "a long background answer", "background": true}, &bg)
 	if bg.ID == "" || (bg.Status != "queued" && bg.Status != "in_progress") {
 		t.Fatalf("background response at A: id %q status %q; want queued or in_progress", bg.ID, bg.Status)
 	}
-	bgStatus := func() (int, string, []byte) {
-		code, _, raw := e.do(B, "GET", "/v1/responses/"+bg.ID, key, nil)
+	// A second one, left to run: what a client that does not cancel sees.
+	var bg2 responseObj
+	e.must(http.StatusOK, A, "POST", "/v1/responses", key, map[string]any{"model": slowModel, "input": "another long background answer", "background": true}, &bg2)
+	statusOf := func(id string) (int, string, []byte) {
+		code, _, raw := e.do(B, "GET", "/v1/responses/"+id, key, nil)
 		var r responseObj
 		_ = json.Unmarshal(raw, &r)
 		return code, r.Status, raw
 	}
+	bgStatus := func() (int, string, []byte) { return statusOf(bg.ID) }
 	if code, st, raw := bgStatus(); code != http.StatusOK || (st != "queued" && st != "in_progress") {
 		t.Fatalf("background response polled at B before the kill: %d %s", code, raw)
+	}
+	for slowReplica.Stats().Running < 2 {
+		if time.Since(begun) > 5*time.Second {
+			t.Fatal("the background responses do not run on the slow replica")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 
 	// The master holding the most of the run's keys.
@@ -364,6 +375,7 @@ func severalGateways(t *testing.T, bin string, kind redistest.Kind, replicas []*
 		chainErr, bgErr     string
 		bgSeen, bgCancelled time.Duration // kill to a poll at B answering, to the cancel seen at B
 		bgFinal             string
+		bgLive, bgStopped   bool // running on the slow replica after the failover; aborted by the cancel
 	)
 	killed := make(chan struct{})
 	var side sync.WaitGroup
@@ -409,6 +421,15 @@ func severalGateways(t *testing.T, bin string, kind redistest.Kind, replicas []*
 			bgErr = fmt.Sprintf("not polled at B within %v of the kill; last %s", maxChainRecover, last)
 			return
 		}
+		// B read it from Redis: the failover is over. Its run must still
+		// be generating on the slow replica, else it died in the failover
+		// and "in_progress" is a record no gateway works on.
+		st := slowReplica.Stats()
+		bgLive = st.Running+st.Waiting == 2
+		if !bgLive {
+			bgErr = fmt.Sprintf("polled at B %v after the kill as in_progress, but %d of the 2 background runs are left on the slow replica (%d aborted in all): runs died in the failover", bgSeen.Round(time.Millisecond), st.Running+st.Waiting, st.Aborted)
+		}
+		aborted := st.Aborted
 		for {
 			code, _, raw := e.do(B, "POST", "/v1/responses/"+bg.ID+"/cancel", key, nil)
 			if code == http.StatusOK {
@@ -428,6 +449,19 @@ func severalGateways(t *testing.T, bin string, kind redistest.Kind, replicas []*
 				if st != "cancelled" {
 					bgErr = fmt.Sprintf("after the cancel at B: status %q; want cancelled: %s", st, raw)
 				}
+				if !bgLive {
+					return
+				}
+				// The cancel reached the gateway running it (A or B): the
+				// upstream request is aborted.
+				for slowReplica.Stats().Aborted == aborted {
+					if time.Now().After(deadline.Add(5 * time.Second)) {
+						bgErr = "cancelled at B, but the run kept generating on the slow replica"
+						return
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+				bgStopped = true
 				return
 			}
 			if time.Now().After(deadline.Add(5 * time.Second)) {
@@ -466,6 +500,32 @@ func severalGateways(t *testing.T, bin string, kind redistest.Kind, replicas []*
 	wg.Wait()
 	side.Wait()
 
+	// The second background response, never cancelled: after the
+	// failover it must still run, have ended, or hold a lease a sweeper
+	// will fail it by; an in_progress record that no gateway runs and no
+	// lease names is stuck until its TTL (30 days).
+	bg2Code, bg2St, bg2Raw := statusOf(bg2.ID)
+	rec := prefix + "resp:{t" + tenant + "}:" + bg2.ID
+	rc := tp.NewClient()
+	lctx, lcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	_, leaseErr := rc.ZScore(lctx, prefix+"resp:leases", rec).Result()
+	recSt, recErr := rc.HGet(lctx, rec, "status").Result()
+	lcancel()
+	rc.Close()
+	sst := slowReplica.Stats()
+	bg2Live := sst.Running+sst.Waiting > 0
+	bg2Diag := fmt.Sprintf("at B %d %q; record status %q (%v); lease held: %v; still running on the slow replica: %v", bg2Code, bg2St, recSt, recErr, leaseErr == nil, bg2Live)
+	if bg2St == "in_progress" && !bg2Live {
+		if leaseErr == nil {
+			t.Errorf("the uncancelled background response is in_progress with no run behind it (%s): a sweeper fails it only when its lease lapses (responses.LeaseTTL, 30 s) instead of the run surviving the failover", bg2Diag)
+		} else {
+			t.Errorf("the uncancelled background response is stuck in_progress: no run and no lease (%s)", bg2Diag)
+		}
+	}
+	if bg2Code != http.StatusOK {
+		t.Errorf("the uncancelled background response at B after the failover: %d %s", bg2Code, bytes.TrimSpace(bg2Raw))
+	}
+
 	// The failover window: from the kill until Redis serves the chain
 	// again (at least 3 s, the breaker's and the failover's time).
 	window := max(chainAfter, 3*time.Second)
@@ -493,10 +553,10 @@ func severalGateways(t *testing.T, bin string, kind redistest.Kind, replicas []*
 	if len(during) > 0 {
 		p99 = during[min(len(during)-1, len(during)*99/100)]
 	}
-	t.Logf("%s FIGURES: failed %d/%d chat requests; p99 %v over %d requests in the failover window (%v); first chat success %v after the kill; chain continued %v after the kill (%s); background polled at B %v, cancel at B → %q %v after the kill (%s); limiter admitted %d of 60; revocation seen at B after %v; killed master %s held %d of %d keys",
+	t.Logf("%s FIGURES: failed %d/%d chat requests; p99 %v over %d requests in the failover window (%v); first chat success %v after the kill; chain continued %v after the kill (%s); background polled at B %v (running on its replica: %v), cancel at B → %q %v after the kill (run aborted: %v) (%s); limiter admitted %d of 60; revocation seen at B after %v; killed master %s held %d of %d keys",
 		kind, len(failed), len(results), p99.Round(time.Millisecond), len(during), window.Round(time.Millisecond),
-		firstOK.Round(time.Millisecond), chainAfter.Round(time.Millisecond), okOr(chainErr), bgSeen.Round(time.Millisecond),
-		bgFinal, bgCancelled.Round(time.Millisecond), okOr(bgErr), admitted, revocation.Round(time.Millisecond),
+		firstOK.Round(time.Millisecond), chainAfter.Round(time.Millisecond), okOr(chainErr), bgSeen.Round(time.Millisecond), bgLive,
+		bgFinal, bgCancelled.Round(time.Millisecond), bgStopped, okOr(bgErr), admitted, revocation.Round(time.Millisecond),
 		victim, perMaster[victim], total)
 	for _, f := range failed {
 		t.Log("failed:", f)
@@ -513,7 +573,7 @@ func severalGateways(t *testing.T, bin string, kind redistest.Kind, replicas []*
 	if bgErr != "" {
 		t.Errorf("the background response started at A before the kill: %s", bgErr)
 	}
-	t.Logf("%s: keys per master before the kill %v; the tenant's Responses slot was on %s", kind, perMaster, tenantMaster)
+	t.Logf("%s: keys per master before the kill %v; the tenant's Responses slot was on %s; the uncancelled background response: %s", kind, perMaster, tenantMaster, bg2Diag)
 }
 
 func okOr(err string) string {
