@@ -130,3 +130,38 @@ func TestConcurrentImports(t *testing.T) {
 		}
 	})
 }
+
+// TestPartialKeyWrites: a key is written without a transaction, so a
+// failure part way must leave nothing that breaks: an index entry without
+// its record is skipped, and an imported key missing from the index is
+// indexed again when imported again.
+func TestPartialKeyWrites(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, tp *redistest.Topology) {
+		e := newEnv(t, tp)
+		ctx := t.Context()
+		mustTenant(t, e.store, Tenant{ID: "acme"})
+		if err := e.rdb.SAdd(ctx, e.store.tenantKeysKey("acme"), "0123456789abcdef").Err(); err != nil {
+			t.Fatal(err)
+		}
+		if ks, err := e.store.ListKeys(ctx, "acme"); err != nil || len(ks) != 0 {
+			t.Fatalf("list with a dangling index entry = %+v, %v", ks, err)
+		}
+		k, err := e.store.ImportKey(ctx, "acme", "sk-half-written", KeySpec{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.rdb.SRem(ctx, e.store.tenantKeysKey("acme"), k.ID).Err(); err != nil { // as if the index write failed
+			t.Fatal(err)
+		}
+		again, err := e.store.ImportKey(ctx, "acme", "sk-half-written", KeySpec{})
+		if err != nil || again.ID != k.ID {
+			t.Fatalf("import again = %s, %v; want %s", again.ID, err, k.ID)
+		}
+		if ks, err := e.store.ListKeys(ctx, "acme"); err != nil || len(ks) != 1 || ks[0].ID != k.ID {
+			t.Fatalf("list after re-import = %+v, %v", ks, err)
+		}
+		if _, err := e.store.ImportKey(ctx, "beta", "sk-half-written", KeySpec{}); err == nil {
+			t.Fatal("another tenant imported acme's key")
+		}
+	})
+}

@@ -79,7 +79,7 @@ func (s *Store) ImportKey(ctx context.Context, tenant, plaintext string, sp KeyS
 	return s.putKey(ctx, tenant, id, h, true, sp)
 }
 
-// imported returns the key id that an imported key's hash names, if it is
+// imported returns the key whose id an imported key's hash names, if it is
 // tenant's, and indexes it under the tenant again (an import that failed
 // after claiming the hash left it unlisted); ErrExists if it is another
 // tenant's.

@@ -102,12 +102,17 @@ func (tp *Topology) Client(t testing.TB) (redis.UniversalClient, string) {
 
 // ScanAll calls fn for every key matching pattern: on each master of a
 // cluster, on the one server otherwise. A key may be reported more than
-// once (SCAN's guarantee).
+// once (SCAN's guarantee). The masters are scanned concurrently
+// (ForEachMaster), but fn is called by one goroutine at a time.
 func ScanAll(ctx context.Context, c redis.UniversalClient, pattern string, fn func(key string) error) error {
+	var mu sync.Mutex // serializes fn
 	scan := func(ctx context.Context, n redis.Cmdable) error {
 		iter := n.Scan(ctx, 0, pattern, 1000).Iterator()
 		for iter.Next(ctx) {
-			if err := fn(iter.Val()); err != nil {
+			mu.Lock()
+			err := fn(iter.Val())
+			mu.Unlock()
+			if err != nil {
 				return err
 			}
 		}
