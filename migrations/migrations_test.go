@@ -142,3 +142,31 @@ func testLockHeldElsewhere(t *testing.T, tp *redistest.Topology) {
 		t.Fatal("the foreign lock was released by a waiter")
 	}
 }
+
+// TestStepsEveryMaster applies warmpath's own steps to version 1 session
+// bindings spread over every master of a Cluster: each one is migrated,
+// not only those of the node a SCAN happens to reach.
+func TestStepsEveryMaster(t *testing.T) { redistest.Each(t, testStepsEveryMaster) }
+
+func testStepsEveryMaster(t *testing.T, tp *redistest.Topology) {
+	rdb, prefix := tp.Client(t)
+	const n = 30
+	v1 := "1|10.0.0.7:8000|fedcba9876543210|931|15000|61000|59000|abcdef0123456789|15400|12|1789095808123"
+	for i := range n {
+		if err := rdb.Set(t.Context(), prefix+"sess:k"+strconv.Itoa(i), v1, time.Hour).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := Apply(t.Context(), rdb, prefix, Steps()); err != nil {
+		t.Fatal(err)
+	}
+	left := 0
+	for i := range n {
+		if v := rdb.Get(t.Context(), prefix+"sess:k"+strconv.Itoa(i)).Val(); v == v1 {
+			left++
+		}
+	}
+	if left > 0 {
+		t.Errorf("%d of %d version 1 bindings left after Apply(Steps())", left, n)
+	}
+}

@@ -55,6 +55,14 @@
 //	resp:leases           ZSET  running background records by lease deadline (unix ms)
 //	resp:cancel           pub/sub channel of cancelled records
 //
+// On a Cluster each script, and the MULTI/EXEC that queues a background
+// response, touches one tenant's tagged keys only, so it stays in one slot
+// (a chain walk's and a conversation read's keys are derived inside the
+// script from the tagged prefix). resp:jobs, resp:leases and resp:cancel
+// carry no tag: each is used by single-key commands alone (the leases
+// set's members are record keys), PUBLISH reaches every node, and workers
+// recreate the job group when a failover or restart lost it (NOGROUP).
+//
 // Rebuilding a chain is one EVALSHA that walks prev links and returns each
 // turn's stored messages. A finished response is written by one script
 // (record, items, conversation append) before its terminal event is sent.

@@ -22,7 +22,9 @@
 // sub-agent's first turn can be placed knowing its parent's replica.
 //
 // A [Store] keeps each session's binding to a replica in Redis with a TTL,
-// shared by every gateway process, under the key prefix "<prefix>sess:". It
+// shared by every gateway process, under the key prefix "<prefix>sess:"
+// (one untagged string per session: every command touches one key, and
+// MigrateBindings scans every master of a Cluster). It
 // also keeps recent bindings in process memory, used when Redis errs or has
 // lost them (a restart with persistence off), so stickiness survives a Redis
 // outage for the sessions this process served. A binding this process read
@@ -31,7 +33,8 @@
 // changes are seen within that window. A local copy Redis never confirmed (its write
 // failed) reaches Redis with Flush only if no other process bound the
 // session meanwhile; otherwise Flush adopts that binding. With a
-// [Tracking] running (Store.Track), Redis reports every change to the
+// [Tracking] running (Store.Track; a single server only, as CLIENT
+// TRACKING follows one connection's server), Redis reports every change to the
 // binding keys on one pub/sub connection, and a binding this process read
 // or wrote is answered from memory until another process changes it: a
 // sticky turn pays no round trip, and sees another gateway's change.
