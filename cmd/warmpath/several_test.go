@@ -229,6 +229,11 @@ func severalGateways(t *testing.T, bin string, kind redistest.Kind, replicas []*
 		if len(out.Choices) > 0 {
 			msgs = append(msgs, map[string]string{"role": "assistant", "content": out.Choices[0].Message.Content})
 		}
+		// A binding reaches the other gateway up to
+		// routing.binding_write_spacing after the turn (20 ms until the
+		// gateways see each other): a client's next turn comes later
+		// than the simulated replicas' few milliseconds.
+		time.Sleep(50 * time.Millisecond)
 	}
 
 	// 3. A Responses chain made at A continues at B.
