@@ -355,6 +355,7 @@ func severalGateways(t *testing.T, bin string, kind redistest.Kind, replicas []*
 	// The master holding the most of the run's keys.
 	victim, perMaster, total := busiestMaster(t, tp, prefix)
 	tenantMaster, _ := tp.Master(context.Background(), prefix+"resp:{t"+tenant+"}:x")
+	leasesMaster, _ := tp.Master(context.Background(), prefix+"resp:leases")
 	time.Sleep(500 * time.Millisecond) // replication of the writes above is asynchronous
 
 	// Steady traffic: 10 requests a second, alternating gateways, in five
@@ -606,7 +607,7 @@ func severalGateways(t *testing.T, bin string, kind redistest.Kind, replicas []*
 	if bgErr != "" {
 		t.Errorf("the background response started at A before the kill: %s", bgErr)
 	}
-	t.Logf("%s: keys per master before the kill %v; the tenant's Responses slot was on %s; the uncancelled background response: %s", kind, perMaster, tenantMaster, bg2Diag)
+	t.Logf("%s: keys per master before the kill %v; the tenant's Responses slot was on %s, resp:leases on %s; the uncancelled background response: %s", kind, perMaster, tenantMaster, leasesMaster, bg2Diag)
 }
 
 func okOr(err string) string {
