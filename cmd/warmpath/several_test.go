@@ -26,8 +26,8 @@ import (
 )
 
 // The slow model of TestSeveralGateways: one simulated replica whose every
-// step takes slowStep, so a background response lasts seconds (16–63
-// tokens) and can be cancelled while it runs.
+// step takes slowStep, so a background response (16–63 tokens) lasts
+// 16–63 s, outlives the failover and is still running when cancelled.
 const (
 	slowModel = "slow-e2e"
 	slowStep  = time.Second
@@ -39,6 +39,11 @@ const (
 // requests authenticate from the key cache and route from in-process
 // state, so none should fail and none should wait anywhere near a dial
 // timeout (go-redis: 5 s).
+//
+// A failover takes about 3 s here (node timeout or down-after 1 s, the
+// election, the clients' slot-map reload or +switch-master): a chain's
+// Redis-only state is back within maxChainRecover, 4× that, for a loaded
+// 2-core machine.
 const (
 	maxFailedChats  = 2               // of ~150 over the window
 	maxFailoverP99  = 2 * time.Second // a hang on dials would show ≥ 5 s
@@ -48,9 +53,18 @@ const (
 )
 
 // Two `warmpath serve` processes over one private Redis Cluster, then one
-// private Sentinel topology, share tenants, keys, limits, sessions and
-// Responses chains; the master holding most of the run's keys is SIGKILLed
-// under steady traffic over both gateways, which keeps being served.
+// private Sentinel topology, share state: a tenant and key made at A work
+// at B; a conversation alternating A and B stays on its replica; a
+// Responses chain made at A continues at B; a 30/min key admits 30 ± 2 of
+// 60 requests over both; a key revoked at A is refused at B within a
+// second. Then the master holding most of the run's keys is SIGKILLed
+// under 10 requests a second over both gateways for 15 s: at most
+// maxFailedChats fail, the p99 over the failover window stays under
+// maxFailoverP99, a chain made before the kill continues after it at B
+// and A, and two background responses started at A before it still run
+// after it; one is polled and cancelled at B (its run aborted at the
+// replica), the other must not be left in_progress with neither a run nor
+// a lease. One line per topology logs the figures ("FIGURES").
 //
 // Run alone: go test -race -run TestSeveralGateways -v ./cmd/warmpath
 func TestSeveralGateways(t *testing.T) {
