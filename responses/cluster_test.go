@@ -3,9 +3,12 @@ package responses
 import (
 	"context"
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/warmpath/warmpath/internal/redistest"
 	"github.com/warmpath/warmpath/vllmsim"
@@ -62,23 +65,10 @@ func testBackgroundCancelAcrossGateways(t *testing.T, tp *redistest.Topology) {
 	t.Cleanup(func() { bRedis.Close() })
 	b := &env{rdb: bRedis, prefix: prefix}
 	b.start(t, newSimChat(f), func(o *Options) { o.BackgroundWorkers = 1 })
-	start := time.Now()
 	if code, body := b.do(t, "POST", "/v1/responses/"+r.ID+"/cancel", "", nil); code != 200 {
 		t.Fatalf("cancel through B: %d %s", code, body)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	a.svc.mu.Lock()
-	for len(a.svc.running) > 0 && ctx.Err() == nil {
-		a.svc.mu.Unlock()
-		time.Sleep(20 * time.Millisecond)
-		a.svc.mu.Lock()
-	}
-	n := len(a.svc.running)
-	a.svc.mu.Unlock()
-	if n > 0 || time.Since(start) > 5*time.Second {
-		t.Fatalf("A's run still going %v after B's cancel (%d running); the cancel message did not reach it", time.Since(start), n)
-	}
+	waitIdle(t, a.svc, 5*time.Second)
 	if got := b.get(t, r.ID); got.Status != StatusCancelled {
 		t.Fatalf("status = %q; want cancelled", got.Status)
 	}
@@ -114,27 +104,29 @@ func testJobGroupRecreated(t *testing.T, tp *redistest.Topology) {
 	}
 }
 
-// A Cluster failover of the master holding the job stream: the workers'
-// reads fail until a replica takes over the slot, then background jobs
-// run again (the group came over with the replica, or is recreated).
+// A Cluster failover of the master holding the job stream and the cancel
+// channel: the workers' reads and the cancel subscription fail until a
+// replica takes over the slots, then a background job runs again (the
+// group came over with the replica, or is recreated) and its cancel
+// reaches it over pub/sub (the lease is too long for renewal to notice).
 func TestBackgroundAfterFailover(t *testing.T) {
 	tp := redistest.StartTopology(t, redistest.Cluster)
-	rdb, prefix := tp.Client(t)
-	f := startSim(t, vllmsim.Config{})
-	e := &env{rdb: rdb, prefix: prefix}
-	e.start(t, newSimChat(f))
-	r := e.create(t, "", map[string]any{"input": "before", "background": true})
-	waitStatus(t, e, r.ID, StatusCompleted, 10*time.Second)
-
+	rdb := tp.NewClient()
+	t.Cleanup(func() { rdb.Close() })
 	ctx := context.Background()
-	dead, err := tp.Master(ctx, e.svc.st.jobsKey())
-	if err != nil {
-		t.Fatal(err)
+	prefix, dead := sameMaster(t, tp, "resp:jobs", "resp:cancel")
+	g := newGate(newSimChat(startSim(t, vllmsim.Config{})))
+	t.Cleanup(func() { close(g.release) })
+	e := &env{rdb: rdb, prefix: prefix}
+	e.start(t, g, func(o *Options) { o.LeaseTTL = time.Minute })
+	for rdb.Exists(ctx, prefix+"resp:jobs").Val() == 0 { // Run has created the group
+		time.Sleep(20 * time.Millisecond)
 	}
+
 	tp.Kill(t, dead)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		m, err := tp.Master(ctx, e.svc.st.jobsKey())
+		m, err := tp.Master(ctx, prefix+"resp:jobs")
 		if err == nil && m != dead {
 			break
 		}
@@ -155,7 +147,85 @@ func TestBackgroundAfterFailover(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
-	waitStatus(t, e, id, StatusCompleted, 20*time.Second)
+	select {
+	case <-g.entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no worker ran the job queued after the failover")
+	}
+	if code, b := e.do(t, "POST", "/v1/responses/"+id+"/cancel", "", nil); code != 200 {
+		t.Fatalf("cancel: %d %s", code, b)
+	}
+	waitIdle(t, e.svc, 5*time.Second)
+	waitStatus(t, e, id, StatusCancelled, time.Second)
+}
+
+// sameMaster returns a key prefix under which every name of names (keys
+// or channels) is served by one master, and that master.
+func sameMaster(t *testing.T, tp *redistest.Topology, names ...string) (prefix, master string) {
+	t.Helper()
+	for i := range 200 {
+		prefix = "fo" + strconv.Itoa(i) + ":"
+		masters := map[string]bool{}
+		for _, n := range names {
+			m, err := tp.Master(context.Background(), prefix+n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			masters[m], master = true, m
+		}
+		if len(masters) == 1 {
+			return prefix, master
+		}
+	}
+	t.Fatalf("no prefix puts %v on one master", names)
+	return "", ""
+}
+
+// waitIdle waits until the Service runs no background response, failing
+// after d.
+func waitIdle(t *testing.T, svc *Service, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		svc.mu.Lock()
+		n := len(svc.running)
+		svc.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d background runs still going after %v", n, d)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A gateway starting while Redis is unreachable (an outage, a failover)
+// keeps its Responses workers: Run does not fail, and once Redis is back
+// a background job runs.
+func TestRunStartsWithRedisDown(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 100 * time.Millisecond, DialerRetries: 1})
+	t.Cleanup(func() { rdb.Close() })
+	srv.Stop()
+	e := &env{rdb: rdb}
+	e.start(t, newSimChat(startSim(t, vllmsim.Config{})))
+	time.Sleep(500 * time.Millisecond) // let Run meet the outage
+	srv.Restart(t)
+	deadline := time.Now().Add(10 * time.Second)
+	var id string
+	for id == "" {
+		code, b := e.do(t, "POST", "/v1/responses", "", map[string]any{"model": vllmsim.DefaultModel, "input": "after", "background": true})
+		switch {
+		case code == 200:
+			id = decodeID(t, b)
+		case time.Now().After(deadline):
+			t.Fatalf("create after the outage: %d %s", code, b)
+		default:
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	waitStatus(t, e, id, StatusCompleted, 10*time.Second)
 }
 
 // waitStatus polls a response until it has status, failing after d.

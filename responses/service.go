@@ -265,13 +265,12 @@ func (s *Service) checkModel(model string) error {
 // Run owns the background goroutines: BackgroundWorkers workers running
 // queued responses, the sweeper failing runs whose lease lapsed (on any
 // gateway) and reclaiming jobs of vanished workers, and the cancel
-// subscriber. It blocks until ctx ends, then waits for them.
+// subscriber. It blocks until ctx ends, then waits for them. Redis being
+// unreachable when it starts (an outage, a failover) is not an error: the
+// workers retry, and create the job group when they first read NOGROUP.
 func (s *Service) Run(ctx context.Context) error {
-	if err := s.ensureGroup(ctx); err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return err
+	if err := s.ensureGroup(ctx); err != nil && ctx.Err() == nil {
+		s.log.Warn("responses: create job group (the workers retry)", "err", err)
 	}
 	g, ctx := errgroup.WithContext(ctx)
 	for i := range s.opts.BackgroundWorkers {
