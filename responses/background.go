@@ -282,6 +282,14 @@ func (s *Service) runBackground(ctx context.Context, tenant, id string) error {
 		// stream.
 		return ctx.Err()
 	}
+	if err != nil && !errors.Is(err, errCancelled) && !errors.Is(err, context.Canceled) {
+		// The run failed, most likely on Redis itself, and its final
+		// status may not be stored: the lease stays and lapses, and a
+		// sweeper fails the response if it is still in progress. Removing
+		// the lease here left such a response in_progress with nothing
+		// to end it.
+		return err
+	}
 	unlease()
 	s.endEvents(context.WithoutCancel(ctx), tenant, id)
 	if errors.Is(err, errCancelled) || errors.Is(err, context.Canceled) {
@@ -409,14 +417,47 @@ func (s *Service) streamEmitter(ctx context.Context, tenant, id string) emitFunc
 		if err != nil {
 			return fmt.Errorf("responses: encode %s: %w", ev.Type, err)
 		}
-		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		err = s.opts.Redis.XAdd(wctx, &redis.XAddArgs{Stream: key, ID: seqID(ev.SequenceNumber),
-			Values: []any{fieldTyp, ev.Type, fieldEv, data}}).Err()
-		if err != nil {
+		args := &redis.XAddArgs{Stream: key, ID: seqID(ev.SequenceNumber), Values: []any{fieldTyp, ev.Type, fieldEv, data}}
+		if err := s.appendEvent(ctx, args); err != nil {
 			return fmt.Errorf("responses: append event %d of %s: %w", ev.SequenceNumber, id, err)
 		}
 		return nil
+	}
+}
+
+// Bounds of appendEvent's retries.
+const (
+	appendPatience = 10 * time.Second       // all tries of one event
+	appendTry      = 5 * time.Second        // one try
+	appendBackoff  = 100 * time.Millisecond // first pause, doubled up to a second
+)
+
+// appendEvent writes one event, retrying for up to appendPatience while
+// Redis fails (a master failing over, the breaker open), so a run outlives
+// a failover rather than dying on its first lost write. An ID at or below
+// the stream's last is a try whose reply was lost: it counts as written.
+// A run that is cancelled (by the client, or its lease lost) stops trying
+// after its current try.
+func (s *Service) appendEvent(ctx context.Context, args *redis.XAddArgs) error {
+	deadline := s.opts.Now().Add(appendPatience)
+	pause := appendBackoff
+	for {
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), appendTry)
+		err := s.opts.Redis.XAdd(wctx, args).Err()
+		cancel()
+		if err == nil || strings.Contains(err.Error(), "equal or smaller than the target stream top item") {
+			return nil
+		}
+		if ctx.Err() != nil || !s.opts.Now().Add(pause).Before(deadline) {
+			return err
+		}
+		s.metrics.appendRetries.Inc()
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, time.Second)
 	}
 }
 
