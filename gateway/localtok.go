@@ -10,7 +10,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/warmpath/warmpath/gateway/fleet"
-	"github.com/warmpath/warmpath/gateway/hftok"
+	"github.com/warmpath/warmpath/tokenizer/hftok"
 	"github.com/warmpath/warmpath/vllmsim"
 )
 
