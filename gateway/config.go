@@ -228,7 +228,7 @@ type RoutingConfig struct {
 	// Tokenizer picks where token ids come from first: "replicas" (the
 	// default, also "") asks the replicas' (or tokenize_url's) /tokenize;
 	// "simulator" tokenizes in process with the simulated model's
-	// vocabulary and chat template (vllmsim.TokenizeBody, the simulator's
+	// vocabulary and chat template (simtok.TokenizeBody, the simulator's
 	// own /tokenize code), for a fleet of simulated replicas (warmpath
 	// serve's embedded fleet and warmpath overhead turn it on). A
 	// replica's /tokenize checks the local ids (see TokenizerVerifyEvery)

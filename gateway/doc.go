@@ -36,7 +36,7 @@
 // client. The chat and completions handlers are thin users of it (parse,
 // Do, copy the response); the Responses API (responses.go, package
 // responses) and the Anthropic Messages API (messages.go, package
-// gateway/anthropic, which answers in its own error envelope) are others. No routing state
+// anthropic, which answers in its own error envelope) are others. No routing state
 // or error travels through a context value.
 //
 // Streams are never buffered: each SSE event is released as soon as its

@@ -10,8 +10,8 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/warmpath/warmpath/gateway/fleet"
-	"github.com/warmpath/warmpath/gateway/hftok"
-	"github.com/warmpath/warmpath/vllmsim"
+	"github.com/warmpath/warmpath/tokenizer/hftok"
+	"github.com/warmpath/warmpath/tokenizer/simtok"
 )
 
 // routing.tokenizer's values: the replicas' /tokenize (the default, also
@@ -41,15 +41,16 @@ type localTokenizer interface {
 	Serves(model string) bool
 }
 
-// simulatorTokenizer is the simulator's /tokenize code itself.
+// simulatorTokenizer is the simulator's /tokenize code itself (package
+// tokenizer/simtok).
 type simulatorTokenizer struct{}
 
 func (simulatorTokenizer) Chat(_, messages, tools string) ([]uint32, error) {
-	return vllmsim.TokenizeChatJSON(messages, tools)
+	return simtok.TokenizeChatJSON(messages, tools)
 }
 
 func (simulatorTokenizer) Prompt(_, text string) ([]uint32, error) {
-	return vllmsim.TokenizePrompt(text), nil
+	return simtok.TokenizePrompt(text), nil
 }
 
 // Serves: every simulated replica tokenizes alike, whatever the model.

@@ -4,7 +4,7 @@ import (
 	"context"
 	"net/http"
 
-	"github.com/warmpath/warmpath/gateway/anthropic"
+	"github.com/warmpath/warmpath/anthropic"
 	"github.com/warmpath/warmpath/tenancy"
 )
 

@@ -4,7 +4,8 @@
 // with a simulated clock, and KV-cache events published over ZMQ exactly as
 // vLLM publishes them. It lets the gateway and its benchmarks run many
 // replicas on a small machine without GPUs. It owns no routing logic and
-// imports only kvevents (for the publisher and event types).
+// imports only kvevents (for the publisher and event types) and
+// tokenizer/simtok (its vocabulary and chat template).
 //
 // # Fleet and replicas
 //
@@ -25,9 +26,9 @@
 // Endpoints: POST /v1/chat/completions and /v1/completions (streaming SSE
 // with stream_options.include_usage, or not), GET /v1/models, POST
 // /tokenize and /detokenize (prompt and chat forms, return_token_strs;
-// TokenizeBody is /tokenize's code for a gateway tokenizing in process),
-// GET /health, GET /version, GET /metrics (vLLM's metric names from a
-// per-replica prometheus.Registry), POST /reset_prefix_cache, and the
+// simtok.TokenizeBody is /tokenize's code, for a gateway tokenizing in
+// process), GET /health, GET /version, GET /metrics (vLLM's metric names
+// from a per-replica prometheus.Registry), POST /reset_prefix_cache, and the
 // admin endpoints GET/POST /sim/faults ({"error_rate","extra_latency_ms",
 // "hang"}), POST /sim/restart and GET /sim/stats. Errors use vLLM's shape
 // {"error":{"message","type","param","code":<int status>}}.
@@ -51,27 +52,12 @@
 //
 // # Tokenizer and chat template
 //
-// The tokenizer is deterministic, allocation-free per token and has no
-// per-process state, so every replica and every other package agree on
-// token IDs. Spaces, tabs and carriage returns only separate words; each
-// newline (ID 10) and each ASCII punctuation character (ID = its byte) is
-// one token; each word (a maximal run of letters, digits and non-ASCII
-// bytes) is one token. IDs [1000, 151000) are words spelled as one to three
-// consonant-vowel syllables (Word); a word spelled that way maps back to
-// its ID, any other word is hashed (64-bit FNV-1a, fixed) into the same
-// range. Special tokens reuse Qwen's IDs: <|endoftext|> 151643,
-// <|im_start|> 151644, <|im_end|> 151645, <tool_call> 151657 … </think>
-// 151668. Consequences: N words joined by single spaces are N tokens, and
-// Tokenize(Detokenize(ids)) == ids for every ID sequence the generator
-// produces.
-//
-// The chat template is ChatML in Qwen's style (see RenderChat): each message
-// renders independently of the messages after it, tools are rendered into
-// the system part, assistant tool calls as <tool_call> JSON blocks and tool
-// results as <tool_response> blocks inside a user turn, one per message.
-// The rendering of messages[:k] is therefore a token prefix of the rendering
-// of messages[:k+1], and the generation prompt "<|im_start|>assistant\n" is
-// how an assistant message starts, so multi-turn prefixes really are shared.
+// The vocabulary, the chat template and the decoding and tokenizing of
+// /tokenize bodies are package tokenizer/simtok's, whose doc describes
+// them, so a gateway tokenizes as the replicas do without importing the
+// simulator. vllmsim uses it and keeps its names for its callers:
+// Tokenize, Detokenize, RenderChat, Message, IMEndToken and the rest are
+// simtok's.
 //
 // # Output
 //

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+
+	"github.com/warmpath/warmpath/tokenizer/simtok"
 )
 
 // Finish reasons, as in the OpenAI API.
@@ -69,7 +71,7 @@ func planOutput(prompt []uint32, g genSpec) genPlan {
 	seed := promptSeed(prompt)
 	if g.tool != nil {
 		args := toolArguments(g.tool.Function.Parameters, g.toolSeed)
-		toks := AppendTokens(nil, string(appendToolCallText(nil, g.tool.Function.Name, args)))
+		toks := AppendTokens(nil, string(simtok.AppendToolCallText(nil, g.tool.Function.Name, args)))
 		if len(toks)+1 <= g.maxTokens {
 			return genPlan{tokens: append(toks, g.eos), finish: finishToolCalls, toolName: g.tool.Function.Name, toolArgs: args}
 		}
@@ -96,7 +98,7 @@ func planOutput(prompt []uint32, g genSpec) genPlan {
 			sentence = 6 + int(rng.next()%10)
 			continue
 		}
-		toks = append(toks, WordBase+uint32(rng.next()%shortWords))
+		toks = append(toks, WordBase+uint32(rng.next()%simtok.ShortWords))
 		sentence--
 	}
 	p := genPlan{tokens: toks, finish: finish}
@@ -117,7 +119,7 @@ func planOutput(prompt []uint32, g genSpec) genPlan {
 func cutAtStop(toks []uint32, stops []string) (int, string, bool) {
 	text := make([]byte, 0, len(toks)*5)
 	ends := make([]int, len(toks))
-	prev := noPrev
+	prev := simtok.NoPrev
 	for i, t := range toks {
 		text = AppendText(text, prev, toks[i:i+1], true)
 		ends[i] = len(text)
@@ -293,7 +295,7 @@ func appendSchemaValue(dst []byte, s map[string]any, rng *splitmix64, depth int,
 			if n > 0 {
 				dst = append(dst, ", "...)
 			}
-			dst = appendJSONString(dst, name)
+			dst = simtok.AppendJSONString(dst, name)
 			dst = append(dst, ": "...)
 			ps, _ := props[name].(map[string]any)
 			dst = appendSchemaValue(dst, ps, rng, depth+1, false)
@@ -315,7 +317,7 @@ func appendSchemaValue(dst []byte, s map[string]any, rng *splitmix64, depth int,
 		return append(dst, "null"...)
 	default:
 		dst = append(dst, '"')
-		dst = appendWord(dst, WordBase+uint32(rng.next()%shortWords))
+		dst = simtok.AppendWord(dst, WordBase+uint32(rng.next()%simtok.ShortWords))
 		return append(dst, '"')
 	}
 }

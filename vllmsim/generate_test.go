@@ -2,8 +2,11 @@ package vllmsim
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/warmpath/warmpath/tokenizer/simtok"
 )
 
 func testTools() []Tool {
@@ -106,7 +109,7 @@ func TestPlanOutput(t *testing.T) {
 	text := Detokenize(full.tokens)
 	stop := Word(full.tokens[10])
 	p = planOutput(prompt, genSpec{maxTokens: 100, ignoreEOS: true, stop: []string{"zzzz", stop}, eos: IMEndToken})
-	out := string(AppendText(nil, noPrev, p.tokens, true))
+	out := string(AppendText(nil, simtok.NoPrev, p.tokens, true))
 	if p.finish != finishStop || p.stopReason != stop || strings.Contains(out, stop) && strings.Index(text, stop) >= len(out) || len(p.tokens) > 10 {
 		t.Errorf("stop %q: finish %s reason %q, output %q", stop, p.finish, p.stopReason, out)
 	}
@@ -115,4 +118,66 @@ func TestPlanOutput(t *testing.T) {
 	if p.finish != finishToolCalls || p.toolName != "read_file" || p.tokens[0] != ToolCallStartToken {
 		t.Errorf("tool call plan: %+v", p)
 	}
+}
+
+func TestGeneratedOutputRoundTrip(t *testing.T) {
+	for i := 0; i < 200; i++ {
+		prompt := Tokenize(strings.Repeat("word ", i+1))
+		p := planOutput(prompt, genSpec{maxTokens: 300, eos: IMEndToken})
+		content := p.tokens[:len(p.tokens)-1] // drop EOS
+		if got := Tokenize(Detokenize(content)); !slices.Equal(got, content) {
+			t.Fatalf("generated output does not round-trip: %v vs %v", got, content)
+		}
+	}
+}
+
+// A reply generated for one turn and sent back in the next matches the
+// tokens the engine generated (and so the decode blocks it cached).
+func TestGeneratedReplyIsNextTurnPrefix(t *testing.T) {
+	msgs, tools := conversation()
+	for _, tool := range []*Tool{nil, &tools[0]} {
+		turn := msgs[:2]
+		prompt := TokenizeChat(turn, tools, true)
+		p := planOutput(prompt, genSpec{maxTokens: 1000, eos: IMEndToken, tool: tool, toolSeed: 7})
+		reply := Message{Role: "assistant"}
+		if p.toolName != "" {
+			reply.ToolCalls = []ToolCall{{ID: "x", Type: "function", Function: FunctionCall{Name: p.toolName, Arguments: p.toolArgs}}}
+		} else {
+			reply.Content = string(AppendText(nil, simtok.NoPrev, p.tokens, true))
+		}
+		next := TokenizeChat(append(slices.Clone(turn), reply, Message{Role: "user", Content: "go on"}), tools, true)
+		full := append(slices.Clone(prompt), p.tokens...)
+		if !slices.Equal(next[:len(full)], full) {
+			t.Fatalf("tool=%v: prompt+output is not a prefix of the next turn", tool != nil)
+		}
+	}
+}
+
+// conversation is an agent-style exchange exercising every message shape
+// (a copy of simtok's test conversation).
+func conversation() ([]Message, []Tool) {
+	tools := []Tool{{Type: "function", Function: ToolFunction{Name: "read_file", Description: "Read a file.",
+		Parameters: json.RawMessage(`{"type":"object","properties":{"path":{"type":"string"}},"required":["path"]}`)}}}
+	msgs := []Message{
+		{Role: "system", Content: "You are a helpful agent."},
+		{Role: "user", Content: "Please use the read_file tool on main.go"},
+		{Role: "assistant", ToolCalls: []ToolCall{{ID: "call_1", Type: "function", Function: FunctionCall{Name: "read_file", Arguments: `{"path": "main.go"}`}}}},
+		{Role: "tool", ToolCallID: "call_1", Content: "package main\n\nfunc main() {}"},
+		{Role: "assistant", Content: "The file defines an empty main."},
+		{Role: "user", Content: "Thanks! And now?"},
+		{Role: "assistant", Content: "Done.", ToolCalls: []ToolCall{{Type: "function", Function: FunctionCall{Name: "read_file", Arguments: `{"path":"a"}`}}, {Type: "function", Function: FunctionCall{Name: "read_file"}}}},
+		{Role: "tool", Content: ""},
+		{Role: "developer", Content: "be brief"},
+	}
+	return msgs, tools
+}
+
+func BenchmarkDetokenize(b *testing.B) {
+	p := planOutput([]uint32{1, 2, 3}, genSpec{maxTokens: 100000, ignoreEOS: true, eos: IMEndToken})
+	dst := make([]byte, 0, len(p.tokens)*6)
+	b.ReportAllocs()
+	for b.Loop() {
+		dst = AppendText(dst[:0], simtok.NoPrev, p.tokens, true)
+	}
+	b.ReportMetric(float64(len(p.tokens))*float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
 }

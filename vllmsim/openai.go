@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"time"
 	"unicode/utf8"
+
+	"github.com/warmpath/warmpath/tokenizer/simtok"
 )
 
 // samplingRequest holds the request fields shared by chat and completions.
@@ -346,7 +348,7 @@ func (r *Replica) handleChat(w http.ResponseWriter, req *http.Request) error {
 	if err != nil {
 		return &apiError{status: http.StatusBadRequest, msg: err.Error(), param: "tool_choice"}
 	}
-	prompt := Tokenize(string(appendChat(nil, cr.Messages, cr.Tools, addGen, cr.ContinueFinalMessage)))
+	prompt := Tokenize(string(simtok.AppendChat(nil, cr.Messages, cr.Tools, addGen, cr.ContinueFinalMessage)))
 	seed := promptSeed(Tokenize(cr.Messages[len(cr.Messages)-1].Content))
 	j, err := r.prepare(req.Context(), req.Header, &cr.samplingRequest, prompt, IMEndToken, tool, seed, "chatcmpl-")
 	if err != nil {
@@ -415,7 +417,7 @@ func (c *chatStreamer) full(j *job) any {
 		msg.ToolCalls = append(msg.ToolCalls, toolCallJSON{ID: c.toolID, Type: "function",
 			Function: FunctionCall{Name: p.toolName, Arguments: p.toolArgs}})
 	} else {
-		text := string(AppendText(nil, noPrev, p.tokens[:g], true))
+		text := string(AppendText(nil, simtok.NoPrev, p.tokens[:g], true))
 		msg.Content = &text
 	}
 	ch := chatChoiceJSON{Message: msg, FinishReason: p.finish, StopReason: stopReason(p)}
@@ -434,11 +436,11 @@ func (c *chatStreamer) full(j *job) any {
 func (c *chatStreamer) chunk(j *job, choices []byte, extra []byte) []byte {
 	b := make([]byte, 0, 160+len(choices)+len(extra))
 	b = append(b, `{"id":`...)
-	b = appendJSONString(b, j.id)
+	b = simtok.AppendJSONString(b, j.id)
 	b = append(b, `,"object":"chat.completion.chunk","created":`...)
 	b = strconv.AppendInt(b, j.created, 10)
 	b = append(b, `,"model":`...)
-	b = appendJSONString(b, c.r.cfg.Model)
+	b = simtok.AppendJSONString(b, c.r.cfg.Model)
 	b = append(b, `,"choices":[`...)
 	b = append(b, choices...)
 	b = append(b, ']')
@@ -465,9 +467,9 @@ func (c *chatStreamer) start(j *job, emit func([]byte)) {
 	emit(c.chunk(j, []byte(`{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}`), extra))
 	if p := &j.s.plan; p.toolName != "" {
 		d := []byte(`{"index":0,"delta":{"tool_calls":[{"index":0,"id":`)
-		d = appendJSONString(d, c.toolID)
+		d = simtok.AppendJSONString(d, c.toolID)
 		d = append(d, `,"type":"function","function":{"name":`...)
-		d = appendJSONString(d, p.toolName)
+		d = simtok.AppendJSONString(d, p.toolName)
 		d = append(d, `,"arguments":""}}]},"logprobs":null,"finish_reason":null}`...)
 		emit(c.chunk(j, d, nil))
 	}
@@ -488,11 +490,11 @@ func (c *chatStreamer) delta(j *job, from, to int, emit func([]byte)) {
 			return
 		}
 		d = append(d, `{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":`...)
-		d = appendJSONString(d, p.toolArgs[c.argsSent:want])
+		d = simtok.AppendJSONString(d, p.toolArgs[c.argsSent:want])
 		d = append(d, `}}]},"logprobs":null,"finish_reason":null`...)
 		c.argsSent = want
 	} else {
-		prev := noPrev
+		prev := simtok.NoPrev
 		if from > 0 {
 			prev = p.tokens[from-1]
 		}
@@ -501,7 +503,7 @@ func (c *chatStreamer) delta(j *job, from, to int, emit func([]byte)) {
 			return
 		}
 		d = append(d, `{"index":0,"delta":{"content":`...)
-		d = appendJSONString(d, string(c.text))
+		d = simtok.AppendJSONString(d, string(c.text))
 		d = append(d, `},"logprobs":null,"finish_reason":null`...)
 	}
 	if j.returnIDs {
@@ -515,7 +517,7 @@ func (c *chatStreamer) finish(j *job, emit func([]byte)) {
 	d := append([]byte(`{"index":0,"delta":{},"logprobs":null,"finish_reason":`), strconv.Quote(p.finish)...)
 	d = append(d, `,"stop_reason":`...)
 	if p.stopReason != "" {
-		d = appendJSONString(d, p.stopReason)
+		d = simtok.AppendJSONString(d, p.stopReason)
 	} else {
 		d = append(d, "null"...)
 	}
@@ -603,7 +605,7 @@ type completionChoiceJSON struct {
 func (c *completionStreamer) full(j *job) any {
 	p := &j.s.plan
 	g := int(j.s.generated.Load())
-	ch := completionChoiceJSON{Text: string(AppendText(nil, noPrev, p.tokens[:g], true)), FinishReason: p.finish,
+	ch := completionChoiceJSON{Text: string(AppendText(nil, simtok.NoPrev, p.tokens[:g], true)), FinishReason: p.finish,
 		StopReason: stopReason(p)}
 	if j.returnIDs {
 		ch.TokenIDs, ch.PromptTokenIDs = nonNil(p.tokens[:g]), nonNil(j.prompt)
@@ -615,11 +617,11 @@ func (c *completionStreamer) full(j *job) any {
 func (c *completionStreamer) chunk(j *job, choices []byte, extra []byte) []byte {
 	b := make([]byte, 0, 160+len(choices)+len(extra))
 	b = append(b, `{"id":`...)
-	b = appendJSONString(b, j.id)
+	b = simtok.AppendJSONString(b, j.id)
 	b = append(b, `,"object":"text_completion","created":`...)
 	b = strconv.AppendInt(b, j.created, 10)
 	b = append(b, `,"model":`...)
-	b = appendJSONString(b, c.r.cfg.Model)
+	b = simtok.AppendJSONString(b, c.r.cfg.Model)
 	b = append(b, `,"choices":[`...)
 	b = append(b, choices...)
 	b = append(b, ']')
@@ -631,7 +633,7 @@ func (c *completionStreamer) start(*job, func([]byte)) {}
 
 func (c *completionStreamer) delta(j *job, from, to int, emit func([]byte)) {
 	p := &j.s.plan
-	prev := noPrev
+	prev := simtok.NoPrev
 	if from > 0 {
 		prev = p.tokens[from-1]
 	}
@@ -639,7 +641,7 @@ func (c *completionStreamer) delta(j *job, from, to int, emit func([]byte)) {
 	if len(c.text) == 0 && !j.returnIDs {
 		return
 	}
-	d := appendJSONString([]byte(`{"index":0,"text":`), string(c.text))
+	d := simtok.AppendJSONString([]byte(`{"index":0,"text":`), string(c.text))
 	d = append(d, `,"logprobs":null,"finish_reason":null,"stop_reason":null`...)
 	if j.returnIDs {
 		d = appendTokenIDs(append(d, `,"token_ids":`...), p.tokens[from:to])
@@ -655,7 +657,7 @@ func (c *completionStreamer) finish(j *job, emit func([]byte)) {
 	d := append([]byte(`{"index":0,"text":"","logprobs":null,"finish_reason":`), strconv.Quote(p.finish)...)
 	d = append(d, `,"stop_reason":`...)
 	if p.stopReason != "" {
-		d = appendJSONString(d, p.stopReason)
+		d = simtok.AppendJSONString(d, p.stopReason)
 	} else {
 		d = append(d, "null"...)
 	}

@@ -1,4 +1,4 @@
-package vllmsim
+package simtok
 
 import (
 	"encoding/json"
@@ -138,24 +138,25 @@ func validUTF8(s string) string {
 	return b.String()
 }
 
-// decodeTokenizeRequest reads a /tokenize body, checking first that it is
-// valid JSON when validate is set.
-func decodeTokenizeRequest(body []byte, validate bool) (tokenizeRequest, error) {
-	var tr tokenizeRequest
+// DecodeTokenizeRequest reads a /tokenize body, checking first that it is
+// valid JSON when validate is set; its errors are the messages of
+// /tokenize's 400s.
+func DecodeTokenizeRequest(body []byte, validate bool) (TokenizeRequest, error) {
+	var tr TokenizeRequest
 	if validate && !gjson.ValidBytes(body) {
 		var v any
 		err := json.Unmarshal(body, &v) // for encoding/json's description of the fault
 		if err == nil {
 			err = errors.New("invalid JSON")
 		}
-		return tr, badRequest("JSON decode error: %v", err)
+		return tr, fmt.Errorf("JSON decode error: %v", err)
 	}
 	v := gjson.ParseBytes(body)
 	if v.Type == gjson.Null {
 		return tr, nil
 	}
 	if !v.IsObject() {
-		return tr, badRequest("JSON decode error: the body must be an object")
+		return tr, errors.New("JSON decode error: the body must be an object")
 	}
 	var err error
 	v.ForEach(func(k, val gjson.Result) bool {
@@ -163,13 +164,13 @@ func decodeTokenizeRequest(body []byte, validate bool) (tokenizeRequest, error) 
 		return err == nil
 	})
 	if err != nil {
-		return tr, badRequest("JSON decode error: %v", err)
+		return tr, fmt.Errorf("JSON decode error: %v", err)
 	}
 	return tr, nil
 }
 
 // field sets the request's field key to val.
-func (tr *tokenizeRequest) field(key string, val gjson.Result) error {
+func (tr *TokenizeRequest) field(key string, val gjson.Result) error {
 	var err error
 	switch {
 	case strings.EqualFold(key, "model"):

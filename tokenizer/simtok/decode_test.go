@@ -1,4 +1,4 @@
-package vllmsim
+package simtok
 
 import (
 	"bytes"
@@ -104,7 +104,7 @@ func FuzzDecodeMessage(f *testing.F) {
 }
 
 // TestTokenizeRequestFields: /tokenize bodies decode as encoding/json
-// would decode them into tokenizeRequest.
+// would decode them into TokenizeRequest.
 func TestTokenizeRequestFields(t *testing.T) {
 	for _, s := range []string{
 		`{"model":"m","prompt":"p","return_token_strs":true}`,
@@ -113,17 +113,17 @@ func TestTokenizeRequestFields(t *testing.T) {
 		`{"messages":null,"prompt":"x","prompt":"y"}`,
 		`null`,
 	} {
-		var want tokenizeRequest
+		var want TokenizeRequest
 		if err := json.Unmarshal([]byte(s), &want); err != nil {
 			t.Fatal(err)
 		}
-		got, err := decodeTokenizeRequest([]byte(s), true)
+		got, err := DecodeTokenizeRequest([]byte(s), true)
 		if err != nil || !reflect.DeepEqual(got, want) {
 			t.Errorf("%s: decoded %+v, %v; encoding/json %+v", s, got, err, want)
 		}
 	}
 	for _, s := range []string{`{"prompt":5}`, `{"messages":{}}`, `{"add_generation_prompt":"yes"}`, `[1]`, `{"model":`, `{"tools":[5]}`} {
-		if _, err := decodeTokenizeRequest([]byte(s), true); err == nil {
+		if _, err := DecodeTokenizeRequest([]byte(s), true); err == nil {
 			t.Errorf("%s decoded", s)
 		}
 	}

@@ -13,4 +13,8 @@
 // pre-tokenizers, byte fallback) is refused by Load with an error naming
 // it, never tokenized approximately. A Tokenizer is safe for concurrent
 // use and starts no goroutines.
+//
+// It imports nothing of warmpath: the gateway loads one per model of
+// routing.tokenizer_dirs (routing.tokenizer: hf), and the simulated
+// model's vocabulary is package simtok's, beside it under tokenizer/.
 package hftok

@@ -1,9 +1,9 @@
-package vllmsim
+package simtok
 
 import "strings"
 
 // Token IDs of the simulator's vocabulary. The layout is documented in
-// doc.go ("Tokenizer"); in short:
+// the package doc; in short:
 //
 //   - 10 is the newline, and 33..126 minus letters and digits are the ASCII
 //     punctuation characters, one token each (the ID is the byte value);
@@ -65,9 +65,9 @@ const (
 	consonants = "bcdfghjklmnprstvwxyz" // 20
 	vowels     = "aeiou"                // 5
 	numSyl     = len(consonants) * len(vowels)
-	// shortWords is the number of one- and two-syllable words, from which
-	// generated text draws.
-	shortWords = uint64(numSyl + numSyl*numSyl)
+	// ShortWords is the number of one- and two-syllable words, from which
+	// the simulator's generated text draws.
+	ShortWords = uint64(numSyl + numSyl*numSyl)
 )
 
 // Byte classes used by the tokenizer's scanner.
@@ -211,10 +211,11 @@ func IsWord(id uint32) bool { return id >= WordBase && id < WordBase+NumWords }
 // when id is not a word ID.
 func Word(id uint32) string {
 	var buf [6]byte
-	return string(appendWord(buf[:0], id))
+	return string(AppendWord(buf[:0], id))
 }
 
-func appendWord(dst []byte, id uint32) []byte {
+// AppendWord appends Word(id) to dst and returns the extended slice.
+func AppendWord(dst []byte, id uint32) []byte {
 	if !IsWord(id) {
 		return dst
 	}
@@ -250,7 +251,7 @@ func TokenString(id uint32) string {
 func appendToken(dst []byte, id uint32) []byte {
 	switch {
 	case IsWord(id):
-		return appendWord(dst, id)
+		return AppendWord(dst, id)
 	case id == uint32(NewlineToken):
 		return append(dst, '\n')
 	case id < 128 && byteClass[id] == clsPunct:
@@ -285,11 +286,11 @@ func spaceAfter(prev uint32) bool {
 // that spell a special token character by character. Safe for concurrent
 // use.
 func Detokenize(ids []uint32) string {
-	return string(AppendText(make([]byte, 0, len(ids)*5), noPrev, ids, false))
+	return string(AppendText(make([]byte, 0, len(ids)*5), NoPrev, ids, false))
 }
 
-// noPrev is the prev argument of AppendText at the start of a text.
-const noPrev = ^uint32(0)
+// NoPrev is the prev argument of AppendText at the start of a text.
+const NoPrev = ^uint32(0)
 
 // AppendText appends the text of ids to dst as Detokenize does and returns
 // the extended slice. prev is the token before ids (for the spacing rule),
@@ -299,10 +300,10 @@ const noPrev = ^uint32(0)
 func AppendText(dst []byte, prev uint32, ids []uint32, skipSpecial bool) []byte {
 	for _, id := range ids {
 		if IsWord(id) {
-			if prev != noPrev && spaceAfter(prev) {
+			if prev != NoPrev && spaceAfter(prev) {
 				dst = append(dst, ' ')
 			}
-			dst = appendWord(dst, id)
+			dst = AppendWord(dst, id)
 		} else if !(skipSpecial && id >= EndOfTextToken) {
 			dst = appendToken(dst, id)
 		}

@@ -3,7 +3,7 @@ package hftok
 import (
 	"testing"
 
-	"github.com/warmpath/warmpath/vllmsim"
+	"github.com/warmpath/warmpath/tokenizer/simtok"
 )
 
 // benchBody is a chat of about 16k tokens (Qwen3's count is reported).
@@ -45,14 +45,14 @@ func BenchmarkTokenizeBody16k(b *testing.B) {
 
 func BenchmarkSimulatorTokenizeBody16k(b *testing.B) {
 	body, _ := benchBody(b)
-	ids, err := vllmsim.TokenizeBody(body)
+	ids, err := simtok.TokenizeBody(body)
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
 	b.SetBytes(int64(len(body)))
 	for b.Loop() {
-		vllmsim.TokenizeBody(body)
+		simtok.TokenizeBody(body)
 	}
 	b.ReportMetric(float64(len(ids)), "tokens")
 }

@@ -128,7 +128,7 @@ var chats = []map[string]any{
 func longChat(model string, n int) []byte {
 	var sb strings.Builder
 	sb.WriteString(strings.Join(corpusTexts, "\n"))
-	files, _ := filepath.Glob("../*.go")
+	files, _ := filepath.Glob("../../gateway/*.go")
 	files = append([]string{"../../README.md"}, files...)
 	for i := 0; sb.Len() < n*7/2 && i < len(files); i++ {
 		b, err := os.ReadFile(files[i])

@@ -1,4 +1,4 @@
-package vllmsim
+package simtok
 
 import (
 	"bytes"
@@ -103,7 +103,7 @@ const (
 // "<|im_start|>assistant\n" (added when addGenerationPrompt is set) is
 // exactly how an assistant message's rendering starts.
 func RenderChat(messages []Message, tools []Tool, addGenerationPrompt bool) string {
-	return string(appendChat(nil, messages, tools, addGenerationPrompt, false))
+	return string(AppendChat(nil, messages, tools, addGenerationPrompt, false))
 }
 
 // TokenizeChat returns the tokens of RenderChat(messages, tools,
@@ -112,9 +112,10 @@ func TokenizeChat(messages []Message, tools []Tool, addGenerationPrompt bool) []
 	return Tokenize(RenderChat(messages, tools, addGenerationPrompt))
 }
 
-// appendChat renders the conversation. With continueFinal set, the last
+// AppendChat appends the rendering of the conversation (RenderChat's) to
+// dst and returns the extended slice. With continueFinal set, the last
 // message is left open (no <|im_end|>), as vLLM's continue_final_message.
-func appendChat(dst []byte, messages []Message, tools []Tool, addGen, continueFinal bool) []byte {
+func AppendChat(dst []byte, messages []Message, tools []Tool, addGen, continueFinal bool) []byte {
 	if len(tools) > 0 && (len(messages) == 0 || messages[0].Role != "system") {
 		dst = append(dst, imStart+"system\n"...)
 		dst = appendTools(dst, tools)
@@ -135,7 +136,7 @@ func appendChat(dst []byte, messages []Message, tools []Tool, addGen, continueFi
 				if j > 0 || m.Content != "" {
 					dst = append(dst, '\n')
 				}
-				dst = appendToolCallText(dst, tc.Function.Name, tc.Function.Arguments)
+				dst = AppendToolCallText(dst, tc.Function.Name, tc.Function.Arguments)
 			}
 		default:
 			dst = append(dst, imStart...)
@@ -163,10 +164,10 @@ func appendTools(dst []byte, tools []Tool) []byte {
 	dst = append(dst, toolsHeader...)
 	for _, t := range tools {
 		dst = append(dst, "\n{\"type\": \"function\", \"function\": {\"name\": "...)
-		dst = appendJSONString(dst, t.Function.Name)
+		dst = AppendJSONString(dst, t.Function.Name)
 		if t.Function.Description != "" {
 			dst = append(dst, ", \"description\": "...)
-			dst = appendJSONString(dst, t.Function.Description)
+			dst = AppendJSONString(dst, t.Function.Description)
 		}
 		if len(t.Function.Parameters) > 0 {
 			dst = append(dst, ", \"parameters\": "...)
@@ -174,7 +175,7 @@ func appendTools(dst []byte, tools []Tool) []byte {
 			if json.Compact(&buf, t.Function.Parameters) == nil {
 				dst = append(dst, buf.Bytes()...)
 			} else {
-				dst = appendJSONString(dst, string(t.Function.Parameters))
+				dst = AppendJSONString(dst, string(t.Function.Parameters))
 			}
 		}
 		dst = append(dst, "}}"...)
@@ -182,22 +183,23 @@ func appendTools(dst []byte, tools []Tool) []byte {
 	return append(dst, toolsFooter...)
 }
 
-// appendToolCallText renders one function call the way the template shows
+// AppendToolCallText renders one function call the way the template shows
 // it and the generator emits it.
-func appendToolCallText(dst []byte, name, args string) []byte {
+func AppendToolCallText(dst []byte, name, args string) []byte {
 	if strings.TrimSpace(args) == "" {
 		args = "{}"
 	}
 	dst = append(dst, "<tool_call>\n{\"name\": "...)
-	dst = appendJSONString(dst, name)
+	dst = AppendJSONString(dst, name)
 	dst = append(dst, ", \"arguments\": "...)
 	dst = append(dst, args...)
 	return append(dst, "}\n</tool_call>"...)
 }
 
-// appendJSONString appends s as a JSON string literal. Valid UTF-8 passes
-// through; quotes, backslashes and control characters are escaped.
-func appendJSONString(dst []byte, s string) []byte {
+// AppendJSONString appends s as a JSON string literal, as the template
+// writes strings. Valid UTF-8 passes through; quotes, backslashes and
+// control characters are escaped.
+func AppendJSONString(dst []byte, s string) []byte {
 	const hex = "0123456789abcdef"
 	dst = append(dst, '"')
 	start := 0
