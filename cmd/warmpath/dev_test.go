@@ -112,17 +112,19 @@ func TestStartDevUsesConfiguredRedis(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("chat completion: %d %s", resp.StatusCode, b)
 	}
-	keys, err := rdb.Keys(ctx, prefix+"sess:*").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The conversation's binding, keyed by the session id and its opening;
-	// the family record under the bare session id is written off the
-	// request path, so it may not have landed yet.
+	// The conversation's binding, keyed by the session id and its opening,
+	// and the family record under the bare session id are both written off
+	// the request path (binding writes are spaced), so wait for the first.
+	var keys []string
 	conv := 0
-	for _, k := range keys {
-		if strings.HasPrefix(k, prefix+"sess:h:dev:dev-redis-test/") {
-			conv++
+	for deadline := time.Now().Add(10 * time.Second); conv == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if keys, err = rdb.Keys(ctx, prefix+"sess:*").Result(); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range keys {
+			if strings.HasPrefix(k, prefix+"sess:h:dev:dev-redis-test/") {
+				conv++
+			}
 		}
 	}
 	if conv != 1 || len(keys) > 2 {
