@@ -56,6 +56,9 @@ func startDev(cfg *gateway.Config, log *slog.Logger) (*devStack, error) {
 	d.sim = sim
 	if mr != nil {
 		cfg.Redis.URL = "redis://" + mr.Addr()
+		// miniredis has neither CLIENT ID nor CLIENT TRACKING: trying them
+		// only logged a warning on every first run.
+		cfg.Redis.Tracking = "off"
 	}
 	for _, r := range sim.Replicas() {
 		info := r.Info()

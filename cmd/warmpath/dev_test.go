@@ -52,6 +52,9 @@ func TestStartDevRedis(t *testing.T) {
 				if !strings.HasPrefix(cfg.Redis.URL, "redis://127.0.0.1:") {
 					t.Errorf("redis.url = %q; want the embedded store's", cfg.Redis.URL)
 				}
+				if cfg.Redis.Tracking != "off" {
+					t.Errorf("redis.tracking = %q on the embedded store; want off (miniredis has no CLIENT TRACKING)", cfg.Redis.Tracking)
+				}
 			default:
 				if cfg.Redis.URL != tt.wantURL || strings.Join(cfg.Redis.Addrs, ",") != strings.Join(tt.wantAddrs, ",") {
 					t.Errorf("redis = url %q addrs %v; want url %q addrs %v", cfg.Redis.URL, cfg.Redis.Addrs, tt.wantURL, tt.wantAddrs)
