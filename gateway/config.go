@@ -692,6 +692,9 @@ func (c *Config) validate() error {
 	if c.DevKey != "" && (len(c.DevKey) < 8 || strings.ContainsFunc(c.DevKey, func(r rune) bool { return r <= ' ' || r > '~' })) {
 		bad("dev_key", "must be 8 or more printable characters without spaces")
 	}
+	if strings.HasPrefix(c.DevKey, "wp-") {
+		bad("dev_key", "a key of the wp- form cannot be imported: unset it to have one issued, or choose another form (such as sk-dev-…)")
+	}
 	if c.MaxBodyBytes < 1024 {
 		bad("max_body_bytes", "%d is below 1024", c.MaxBodyBytes)
 	}

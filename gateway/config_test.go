@@ -122,6 +122,7 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 		{name: "bad topology", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, KVEvents: KVEventsConfig{Topology: "mesh"}}, field: "kv_events.topology"},
 		{name: "bad redis url", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Redis: RedisConfig{URL: "http://redis"}}, field: "redis.url"},
 		{name: "redis url and addrs", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Redis: RedisConfig{URL: "redis://r:6379", Addrs: []string{"r:6379"}}}, field: "redis"},
+		{name: "wp- dev key", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, DevKey: "wp-abcdefabcdef0123456789"}, field: "dev_key"},
 		{name: "brace in key prefix", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Redis: RedisConfig{Addrs: []string{"r:6379"}, KeyPrefix: "{wp}:"}}, field: "redis.key_prefix"},
 		{name: "cluster without addrs", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Redis: RedisConfig{URL: "redis://r:6379", Cluster: true}}, field: "redis.cluster"},
 		{name: "cluster with master name", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Redis: RedisConfig{Addrs: []string{"s:26379"}, MasterName: "m", Cluster: true}}, field: "redis.cluster"},

@@ -63,6 +63,9 @@ func runServe(ctx context.Context, args []string) error {
 		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 		if err := gw.WaitReady(wctx); err != nil {
+			if ctx.Err() != nil {
+				return nil // the gateway stopped (its error is eg's): no banner
+			}
 			log.Warn("no replica is healthy yet; requests will get 503 until one is", "err", err)
 		}
 		printBanner(os.Stdout, gw.Addr(), gw.Policy(), &cfg, dev)
