@@ -24,7 +24,7 @@ func runServe(ctx context.Context, args []string) error {
 	policy := fs.String("policy", "", "routing policy: round-robin, least-load, session-hash, approx-prefix, precise-prefix, warmpath (env WARMPATH_POLICY)")
 	debug := fs.Bool("debug", false, "add X-Warmpath-* response headers naming the chosen replica and its scores")
 	logLevel := fs.String("log-level", "info", "debug (adds a line per request), info, warn or error")
-	logFormat := fs.String("log-format", "json", "json or text")
+	logFormat := fs.String("log-format", "auto", "json, text, or auto: text when standard error is a terminal, json otherwise")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -101,11 +101,28 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 		return nil, fmt.Errorf("--log-level: %w", err)
 	}
 	opts := &slog.HandlerOptions{Level: l}
+	if format == "auto" {
+		format = "json"
+		if isTerminal(w) {
+			format = "text"
+		}
+	}
 	switch format {
 	case "json":
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	case "text":
 		return slog.New(slog.NewTextHandler(w, opts)), nil
 	}
-	return nil, fmt.Errorf("--log-format: %q is not json or text", format)
+	return nil, fmt.Errorf("--log-format: %q is not json, text or auto", format)
+}
+
+// isTerminal reports whether w is a character device (a terminal), where
+// a person reads the logs.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }

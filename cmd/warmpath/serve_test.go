@@ -117,3 +117,51 @@ func TestServeEmbedded(t *testing.T) {
 		t.Fatalf("streaming: %q, %v", text.String(), err)
 	}
 }
+
+// A refused configuration exits non-zero before printing anything that
+// looks like success: no banner, no curl line, one line naming the field.
+func TestServeRefusesWPDevKeyBeforeBanner(t *testing.T) {
+	bin := buildBinary(t)
+	cmd := exec.Command(bin, "serve", "--listen", "127.0.0.1:0")
+	cmd.Env = append(os.Environ(), "WARMPATH_CONFIG=", "WARMPATH_DEV_KEY=wp-abcdefabcdef0123456789")
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	if err == nil {
+		t.Fatal("serve with a wp- dev key exited 0; want a refusal")
+	}
+	if stdout.Len() != 0 {
+		t.Errorf("serve printed to stdout before refusing:\n%s", stdout.String())
+	}
+	if !strings.Contains(stderr.String(), "dev_key") {
+		t.Errorf("stderr does not name dev_key:\n%s", stderr.String())
+	}
+}
+
+// --log-format auto writes JSON where no person reads (a pipe, a file) and
+// text on a terminal.
+func TestLogFormatAuto(t *testing.T) {
+	f, err := os.Create(filepath.Join(t.TempDir(), "log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	log, err := newLogger(f, "info", "auto")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log.Info("hello")
+	b, _ := os.ReadFile(f.Name())
+	if !strings.HasPrefix(string(b), "{") {
+		t.Errorf("auto to a file wrote %q; want JSON", b)
+	}
+	if tty, err := os.OpenFile("/dev/tty", os.O_WRONLY, 0); err == nil {
+		defer tty.Close()
+		if !isTerminal(tty) {
+			t.Error("isTerminal(/dev/tty) = false")
+		}
+	}
+	if _, err := newLogger(f, "info", "yaml"); err == nil {
+		t.Error("--log-format yaml accepted")
+	}
+}
