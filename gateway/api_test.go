@@ -255,14 +255,16 @@ func TestUpstreamErrors(t *testing.T) {
 	rdb := redisFor(t, &cfg)
 	gw := startGateway(t, cfg, rdb)
 	sim.Replicas()[0].SetFaults(vllmsim.Faults{ErrorRate: 1})
-	for i := range 6 {
+	// Fresh prompts until one lands on the failing replica first (the
+	// policy picks either; six in a row on the good one did happen).
+	for i := 0; counter(t, gw.reg, "warmpath_upstream_retries_total", nil) == 0; i++ {
+		if i == 40 {
+			t.Fatal("no retries counted after 40 requests with one failing replica")
+		}
 		r := chat(t, gw.URL, map[string]any{"model": "qwen3-32b", "max_tokens": 4, "messages": []msg{{"user", words("q", 5+i)}}}, nil)
 		if r.Status != http.StatusOK {
 			t.Fatalf("request %d with one failing replica: status %d: %s", i, r.Status, r.Body)
 		}
-	}
-	if got := counter(t, gw.reg, "warmpath_upstream_retries_total", nil); got == 0 {
-		t.Error("no retries counted")
 	}
 	sim.Replicas()[1].SetFaults(vllmsim.Faults{ErrorRate: 1})
 	r := chat(t, gw.URL, map[string]any{"model": "qwen3-32b", "messages": []msg{{"user", "x"}}}, nil)
