@@ -25,10 +25,11 @@ import (
 // the Config type once to list them; applyEnv sets each one whose variable
 // is set and not empty (an empty variable leaves the file's value).
 //
-// No field is kept from the environment: secrets (auth.admin_key,
-// auth.salt_secret, JWT keys) are meant to arrive that way, from a
-// Kubernetes Secret or a compose file, and every *_file field has its
-// variable too.
+// No field is withheld from the environment, so there is no such list:
+// secrets (auth.admin_key, auth.salt_secret, redis.password, JWT keys) are
+// meant to arrive that way, from a Kubernetes Secret or a compose file, as
+// WARMPATH_ADMIN_KEY and WARMPATH_SALT_SECRET always did; every *_file
+// field has its variable too, for secrets mounted as files.
 
 // envPrefix starts every derived variable.
 const envPrefix = "WARMPATH_"

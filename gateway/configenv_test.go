@@ -3,11 +3,15 @@ package gateway
 import (
 	"bytes"
 	"flag"
+	"fmt"
 	"os"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"go.yaml.in/yaml/v3"
 
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/tenancy"
@@ -217,5 +221,44 @@ func TestEnvironmentReference(t *testing.T) {
 	got, err := os.ReadFile(envReferencePage)
 	if err != nil || !bytes.Equal(got, b.Bytes()) {
 		t.Errorf("%s is not what gateway.EnvReference writes (%v); regenerate it with\n\tgo test ./gateway -run TestEnvironmentReference -update", envReferencePage, err)
+	}
+}
+
+// envSize reads "<n>KiB" as a text scalar; envLevel reads a yaml scalar.
+// No Config field has such a type yet: these check the walker would read one.
+type (
+	envSize  int64
+	envLevel struct{ name string }
+)
+
+func (s *envSize) UnmarshalText(b []byte) error {
+	n, ok := strings.CutSuffix(string(b), "KiB")
+	if !ok {
+		return fmt.Errorf("%q is not <n>KiB", b)
+	}
+	v, err := strconv.ParseInt(n, 10, 64)
+	*s = envSize(v << 10)
+	return err
+}
+
+func (l *envLevel) UnmarshalYAML(n *yaml.Node) error { return n.Decode(&l.name) }
+
+func TestEnvCustomScalars(t *testing.T) {
+	var x struct {
+		Size  envSize  `yaml:"size"`
+		Level envLevel `yaml:"level"`
+	}
+	v := reflect.ValueOf(&x).Elem()
+	if !isEnvScalar(v.Field(0).Type()) || !isEnvScalar(v.Field(1).Type()) {
+		t.Fatal("custom scalar types are not scalars to the walker")
+	}
+	if err := setEnvScalar(v.Field(0), "4KiB"); err != nil || x.Size != 4096 {
+		t.Errorf("size = %d, err %v", x.Size, err)
+	}
+	if err := setEnvScalar(v.Field(1), "warn"); err != nil || x.Level.name != "warn" {
+		t.Errorf("level = %q, err %v", x.Level.name, err)
+	}
+	if err := setEnvScalar(v.Field(0), "4MB"); err == nil {
+		t.Error("size 4MB: no error")
 	}
 }
