@@ -204,7 +204,7 @@ func (ev envVar) lookup(getenv func(string) string) (name, value string, err err
 		case value == "":
 			name, value = n, v
 		case v != value:
-			return name, "", fmt.Errorf("%s and %s are both set, to different values (aliases of one field: set one)", name, n)
+			return name, "", fmt.Errorf("%s is also set, to a different value: set one of the two", n)
 		}
 	}
 	return name, value, nil

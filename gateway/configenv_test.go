@@ -184,7 +184,7 @@ func TestEnvBadValue(t *testing.T) {
 		{map[string]string{"WARMPATH_TOKENIZER_DIRS": "nodir"}, `config: WARMPATH_TOKENIZER_DIRS (routing.tokenizer_dirs): "nodir" is not key=value`},
 		{map[string]string{"WARMPATH_DISCOVERY": "[{dns: vllm, prot: 8000}]"}, `config: WARMPATH_DISCOVERY (discovery): yaml: unmarshal errors`},
 		{map[string]string{"WARMPATH_POLICY": "least-load", "WARMPATH_ROUTING_POLICY": "warmpath"},
-			"config: WARMPATH_ROUTING_POLICY (routing.policy): WARMPATH_ROUTING_POLICY and WARMPATH_POLICY are both set, to different values"},
+			"config: WARMPATH_ROUTING_POLICY (routing.policy): WARMPATH_POLICY is also set, to a different value"},
 	}
 	for _, tt := range tests {
 		_, err := LoadConfig("", func(k string) string { return tt.env[k] })
