@@ -303,8 +303,8 @@ type SimConfig struct {
 func (c *Config) Embedded() bool { return len(c.Replicas) == 0 && len(c.Discovery) == 0 }
 
 // LoadConfig reads the YAML file at path (skipped when path is "") and then
-// applies environment overrides read through getenv (nil means none). See
-// the README for every variable.
+// applies environment overrides read through getenv (nil means none): see
+// configenv.go and docs/reference/environment.md.
 func LoadConfig(path string, getenv func(string) string) (Config, error) {
 	var c Config
 	if path != "" {
@@ -324,114 +324,8 @@ func LoadConfig(path string, getenv func(string) string) (Config, error) {
 	return c, c.applyEnv(getenv)
 }
 
-func (c *Config) applyEnv(getenv func(string) string) error {
-	str := func(name string, dst *string) {
-		if v := getenv(name); v != "" {
-			*dst = v
-		}
-	}
-	str("WARMPATH_LISTEN", &c.Listen)
-	str("WARMPATH_METRICS_LISTEN", &c.MetricsListen)
-	str("WARMPATH_REDIS_URL", &c.Redis.URL)
-	str("WARMPATH_REDIS_KEY_PREFIX", &c.Redis.KeyPrefix)
-	str("WARMPATH_POLICY", &c.Routing.Policy)
-	str("WARMPATH_KV_TOPOLOGY", &c.KVEvents.Topology)
-	str("WARMPATH_KV_BIND", &c.KVEvents.Bind)
-	str("WARMPATH_KV_CONNECT", &c.KVEvents.Connect)
-	str("WARMPATH_TOKENIZE_URL", &c.Routing.TokenizeURL)
-	str("WARMPATH_TOKENIZER", &c.Routing.Tokenizer)
-	if v := getenv("WARMPATH_TOKENIZER_DIRS"); v != "" {
-		dirs, err := parseTokenizerDirsEnv(v)
-		if err != nil {
-			return err
-		}
-		c.Routing.TokenizerDirs = dirs
-	}
-	str("WARMPATH_DEV_KEY", &c.DevKey)
-	str("WARMPATH_AUTH_MODE", &c.Auth.Mode)
-	str("WARMPATH_ADMIN_KEY", &c.Auth.AdminKey)
-	str("WARMPATH_SALT_SECRET", &c.Auth.SaltSecret)
-	if v := getenv("WARMPATH_REDIS_ADDRS"); v != "" {
-		c.Redis.Addrs = splitList(v)
-	}
-	str("WARMPATH_REDIS_MASTER", &c.Redis.MasterName)
-	if v := getenv("WARMPATH_REDIS_CLUSTER"); v != "" {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return fmt.Errorf("config: WARMPATH_REDIS_CLUSTER: %w", err)
-		}
-		c.Redis.Cluster = b
-	}
-	if v := getenv("WARMPATH_DEBUG"); v != "" {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return fmt.Errorf("config: WARMPATH_DEBUG: %w", err)
-		}
-		c.Debug = b
-	}
-	if v := getenv("WARMPATH_REPLICAS"); v != "" {
-		rs, err := parseReplicasEnv(v)
-		if err != nil {
-			return err
-		}
-		c.Replicas = rs
-	}
-	if v := getenv("WARMPATH_SIM_REPLICAS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			return fmt.Errorf("config: WARMPATH_SIM_REPLICAS: %w", err)
-		}
-		c.Sim.Replicas = n
-	}
-	if v := getenv("WARMPATH_SIM_SPEED"); v != "" {
-		f, err := strconv.ParseFloat(v, 64)
-		if err != nil {
-			return fmt.Errorf("config: WARMPATH_SIM_SPEED: %w", err)
-		}
-		c.Sim.Speed = f
-	}
-	return nil
-}
-
-// parseReplicasEnv reads WARMPATH_REPLICAS: comma-separated entries, each
-// url[|kv_events[|kv_replay[|data_parallel_size]]], e.g.
-// http://10.0.0.7:8000|tcp://10.0.0.7:5557|tcp://10.0.0.7:5657|2. Empty
-// fields are unset.
-func parseReplicasEnv(v string) ([]fleet.ReplicaSpec, error) {
-	var out []fleet.ReplicaSpec
-	for _, entry := range splitList(v) {
-		f := strings.Split(entry, "|")
-		if len(f) > 4 {
-			return nil, fmt.Errorf("config: WARMPATH_REPLICAS: entry %q has more than 4 fields (url|kv_events|kv_replay|data_parallel_size)", entry)
-		}
-		f = append(f, "", "", "")
-		r := fleet.ReplicaSpec{URL: f[0], KVEndpoint: f[1], ReplayEndpoint: f[2]}
-		if f[3] != "" {
-			n, err := strconv.Atoi(f[3])
-			if err != nil {
-				return nil, fmt.Errorf("config: WARMPATH_REPLICAS: entry %q: data_parallel_size %q is not an integer", entry, f[3])
-			}
-			r.DataParallelSize = n
-		}
-		out = append(out, r)
-	}
-	return out, nil
-}
-
-// parseTokenizerDirsEnv reads WARMPATH_TOKENIZER_DIRS: model=dir pairs
-// separated by commas.
-func parseTokenizerDirsEnv(v string) (map[string]string, error) {
-	dirs := map[string]string{}
-	for _, pair := range splitList(v) {
-		model, dir, ok := strings.Cut(pair, "=")
-		if !ok || model == "" || dir == "" {
-			return nil, fmt.Errorf("config: WARMPATH_TOKENIZER_DIRS: %q is not model=dir", pair)
-		}
-		dirs[model] = dir
-	}
-	return dirs, nil
-}
-
+// splitList splits a comma-separated list, trimming blanks and dropping
+// empty entries.
 func splitList(s string) []string {
 	var out []string
 	for _, f := range strings.Split(s, ",") {

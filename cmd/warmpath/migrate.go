@@ -16,7 +16,8 @@ func runMigrate(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
 	url := fs.String("redis-url", envOr("WARMPATH_REDIS_URL", ""), "Redis URL of one server (env WARMPATH_REDIS_URL; default redis://127.0.0.1:6379 when no addrs are given)")
 	addrs := fs.String("redis-addrs", envOr("WARMPATH_REDIS_ADDRS", ""), "comma-separated sentinel (with --redis-master) or cluster node addresses (env WARMPATH_REDIS_ADDRS)")
-	master := fs.String("redis-master", envOr("WARMPATH_REDIS_MASTER", ""), "Sentinel master name (env WARMPATH_REDIS_MASTER)")
+	master := fs.String("redis-master", envOr("WARMPATH_REDIS_MASTER_NAME", envOr("WARMPATH_REDIS_MASTER", "")),
+		"Sentinel master name (env WARMPATH_REDIS_MASTER_NAME, or its alias WARMPATH_REDIS_MASTER)")
 	cluster := fs.Bool("redis-cluster", os.Getenv("WARMPATH_REDIS_CLUSTER") == "true", "Cluster mode with one address (env WARMPATH_REDIS_CLUSTER)")
 	prefix := fs.String("key-prefix", envOr("WARMPATH_REDIS_KEY_PREFIX", "wp:"), "key prefix of the keyspace (env WARMPATH_REDIS_KEY_PREFIX)")
 	dry := fs.Bool("dry-run", false, "list the pending migrations without applying them")
