@@ -35,10 +35,17 @@ func After(plan *scoring.Plan, prev Binding, keys []uint64) (Binding, bool) {
 		return Binding{}, false
 	}
 	nb := Binding{Binding: plan.Binding}
-	if len(keys) > 0 {
-		nb.TipKey, nb.TipDepth = keys[len(keys)-1], len(keys)
-	}
+	nb.SetTip(keys)
 	return nb, true
+}
+
+// SetTip records the deepest of a prompt's block keys (full blocks only)
+// as the binding's tip, at the depth of their count; no keys leave the tip
+// as it is.
+func (b *Binding) SetTip(keys []uint64) {
+	if len(keys) > 0 {
+		b.TipKey, b.TipDepth = keys[len(keys)-1], len(keys)
+	}
 }
 
 // Fingerprint records text as the conversation the binding was made for

@@ -153,3 +153,22 @@ func TestCompleted(t *testing.T) {
 		}
 	}
 }
+
+func TestSetTip(t *testing.T) {
+	tests := []struct {
+		keys      []uint64
+		wantKey   uint64
+		wantDepth int
+	}{
+		{[]uint64{4, 5, 6}, 6, 3},
+		{[]uint64{9}, 9, 1},
+		{nil, 0xabc, 7}, // no keys: the tip stays
+	}
+	for _, tt := range tests {
+		b := Binding{Binding: scoring.Binding{TipDepth: 7}, TipKey: 0xabc}
+		b.SetTip(tt.keys)
+		if b.TipKey != tt.wantKey || b.TipDepth != tt.wantDepth {
+			t.Errorf("SetTip(%v) = %x at %d, want %x at %d", tt.keys, b.TipKey, b.TipDepth, tt.wantKey, tt.wantDepth)
+		}
+	}
+}
