@@ -113,7 +113,7 @@ func (g *Gateway) gather(ctx context.Context, r *Request) ([]*fleet.Replica, *sc
 	}
 	g.keepReserve(r, reps, in.Endpoints)
 	var bind session.Binding
-	if in.SessionKey == "" || !g.policy.TracksSessions() {
+	if !g.policy.Binds(in.SessionKey) {
 		return reps, in, bind, nil
 	}
 	g.tokenizeEarly(ctx, r, reps, in)
