@@ -468,9 +468,10 @@ func newSimInput(t *Trace, cfg AnalyzeConfig) (*simInput, error) {
 
 // sessionKey derives a request's session key as the gateway does: by
 // parsing a chat request's body with the gateway's own parser (an
-// unparseable body has no session), and, for a Mooncake record (no body,
-// no roles), from the key of the last block of its opening (see
-// ReadTrace): the chain over the blocks it shares with other
+// unparseable body has no session). A Mooncake record (no body, no roles)
+// never reaches a gateway, so its key is the analyzer's own stand-in for
+// the gateway's opening hash: the key of the last block of its opening
+// (see ReadTrace), the chain over the blocks it shares with other
 // conversations and the first where it parts from them, which every later
 // turn of the conversation repeats. A one-block Mooncake request has no
 // session.
