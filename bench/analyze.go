@@ -20,6 +20,7 @@ import (
 	"github.com/warmpath/warmpath/gateway"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/scoring/blockindex"
+	"github.com/warmpath/warmpath/session"
 	"github.com/warmpath/warmpath/vllmsim"
 )
 
@@ -467,9 +468,10 @@ func newSimInput(t *Trace, cfg AnalyzeConfig) (*simInput, error) {
 
 // sessionKey derives a request's session key as the gateway does: by
 // parsing a chat request's body with the gateway's own parser (an
-// unparseable body has no session), and, for a Mooncake record (no body,
-// no roles), from the key of the last block of its opening (see
-// ReadTrace): the chain over the blocks it shares with other
+// unparseable body has no session). A Mooncake record (no body, no roles)
+// never reaches a gateway, so its key is the analyzer's own stand-in for
+// the gateway's opening hash: the key of the last block of its opening
+// (see ReadTrace), the chain over the blocks it shares with other
 // conversations and the first where it parts from them, which every later
 // turn of the conversation repeats. A one-block Mooncake request has no
 // session.
@@ -499,13 +501,19 @@ func pooledLRU(in *simInput, capacity int, prompt int64) float64 {
 	return ratio(cached, prompt)
 }
 
-// binding is a session's binding, as session.Binding holds it: the
-// routing part, plus the dense id of the deepest block of the last scored
-// turn (the gateway's tip key).
+// binding is a session's binding as the gateway's session store holds it,
+// built and checked by the same rules (session.After, Live, StillHeld,
+// Completed). Its block keys are the analyzer's: a block's dense id plus
+// one (simInput.approxKeys), so TipKey-1 is the tip's dense id. The
+// analyzer fingerprints no text (TextLen stays 0): every turn of a
+// session continues it (Input.Continues stays true).
 type binding struct {
-	scoring.Binding
-	tip int32
-	// done is when the session's last turn finished, simulated seconds.
+	session.Binding
+	// done is when the session's last turn finished, simulated seconds:
+	// the pause before the next turn is measured from it. The gateway
+	// measures it from Updated, which it restamps when a turn completes;
+	// the analyzer's Updated is the time of the plan's last write (see
+	// remember).
 	done float64
 }
 
@@ -570,9 +578,12 @@ func simulate(ctx context.Context, pol *scoring.Policy, cacheBlocks int, in *sim
 		}
 		b, bound := lookup(bindings, pol, key, din.Now)
 		if bound {
-			din.Binding = &b.Binding
-			j := slices.Index(names, b.Replica)
-			din.BoundHolds = b.TipDepth == 0 || fl.reps[j].holds(b.tip)
+			din.Binding = &b.Binding.Binding
+			// The simulated index is perfectly synchronised: every
+			// replica's evictions are seen, so none is trusted blindly as
+			// the gateway trusts a replica that publishes no KV events.
+			rp := fl.reps[slices.Index(names, b.Replica)]
+			din.BoundHolds = b.StillHeld(func(tip uint64) bool { return rp.holds(int32(tip - 1)) })
 		}
 		if pol.Estimated && key != "" {
 			turn := 1
@@ -606,7 +617,7 @@ func simulate(ctx context.Context, pol *scoring.Policy, cacheBlocks int, in *sim
 		if plan.Rebind != "" {
 			res.addRebind(plan.Rebind)
 		}
-		remember(bindings, key, &plan, b, ids, r.InputTokens/bt, bt, din.Now, now+ttfts[i]+float64(r.OutputTokens)*decodeTokenTime.Seconds())
+		remember(bindings, key, &plan, b, in.approxKeys[i], r.InputTokens/bt, bt, din.Now, now+ttfts[i]+float64(r.OutputTokens)*decodeTokenTime.Seconds())
 		if eps[chosen].Saturated {
 			saturated++
 		}
@@ -681,13 +692,14 @@ func analyzeCost(rate float64) scoring.Cost {
 }
 
 // lookup returns the session's live binding, as the gateway's session
-// store would (it expires sessionTTL after its last write).
+// store would (session.Binding.Live: it expires sessionTTL after its last
+// write), for policies that bind the session (scoring.Policy.Binds).
 func lookup(bindings map[string]binding, pol *scoring.Policy, key string, now time.Time) (binding, bool) {
-	if key == "" || !pol.TracksSessions() {
+	if !pol.Binds(key) {
 		return binding{}, false
 	}
 	b, ok := bindings[key]
-	if ok && now.Sub(b.Updated) > sessionTTL {
+	if ok && !b.Live(now, sessionTTL) {
 		delete(bindings, key)
 		return binding{}, false
 	}
@@ -715,36 +727,33 @@ func matchPrefix(pol *scoring.Policy, fl *simFleet, approx *blockindex.Approx, i
 	return matched
 }
 
-// remember writes the binding the plan leaves behind, as the gateway's
-// commit step does. A scored turn's tip is its last full block: the
-// gateway's keys cover full blocks only, so a partial last block
-// (Mooncake) is not repeated by the conversation's next turn.
-func remember(bindings map[string]binding, key string, plan *scoring.Plan, b binding, ids []int32, fullBlocks, bt int, now time.Time, done float64) {
-	switch plan.Bind {
-	case scoring.BindRefresh:
-		// A sticky turn that renews the binding's TTL: the replica holds
-		// its prompt once it completes, as on any sticky turn.
-		b.Binding = plan.Binding
-		b.CachedTokens = fullBlocks * bt
-	case scoring.BindNew, scoring.BindReplace:
-		b = binding{Binding: plan.Binding}
-		if full := min(len(ids), fullBlocks); full > 0 {
-			b.tip, b.TipDepth = ids[full-1], full
-		}
-	default:
-		if plan.Reason == scoring.ReasonSticky {
-			// The gateway records what the replica holds after each
-			// completed turn (rememberCompleted).
-			b.Binding = plan.Binding
-			b.CachedTokens = fullBlocks * bt
-			b.done = done
-			bindings[key] = b
-		}
+// remember writes the binding the plan leaves behind, by the gateway's
+// rule (session.After, as its commit step): keys are the turn's block
+// keys, of which the first fullBlocks are full. A scored turn's tip is its
+// last full block: the gateway's keys cover full blocks only, so a
+// partial last block (Mooncake) is not repeated by the conversation's
+// next turn.
+//
+// What the analyzer does differently, on purpose: the gateway records
+// what a sticky turn left cached when its response ends
+// (rememberCompleted) and stamps Updated then, renewing the TTL; the
+// analyzer records it at the decision, counting the prompt's full blocks
+// and no output (its simulated replicas cache prompt blocks only), and
+// stamps Updated only when the plan writes (BindRefresh, BindNew,
+// BindReplace), so a sticky turn that needs no refresh leaves the TTL
+// running from the last write.
+func remember(bindings map[string]binding, key string, plan *scoring.Plan, b binding, keys []uint64, fullBlocks, bt int, now time.Time, done float64) {
+	nb, ok := session.After(plan, b.Binding, keys[:min(len(keys), fullBlocks)])
+	if !ok {
 		return
 	}
-	b.Updated = now
-	b.done = done
-	bindings[key] = b
+	if plan.Reason == scoring.ReasonSticky {
+		nb.Completed(nb.Replica, fullBlocks*bt, 0)
+	}
+	if plan.Bind != scoring.BindKeep {
+		nb.Updated = now
+	}
+	bindings[key] = binding{Binding: nb, done: done}
 }
 
 func (r *AnalyzeResult) addRebind(reason string) {

@@ -8,8 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
-
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/internal/apierror"
 	"github.com/warmpath/warmpath/scoring"
@@ -115,7 +113,7 @@ func (g *Gateway) gather(ctx context.Context, r *Request) ([]*fleet.Replica, *sc
 	}
 	g.keepReserve(r, reps, in.Endpoints)
 	var bind session.Binding
-	if in.SessionKey == "" || !g.policy.TracksSessions() {
+	if !g.policy.Binds(in.SessionKey) {
 		return reps, in, bind, nil
 	}
 	g.tokenizeEarly(ctx, r, reps, in)
@@ -138,7 +136,7 @@ func (g *Gateway) gather(ctx context.Context, r *Request) ([]*fleet.Replica, *sc
 	if ok {
 		in.Binding = &bind.Binding
 		if g.policy.Sticky {
-			in.Continues = continues(r.approxText(), bind)
+			in.Continues = bind.Continues(r.approxText())
 		}
 		if i := slices.IndexFunc(reps, func(rep *fleet.Replica) bool { return rep.Spec.Name == bind.Replica }); i >= 0 {
 			in.BoundHolds = g.stillHolds(reps[i], bind)
@@ -341,8 +339,8 @@ func (g *Gateway) commit(ctx context.Context, r *Request, rt *route, bind sessio
 	if keys != nil && len(p.Predicted) > 0 && g.claims.active(p.PromptTokens-p.Predicted[0]) {
 		g.claim(chosen, keys)
 	}
-	if p.Bind != scoring.BindKeep || p.Reason == scoring.ReasonSticky {
-		rt.session, rt.binding = r.session.Value, g.newBinding(r, p, bind, keys)
+	if nb, ok := g.newBinding(r, p, bind, keys); ok {
+		rt.session, rt.binding = r.session.Value, nb
 	}
 	switch p.Bind {
 	case scoring.BindReplace:
@@ -396,23 +394,16 @@ func (g *Gateway) commit(ctx context.Context, r *Request, rt *route, bind sessio
 		Reason: p.Reason, Rebind: p.Rebind, Prompt: p.PromptTokens, Predicted: p.Predicted[0], Scores: scoreSummary(rt.eps, p)})
 }
 
-// newBinding is the session binding after this turn: the plan's, plus
-// what only the gateway knows (the deepest block key, the text
-// fingerprint). A sticky turn keeps the looked-up binding's.
-func (g *Gateway) newBinding(r *Request, p *scoring.Plan, bind session.Binding, keys []uint64) session.Binding {
-	if p.Reason == scoring.ReasonSticky {
-		bind.Binding = p.Binding
-		return bind
+// newBinding is the session binding after this turn (session.After):
+// the plan's, plus what only the gateway knows (the deepest block key,
+// the text fingerprint); false when the plan leaves none. A sticky turn
+// keeps the looked-up binding's.
+func (g *Gateway) newBinding(r *Request, p *scoring.Plan, bind session.Binding, keys []uint64) (session.Binding, bool) {
+	nb, ok := session.After(p, bind, keys)
+	if ok && p.Reason != scoring.ReasonSticky && g.policy.Sticky {
+		nb.Fingerprint(r.approxText())
 	}
-	nb := session.Binding{Binding: p.Binding}
-	if g.policy.Sticky {
-		text := r.approxText()
-		nb.TextLen, nb.TextHash = len(text), xxhash.Sum64(text)
-	}
-	if len(keys) > 0 {
-		nb.TipKey, nb.TipDepth = keys[len(keys)-1], len(keys)
-	}
-	return nb
+	return nb, ok
 }
 
 // rememberCompleted records, when a turn's response ended, what the
@@ -455,35 +446,18 @@ func (g *Gateway) updateCompleted(rt *route, replica string, u Usage) bool {
 	if rt.binding.Replica != replica || u.PromptTokens == 0 {
 		return false
 	}
-	generated := max(0, u.CompletionTokens-1)
 	_, changed := g.sessions.UpdateLocal(rt.session, rt.binding, func(b *session.Binding) bool {
-		if b.Replica != replica {
-			return false // rebound meanwhile
-		}
-		b.CachedTokens, b.GeneratedTokens = u.PromptTokens+generated, generated
-		return true
+		return b.Completed(replica, u.PromptTokens, u.CompletionTokens) // false: rebound meanwhile
 	})
 	return changed
-}
-
-// continues reports whether text continues the conversation the binding
-// fingerprinted: it starts with the same TextLen bytes. Bindings without a
-// fingerprint continue anything.
-func continues(text []byte, b session.Binding) bool {
-	if b.TextLen == 0 {
-		return true
-	}
-	return len(text) >= b.TextLen && xxhash.Sum64(text[:b.TextLen]) == b.TextHash
 }
 
 // stillHolds reports whether rep still holds the session's prefix, as far
 // as its KV events tell. Replicas that publish no events (or none yet) are
 // trusted: the gateway cannot see their evictions.
 func (g *Gateway) stillHolds(rep *fleet.Replica, b session.Binding) bool {
-	if b.TipDepth == 0 || !g.index.receiving(rep.Spec.Name) {
-		return true
-	}
-	return g.index.holds(rep.Spec.Name, b.TipKey)
+	name := rep.Spec.Name
+	return b.StillHeld(func(tip uint64) bool { return !g.index.receiving(name) || g.index.holds(name, tip) })
 }
 
 // tokenize gets r's token ids from the available replicas.

@@ -80,7 +80,7 @@ func (g *Gateway) tip(ctx context.Context, j tipJob) {
 		if b.Replica != j.replica || b.TipDepth > 0 {
 			return false // moved on meanwhile, already known, or gone
 		}
-		b.TipKey, b.TipDepth = keys[len(keys)-1], len(keys)
+		b.SetTip(keys)
 		b.PromptTokens = len(tokens) // the ratio later turns' estimates use
 		result = "filled"
 		return true

@@ -180,6 +180,12 @@ func (p *Policy) TracksSessions() bool {
 	return p.Sticky || slices.ContainsFunc(p.Scorers, func(w Weighted) bool { return w.Name == ScorerSession })
 }
 
+// Binds reports whether the policy keeps a binding for the session with
+// key sessionKey: it tracks sessions, and the request names one.
+func (p *Policy) Binds(sessionKey string) bool {
+	return sessionKey != "" && p.TracksSessions()
+}
+
 // NeedsPrefix reports whether the policy scores on prefix matches.
 func (p *Policy) NeedsPrefix() bool { return p.UsesPrecise || p.UsesApprox }
 
@@ -204,7 +210,7 @@ func (p *Policy) Decide(in *Input) (Plan, error) {
 	}
 	plan := Plan{PromptTokens: in.PromptTokens}
 	b := in.Binding
-	bound := b != nil && in.SessionKey != "" && p.TracksSessions()
+	bound := b != nil && p.Binds(in.SessionKey)
 	if p.Sticky && bound && !in.Continues {
 		plan.Rebind, bound = RebindDiverged, false
 	}
@@ -223,7 +229,7 @@ func (p *Policy) Decide(in *Input) (Plan, error) {
 	} else if err := p.score(in, avail, bound, &plan); err != nil {
 		return Plan{}, err
 	}
-	if in.SessionKey != "" && p.TracksSessions() {
+	if p.Binds(in.SessionKey) {
 		p.rebind(in, bound, &plan)
 	}
 	return plan, nil

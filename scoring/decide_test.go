@@ -252,3 +252,27 @@ func BenchmarkDecideScored64(b *testing.B) {
 		_, _ = warm.Decide(in)
 	}
 }
+
+func TestPolicyBinds(t *testing.T) {
+	tests := []struct {
+		policy string
+		w      Weights
+		key    string
+		want   bool
+	}{
+		{PolicyWarmpath, nil, "o:abc", true},                        // sticky
+		{PolicyWarmpath, nil, "", false},                            // no session named
+		{PolicyPrecisePrefix, nil, "o:abc", false},                  // no session scorer
+		{PolicyLeastLoad, Weights{ScorerSession: 1}, "o:abc", true}, // a session scorer added
+		{PolicyRoundRobin, nil, "o:abc", false},
+	}
+	for _, tt := range tests {
+		p, err := NewPolicy(tt.policy, tt.w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := p.Binds(tt.key); got != tt.want {
+			t.Errorf("%s%v.Binds(%q) = %v, want %v", tt.policy, tt.w, tt.key, got, tt.want)
+		}
+	}
+}

@@ -378,7 +378,7 @@ func (s *Store) FlushAll(ctx context.Context, keys []string) error {
 		}
 		seen[key] = struct{}{}
 		e, ok := s.local.Peek(key)
-		if !ok || key == "" || now.Sub(e.b.Updated) > s.opts.TTL {
+		if !ok || key == "" || !e.b.Live(now, s.opts.TTL) {
 			continue
 		}
 		if e.checked.IsZero() {
@@ -531,7 +531,7 @@ func (s *Store) Trusted(key string) bool {
 // fresh returns the local binding if it has not outlived the TTL.
 func (s *Store) fresh(key string) (Binding, bool) {
 	e, ok := s.local.Get(key)
-	if !ok || s.opts.Now().Sub(e.b.Updated) > s.opts.TTL {
+	if !ok || !e.b.Live(s.opts.Now(), s.opts.TTL) {
 		return Binding{}, false
 	}
 	return e.b, true
@@ -549,7 +549,7 @@ func (s *Store) trusted(key string) (Binding, bool) {
 	e, ok := s.local.Get(key)
 	now := s.opts.Now()
 	switch {
-	case !ok || now.Sub(e.b.Updated) > s.opts.TTL:
+	case !ok || !e.b.Live(now, s.opts.TTL):
 		return Binding{}, false
 	case s.rdb == nil:
 		return e.b, true
