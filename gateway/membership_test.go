@@ -49,9 +49,11 @@ func TestQueuedRequestFollowsMembership(t *testing.T) {
 	testrun.Start(t, "gateway", gw.Run)
 	url := "http://" + gw.Addr()
 	oldName, newName := net.JoinHostPort("127.0.0.2", strconv.Itoa(port)), net.JoinHostPort("127.0.0.3", strconv.Itoa(port))
+	// Healthy and serving its model: a replica can pass its health probe
+	// before its /v1/models answer is in (turn 1 got 404 model_not_found).
 	healthy := func(name string) bool {
 		rep := gw.fleet.Replica(name)
-		return rep != nil && rep.State().Healthy
+		return rep != nil && rep.State().Healthy && len(rep.State().Models) > 0
 	}
 	eventually(t, 10*time.Second, func() bool { return healthy(oldName) }, "the old replica healthy")
 
