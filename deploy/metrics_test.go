@@ -61,7 +61,7 @@ func registeredSeries(t *testing.T) []string {
 
 // The metrics reference (docs/reference/metrics.md) names every series the
 // code registers.
-func TestREADMEMetrics(t *testing.T) {
+func TestMetricsReference(t *testing.T) {
 	names := registeredSeries(t)
 	if len(names) < 40 {
 		t.Fatalf("found only %d registered series; the scan is broken: %v", len(names), names)
