@@ -219,3 +219,79 @@ func TestGithubAnchor(t *testing.T) {
 		}
 	}
 }
+
+// TestDevelopmentLayout keeps the package map in docs/development.md
+// honest: every folder it lists exists, and every package folder of the
+// module and every top-level folder is listed.
+func TestDevelopmentLayout(t *testing.T) {
+	b, err := os.ReadFile("docs/development.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, ok := strings.Cut(string(b), "\n## Layout\n")
+	if !ok {
+		t.Fatal("docs/development.md has no Layout section")
+	}
+	_, block, ok := strings.Cut(after, "```\n")
+	if ok {
+		block, _, ok = strings.Cut(block, "\n```")
+	}
+	if !ok {
+		t.Fatal("docs/development.md's Layout section has no code block")
+	}
+	listed := map[string]bool{}
+	for _, line := range strings.Split(block, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || line[0] == ' ' || !strings.HasSuffix(f[0], "/") {
+			continue
+		}
+		dir := strings.TrimSuffix(f[0], "/")
+		listed[dir] = true
+		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+			t.Errorf("docs/development.md lists %s/, which is not a folder", dir)
+		}
+	}
+	want := map[string]bool{}
+	entries, err := os.ReadDir(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.IsDir() && !strings.HasPrefix(e.Name(), ".") {
+			want[e.Name()] = true
+		}
+	}
+	err = filepath.WalkDir(".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if p != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" || d.Name() == "node_modules") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if dir := filepath.ToSlash(filepath.Dir(p)); dir != "." && strings.HasSuffix(p, ".go") && !strings.HasSuffix(p, "_test.go") {
+			want[dir] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for dir := range want {
+		if listed[dir] {
+			continue
+		}
+		// A top-level folder is covered by its listed subfolders.
+		covered := false
+		for l := range listed {
+			if strings.HasPrefix(l, dir+"/") {
+				covered = true
+			}
+		}
+		if !covered {
+			t.Errorf("docs/development.md's layout does not list %s/", dir)
+		}
+	}
+}
