@@ -23,16 +23,17 @@ import (
 	"github.com/warmpath/warmpath/vllmsim"
 )
 
-// readmeRecipe returns the README's real-vLLM recipe: the first sh block
-// with a `vllm serve` line in "Running against a real vLLM fleet", and the
-// first yaml block after it (the gateway's configuration).
-func readmeRecipe(t *testing.T) (serve, config string) {
+// gettingStartedRecipe returns the real-vLLM recipe of docs/getting-started.md
+// (moved there from the README): the first sh block with a `vllm serve`
+// line in "Running against a real vLLM fleet", and the first yaml block
+// after it (the gateway's configuration).
+func gettingStartedRecipe(t *testing.T) (serve, config string) {
 	t.Helper()
-	readme := mustRead(t, "../README.md")
+	readme := mustRead(t, "../docs/getting-started.md")
 	const heading = "\n## Running against a real vLLM fleet\n"
 	i := strings.Index(readme, heading)
 	if i < 0 {
-		t.Fatal("README has no \"Running against a real vLLM fleet\" section")
+		t.Fatal("docs/getting-started.md has no \"Running against a real vLLM fleet\" section")
 	}
 	sec := readme[i+len(heading):]
 	if j := strings.Index(sec, "\n## "); j >= 0 {
@@ -173,14 +174,14 @@ func TestShellWords(t *testing.T) {
 // podIP stands in for the replica's address in the recipe's topic.
 const podIP = "10.0.0.7"
 
-// The README's recipe is consistent (the vLLM flags warmpath needs, the
+// The getting-started recipe is consistent (the vLLM flags warmpath needs, the
 // ports and the model id on both sides), and its gateway configuration,
 // pointed at a simulated fleet serving the model id that `vllm serve` line
 // serves, answers a chat completion and receives KV events. Served under
 // the model path instead, as vLLM without --served-model-name would, the
 // same configuration fails and the gateway says why.
-func TestREADMERecipe(t *testing.T) {
-	serve, config := readmeRecipe(t)
+func TestGettingStartedRecipe(t *testing.T) {
+	serve, config := gettingStartedRecipe(t)
 	words, err := shellWords(serve, map[string]string{"POD_IP": podIP})
 	if err != nil {
 		t.Fatalf("vllm serve line: %v", err)
@@ -192,23 +193,23 @@ func TestREADMERecipe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ports := checkVLLMServe(t, "README", v)
+	ports := checkVLLMServe(t, "getting-started recipe", v)
 
 	path := filepath.Join(t.TempDir(), "warmpath.yaml")
 	if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	// The secrets the README says come from the environment.
+	// The secrets the recipe says come from the environment.
 	env := map[string]string{"WARMPATH_ADMIN_KEY": "admin-key-from-the-environment", "WARMPATH_SALT_SECRET": "salt-secret-from-the-environment"}
 	cfg, err := gateway.LoadConfig(path, func(k string) string { return env[k] })
 	if err != nil {
-		t.Fatalf("README configuration: %v", err)
+		t.Fatalf("recipe configuration: %v", err)
 	}
 	if err := cfg.Check(); err != nil {
-		t.Fatalf("README configuration: %v", err)
+		t.Fatalf("recipe configuration: %v", err)
 	}
 	if len(cfg.Replicas) == 0 {
-		t.Fatal("the README configuration lists no replicas")
+		t.Fatal("the recipe configuration lists no replicas")
 	}
 	for i, r := range cfg.Replicas {
 		u, err := url.Parse(r.URL)
