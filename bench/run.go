@@ -29,7 +29,7 @@ import (
 
 // Defaults of Config. Together they are the headline configuration: one
 // shared-prefix run of all six policies takes a few minutes on a 2-core
-// laptop (see README-draft.md).
+// laptop (docs/benchmarks/method.md).
 const (
 	// DefaultReplicas is the fleet size, as in llm-d's benchmark.
 	DefaultReplicas = 8

@@ -1,6 +1,6 @@
 // Package deploy holds no code for the binary: its tests check the
 // deployment files in this directory, the repository's docker-compose.yml
-// and the README's real-vLLM recipe offline, since CI has no Docker,
+// and the real-vLLM recipe of docs/getting-started.md offline, since CI has no Docker,
 // Kubernetes or GPU.
 //
 //   - deploy_test.go decodes every manifest in kubernetes/ strictly into the
@@ -16,9 +16,9 @@
 //   - compose_test.go also checks the Dockerfile (stages, non-root user,
 //     listen address, exposed port), and run_test.go that ./run installs a
 //     C compiler where cgo cannot build.
-//   - recipe_test.go serves the README's real-vLLM gateway configuration
-//     against the simulator started under the model id the README's vllm
-//     serve command would serve, through the real gateway.
+//   - recipe_test.go serves the getting-started guide's real-vLLM gateway
+//     configuration against the simulator started under the model id the
+//     guide's vllm serve command would serve, through the real gateway.
 //
 // The package owns no Redis keys and runs no goroutines.
 package deploy
