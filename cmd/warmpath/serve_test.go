@@ -61,7 +61,7 @@ func TestServeEmbedded(t *testing.T) {
 		}
 	}()
 
-	var base, key, curl string
+	var base, key, adminKey, curl string
 	sc := bufio.NewScanner(stdout)
 	for curl == "" && sc.Scan() {
 		line := strings.TrimSpace(sc.Text())
@@ -70,6 +70,9 @@ func TestServeEmbedded(t *testing.T) {
 		}
 		if k, ok := strings.CutPrefix(line, "warmpath: dev API key: "); ok {
 			key = k
+		}
+		if m := regexp.MustCompile(`^warmpath: admin key: (\S+) `).FindStringSubmatch(line); m != nil {
+			adminKey = m[1]
 		}
 		if strings.HasPrefix(line, "curl ") {
 			curl = line
@@ -115,6 +118,13 @@ func TestServeEmbedded(t *testing.T) {
 	}
 	if err := stream.Err(); err != nil || text.Len() == 0 {
 		t.Fatalf("streaming: %q, %v", text.String(), err)
+	}
+
+	// The tenants-and-keys guide's admin examples work as written.
+	if _, err := exec.LookPath("curl"); err == nil && adminKey != "" {
+		runAdminGuide(t, ctx, bin, base, adminKey)
+	} else if os.Getenv("CI") == "true" {
+		t.Fatalf("curl installed: %v; admin key printed: %q (CI runs the guide's examples)", err, adminKey)
 	}
 }
 
