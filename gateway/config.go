@@ -88,10 +88,15 @@ type RedisConfig struct {
 	// Cluster selects Cluster mode with a single address (a managed
 	// cluster's configuration endpoint); two or more addrs without
 	// master_name select it anyway.
-	Cluster  bool   `yaml:"cluster"`
+	Cluster bool `yaml:"cluster"`
+	// Username and Password authenticate to Redis (ACL user, or the
+	// password alone for requirepass); with Sentinel they are the data
+	// nodes' credentials.
 	Username string `yaml:"username"`
 	Password string `yaml:"password"`
-	DB       int    `yaml:"db"`
+	// DB selects the database of a single server or Sentinel's master;
+	// a Cluster has only database 0.
+	DB int `yaml:"db"`
 	// KeyPrefix is prepended to every key warmpath writes; default "wp:".
 	// It may not contain '{' or '}': on a Cluster the keys that change
 	// together share a hash tag after the prefix, and a brace in the
@@ -292,10 +297,10 @@ type UpstreamConfig struct {
 
 // SimConfig configures the embedded simulated fleet.
 type SimConfig struct {
-	Replicas int     `yaml:"replicas"` // default 4
-	Speed    float64 `yaml:"speed"`    // default 1
-	KVBlocks int     `yaml:"kv_blocks"`
-	Model    string  `yaml:"model"` // default qwen3-32b
+	Replicas int     `yaml:"replicas"`  // default 4
+	Speed    float64 `yaml:"speed"`     // default 1
+	KVBlocks int     `yaml:"kv_blocks"` // each replica's KV cache in 16-token blocks; default the simulator's (19,208)
+	Model    string  `yaml:"model"`     // default qwen3-32b
 }
 
 // Embedded reports whether the configuration names no fleet, so New starts
