@@ -351,3 +351,57 @@ func TestTracingUnreachableCollector(t *testing.T) {
 		}
 	}
 }
+
+// The Messages API's requests are traced as the chat ones (the server
+// span named after its route, an attempt under it); a request every
+// replica fails ends its server span with an error status; a URL no
+// route matches is named by its method alone.
+func TestTracingMessagesAndErrors(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{Replicas: 1})
+	cfg := fleetConfig(sim)
+	rdb := redisFor(t, &cfg)
+	exp := tracetest.NewInMemoryExporter()
+	gw := startTracedGateway(t, cfg, rdb, exp, &syncBuffer{})
+	send := func(n int, method, path, body string) (trace.TraceID, int) {
+		tp, tid, _ := clientTrace(n)
+		req, _ := http.NewRequest(method, gw.URL+path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("traceparent", tp)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return tid, resp.StatusCode
+	}
+
+	tid, status := send(1, http.MethodPost, "/v1/messages", `{"model":"qwen3-32b","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`)
+	if status != http.StatusOK {
+		t.Fatalf("messages: status %d", status)
+	}
+	server, attempts, all := traceSpans(t, exp, tid)
+	if server.Name != "POST /v1/messages" || len(attempts) != 1 || attempts[0].Parent.SpanID() != server.SpanContext.SpanID() {
+		t.Errorf("messages trace: server %q, %d attempts: %v", server.Name, len(attempts), names(all))
+	}
+
+	tid, status = send(2, http.MethodGet, "/no/such/route", "")
+	if status != http.StatusNotFound {
+		t.Fatalf("unknown route: status %d", status)
+	}
+	if server, _, _ := traceSpans(t, exp, tid); server.Name != "GET" || server.Status.Code == codes.Error {
+		t.Errorf("unknown route's span %q with status %v; want GET, not an error", server.Name, server.Status)
+	}
+
+	sim.Replicas()[0].SetFaults(vllmsim.Faults{ErrorRate: 1})
+	tid, status = send(3, http.MethodPost, "/v1/chat/completions", `{"model":"qwen3-32b","max_tokens":4,"messages":[{"role":"user","content":"x"}]}`)
+	if status < 500 {
+		t.Fatalf("failing replica: status %d", status)
+	}
+	server, attempts, _ = traceSpans(t, exp, tid)
+	if server.Status.Code != codes.Error || attr(server, "http.response.status_code").AsInt64() != int64(status) {
+		t.Errorf("server span status %v, code %v; want Error, %d", server.Status, attr(server, "http.response.status_code").AsInt64(), status)
+	}
+	if len(attempts) != 1 || attempts[0].Status.Code != codes.Error {
+		t.Errorf("attempt spans %v; want one, with an error status", attempts)
+	}
+}
