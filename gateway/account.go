@@ -55,7 +55,7 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 			x.flight.Done()
 			g.finish(x, got, have)
 			if g.log.Enabled(context.Background(), slog.LevelDebug) {
-				g.logFor(x).Debug("request", "model", x.req.model, "status", resp.StatusCode, "stream", stream,
+				g.logFor(x).DebugContext(x.ctx, "request", "model", x.req.model, "status", resp.StatusCode, "stream", stream,
 					"prompt_tokens", got.PromptTokens, "cached_tokens", got.CachedTokens, "predicted_cached", x.predicted,
 					"attempts", x.attempts, "duration_ms", time.Since(x.start).Milliseconds(), "err", err)
 			}

@@ -73,6 +73,7 @@ func (g *Gateway) finish(x *exchange, u Usage, have bool) {
 		return
 	}
 	x.finished = true
+	endAnswered(x.span, u, have)
 	x.endPending()
 	if !x.startedAt.IsZero() {
 		x.pendingLoad.unnoteStarted(x.startedAt)

@@ -130,7 +130,7 @@ func (g *Gateway) adoptClaims(ctx context.Context, keys []uint64, names []string
 	got, err := g.claims.read(ctx, keys, best/g.index.blockSize)
 	if err != nil {
 		g.m.redisErrors.WithLabelValues("claims").Inc()
-		g.log.Debug("prefix claims degraded", "err", err)
+		g.log.DebugContext(ctx, "prefix claims degraded", "err", err)
 		return false
 	}
 	adopted := false

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/tenancy"
 )
@@ -32,6 +34,9 @@ type exchange struct {
 	flight    *fleet.Flight
 	predicted int // cached tokens predicted on replica
 	attempts  int
+	// span is the answering attempt's (tracing.go), ended by finish;
+	// nil when tracing is off.
+	span trace.Span
 
 	// pending counts the request among its class's requests not started
 	// on the replica routed to, until its first byte (queue.go).
@@ -76,6 +81,7 @@ func (g *Gateway) Do(ctx context.Context, r *Request) (*http.Response, error) {
 		return nil, err
 	}
 	x.routed = time.Now()
+	g.trace.recordPhases(ctx, x, g.policy.Name)
 	g.m.observePhases(x)
 	g.startPending(x)
 	resp, err := g.forward(ctx, x)

@@ -74,6 +74,9 @@ type Config struct {
 	// Sim configures the embedded simulated fleet used when no replica and
 	// no discovery is configured.
 	Sim SimConfig `yaml:"sim"`
+	// Tracing turns on OpenTelemetry tracing over OTLP; off by default
+	// (see TracingConfig and tracing.go).
+	Tracing TracingConfig `yaml:"tracing"`
 }
 
 // RedisConfig names a Redis deployment. Set URL for one server, Addrs with
@@ -613,6 +616,7 @@ func (c *Config) validate() error {
 		}
 	}
 	errs = append(errs, c.Queue.validate()...)
+	errs = append(errs, c.Tracing.validate()...)
 	if c.Server.MaxHeaderBytes < 4096 {
 		bad("server.max_header_bytes", "%d is below 4096", c.Server.MaxHeaderBytes)
 	}

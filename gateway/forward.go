@@ -14,6 +14,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/internal/apierror"
 )
@@ -48,17 +50,23 @@ func (g *Gateway) forward(ctx context.Context, x *exchange) (*http.Response, err
 			g.refill(x.req)
 		}
 		x.attempts++
+		actx, span := ctx, trace.Span(nil)
+		if g.trace.on() {
+			actx, span = g.trace.startAttempt(ctx, x, rep.Spec.Name, rep.URL().Host, x.attempts)
+		}
 		sent := time.Now()
-		resp, err := g.attempt(ctx, x, rep)
+		resp, err := g.attempt(actx, x, rep)
 		if err == nil && !retryable(resp.StatusCode) {
 			rep.ReportSuccess()
 			x.replica, x.flight, x.predicted, x.sent, x.answered = rep, fl, predicted, sent, time.Now()
+			x.span = answered(span, resp)
 			if i > 0 {
 				g.m.decisions.WithLabelValues("retry").Inc()
 			}
 			return resp, nil
 		}
 		if ctx.Err() != nil {
+			endAttempt(span, resp, ctx.Err())
 			fl.Done()
 			if resp != nil {
 				resp.Body.Close()
@@ -77,8 +85,10 @@ func (g *Gateway) forward(ctx context.Context, x *exchange) (*http.Response, err
 		if i == n-1 && resp != nil {
 			// Out of replicas: the client gets the replica's own error.
 			x.replica, x.flight, x.predicted, x.sent, x.answered = rep, fl, predicted, sent, time.Now()
+			x.span = answered(span, resp)
 			return resp, nil
 		}
+		endAttempt(span, resp, err)
 		fl.Done()
 		if i == n-1 {
 			break
@@ -88,7 +98,7 @@ func (g *Gateway) forward(ctx context.Context, x *exchange) (*http.Response, err
 			resp.Body.Close()
 		}
 		g.m.retries.WithLabelValues(kind).Inc()
-		g.logFor(x).Info("retrying on next-best replica", "failed", rep.Spec.Name, "err", lastErr)
+		g.logFor(x).InfoContext(actx, "retrying on next-best replica", "failed", rep.Spec.Name, "err", lastErr)
 	}
 	return nil, apierror.BadGateway(lastErr, "the upstream replica failed before answering; try again")
 }
@@ -199,6 +209,12 @@ func (g *Gateway) upstreamRequest(ctx context.Context, x *exchange, base string)
 	h.Set("Content-Type", "application/json")
 	if g.upstreamKey != "" {
 		h.Set("Authorization", "Bearer "+g.upstreamKey)
+	}
+	if g.trace.on() {
+		// The attempt's span is the replica's parent, not the client's.
+		h.Del("Traceparent")
+		h.Del("Tracestate")
+		g.trace.inject(ctx, h)
 	}
 	req.Header = h
 	req.ContentLength = int64(len(x.body))

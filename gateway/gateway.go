@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/warmpath/warmpath/anthropic"
 	"github.com/warmpath/warmpath/gateway/fleet"
@@ -46,6 +47,14 @@ type Options struct {
 	// Resolver resolves the discovery names (Config.Discovery); nil means
 	// net.DefaultResolver.
 	Resolver fleet.Resolver
+	// Getenv reads the standard OTEL_* variables that turn tracing on
+	// and tune it (see TracingConfig); nil reads none. warmpath serve
+	// passes os.Getenv.
+	Getenv func(string) string
+	// SpanExporter, when set, turns tracing on and receives every span
+	// as it ends (tests pass tracetest.NewInMemoryExporter), instead of
+	// the OTLP exporter of Config.Tracing.
+	SpanExporter sdktrace.SpanExporter
 }
 
 // Gateway is a running warmpath gateway: an OpenAI-compatible HTTP edge over
@@ -94,11 +103,13 @@ type Gateway struct {
 	drainCtx     context.Context // ends when the drain timeout passes, cutting open streams
 	cutStreams   context.CancelFunc
 	started      time.Time
+	trace        tracing // OpenTelemetry; off unless configured (tracing.go)
 }
 
 // New builds a gateway from cfg: it fills defaults, validates (errors name
 // the offending field), connects nothing yet but binds the listen address,
-// so Addr is known before Run. It starts no goroutine.
+// so Addr is known before Run. It starts no goroutine but, with tracing
+// on, the span exporter's (stopped by Run's exit).
 func New(cfg Config, o Options) (*Gateway, error) {
 	log := o.Logger
 	if log == nil {
@@ -116,6 +127,9 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	if _, on := cfg.Tracing.resolve(o.Getenv); on || o.SpanExporter != nil {
+		log = slog.New(traceLogHandler{log.Handler()})
 	}
 	wrapped := prometheus.WrapRegistererWith(prometheus.Labels{"policy": cfg.Routing.Policy}, reg)
 	g := &Gateway{cfg: cfg, log: log, reg: reg, wrapped: wrapped, m: newMetrics(wrapped), kvm: kvevents.NewMetrics(wrapped), upstreamKey: o.UpstreamAPIKey, started: time.Now()}
@@ -225,6 +239,10 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		}
 		g.metricsSrv = &http.Server{Handler: promhttp.HandlerFor(g.reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 10 * time.Second}
 	}
+	if g.trace, err = newTracing(cfg.Tracing, o); err != nil {
+		g.close()
+		return nil, err
+	}
 	g.srv = &http.Server{
 		Handler:           g.routes(),
 		ReadHeaderTimeout: cfg.Server.HeaderTimeout,
@@ -324,6 +342,7 @@ func (g *Gateway) close() {
 	if g.ownsRedis && g.rdb != nil {
 		g.rdb.Close()
 	}
+	g.trace.shutdown(g.log)
 }
 
 // WaitReady blocks until at least one replica is healthy, or ctx ends.

@@ -120,7 +120,7 @@ func (g *Gateway) gather(ctx context.Context, r *Request) ([]*fleet.Replica, *sc
 	bind, ok, err := g.lookup(ctx, r)
 	if err != nil {
 		g.m.redisErrors.WithLabelValues("lookup").Inc()
-		g.log.Debug("session lookup degraded", "err", err)
+		g.log.DebugContext(ctx, "session lookup degraded", "err", err)
 	}
 	if g.policy.Estimated {
 		// What conversations look like: how far they go, how long they
@@ -265,7 +265,7 @@ func (g *Gateway) matchPrefix(ctx context.Context, r *Request, reps []*fleet.Rep
 			// Tokenizers backed off were logged when they refused.
 			if !errors.Is(err, errTokenizeUnavailable) {
 				if ok, held := g.tokenizeWarn.allow(); ok {
-					g.log.Warn("tokenize failed; routing without prefix information", "request_id", r.id, "err", err, "held_back", held)
+					g.log.WarnContext(ctx, "tokenize failed; routing without prefix information", "request_id", r.id, "err", err, "held_back", held)
 				}
 			}
 			in.Matched = make([]int, len(names))
@@ -348,7 +348,7 @@ func (g *Gateway) commit(ctx context.Context, r *Request, rt *route, bind sessio
 		// (the old replica) is what every lookup, this gateway's too, uses.
 		if _, err := g.sessions.Remember(ctx, rt.session, rt.binding, false); err != nil {
 			g.m.redisErrors.WithLabelValues("remember").Inc()
-			g.log.Debug("session remember degraded", "err", err)
+			g.log.DebugContext(ctx, "session remember degraded", "err", err)
 		}
 	case scoring.BindNew, scoring.BindRefresh:
 		// Not on the request path: a new binding is written when a

@@ -48,7 +48,7 @@ func (g *Gateway) serve(route string, h handler) http.HandlerFunc {
 				rec.status = apierror.StatusClientClosed
 			}
 			if route != "readyz" && (he.Status >= 500 || (he.Err != nil && he.Status != apierror.StatusClientClosed)) {
-				g.log.Warn("request failed", "route", route, "status", he.Status, "msg", he.Msg, "err", he.Err, "request_id", w.Header().Get("X-Request-Id"))
+				g.log.WarnContext(r.Context(), "request failed", "route", route, "status", he.Status, "msg", he.Msg, "err", he.Err, "request_id", w.Header().Get("X-Request-Id"))
 			}
 		}
 	}
@@ -94,6 +94,9 @@ func (s *statusRecorder) code() int {
 // routes builds the HTTP surface.
 func (g *Gateway) routes() http.Handler {
 	r := chi.NewRouter()
+	if g.trace.on() {
+		r.Use(g.trace.middleware)
+	}
 	r.Use(requestID, g.bodyDeadline)
 	r.NotFound(g.serve("not_found", func(w http.ResponseWriter, r *http.Request) error {
 		return apierror.NotFound("unknown_url", "Unknown request URL: %s %s.", r.Method, r.URL.Path)

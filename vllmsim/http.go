@@ -103,11 +103,20 @@ func serveErr(h handlerFunc) http.HandlerFunc {
 	}
 }
 
+// noteTrace remembers each request's traceparent for LastTraceparent.
+func (r *Replica) noteTrace(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		tp := req.Header.Get("Traceparent")
+		r.traceparent.Store(&tp)
+		h.ServeHTTP(w, req)
+	})
+}
+
 // routes builds the replica's HTTP surface.
 func (r *Replica) routes(metrics http.Handler) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("POST /v1/chat/completions", serveErr(r.handleChat))
-	mux.Handle("POST /v1/completions", serveErr(r.handleCompletions))
+	mux.Handle("POST /v1/chat/completions", r.noteTrace(serveErr(r.handleChat)))
+	mux.Handle("POST /v1/completions", r.noteTrace(serveErr(r.handleCompletions)))
 	mux.Handle("GET /v1/models", serveErr(r.handleModels))
 	if r.cfg.NoTokenize {
 		notFound := func(w http.ResponseWriter, _ *http.Request) {

@@ -86,6 +86,9 @@ type Replica struct {
 	faults atomic.Pointer[faultState]
 	hung   atomic.Int64 // requests currently held by Hang
 	ids    atomic.Uint64
+	// traceparent is the last traceparent header an inference request
+	// carried (LastTraceparent).
+	traceparent atomic.Pointer[string]
 
 	rngMu sync.Mutex // guards rng
 	rng   *rand.Rand
@@ -272,6 +275,16 @@ func (r *Replica) SetFaults(f Faults) {
 			return
 		}
 	}
+}
+
+// LastTraceparent returns the W3C traceparent header of the last chat or
+// completion request that reached the replica, or "" if it carried none
+// (or none came yet): tests check a gateway's trace propagation with it.
+func (r *Replica) LastTraceparent() string {
+	if p := r.traceparent.Load(); p != nil {
+		return *p
+	}
+	return ""
 }
 
 // Faults returns the injected faults.

@@ -54,7 +54,7 @@ func runServe(ctx context.Context, args []string) error {
 		defer dev.close()
 		eg.Go(func() error { return dev.run(ctx) })
 	}
-	gw, err := gateway.New(cfg, gateway.Options{Logger: log, UpstreamAPIKey: os.Getenv("WARMPATH_UPSTREAM_API_KEY")})
+	gw, err := gateway.New(cfg, gateway.Options{Logger: log, UpstreamAPIKey: os.Getenv("WARMPATH_UPSTREAM_API_KEY"), Getenv: os.Getenv})
 	if err != nil {
 		return err
 	}
