@@ -37,6 +37,10 @@ package gateway
 //     gen_ai.usage.output_tokens and warmpath.cached_tokens when the
 //     replica reported usage.
 //
+// Probes and scrapes (/healthz, /readyz, /metrics, the status page's
+// JSON) start no trace: a load balancer's probe every few seconds would
+// fill the backend with one-span traces.
+//
 // Prompt and completion text are never recorded. Log lines written with
 // a request's context carry trace_id and span_id (traceLogHandler).
 
@@ -62,6 +66,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 )
+
+// untraced are the paths the tracing middleware passes through untouched.
+var untraced = map[string]bool{"/healthz": true, "/readyz": true, "/metrics": true, "/ui/status.json": true}
 
 // Tracing protocols (tracing.protocol).
 const (
@@ -243,6 +250,10 @@ func (t *tracing) shutdown(log *slog.Logger) {
 // client's trace context, and names it after the route chi matched.
 func (t *tracing) middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if untraced[r.URL.Path] {
+			next.ServeHTTP(w, r)
+			return
+		}
 		ctx := t.prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
 		ctx, span := t.tracer.Start(ctx, r.Method, trace.WithSpanKind(trace.SpanKindServer),
 			trace.WithAttributes(semconv.HTTPRequestMethodKey.String(r.Method), semconv.URLPath(r.URL.Path)))

@@ -384,6 +384,16 @@ func TestTracingMessagesAndErrors(t *testing.T) {
 		t.Errorf("messages trace: server %q, %d attempts: %v", server.Name, len(attempts), names(all))
 	}
 
+	tid, status = send(4, http.MethodGet, "/healthz", "")
+	if status != http.StatusOK {
+		t.Fatalf("healthz: status %d", status)
+	}
+	for _, s := range exp.GetSpans() {
+		if s.SpanContext.TraceID() == tid {
+			t.Errorf("a health probe was traced: span %q", s.Name)
+		}
+	}
+
 	tid, status = send(2, http.MethodGet, "/no/such/route", "")
 	if status != http.StatusNotFound {
 		t.Fatalf("unknown route: status %d", status)
