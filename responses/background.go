@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/warmpath/warmpath/internal/apierror"
+	"github.com/warmpath/warmpath/internal/backoff"
 )
 
 // Background responses: POST stores the record as queued with its first
@@ -440,7 +441,7 @@ const (
 // after its current try.
 func (s *Service) appendEvent(ctx context.Context, args *redis.XAddArgs) error {
 	deadline := s.opts.Now().Add(appendPatience)
-	pause := appendBackoff
+	bo := backoff.Backoff{Min: appendBackoff, Max: time.Second}
 	for {
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), appendTry)
 		err := s.opts.Redis.XAdd(wctx, args).Err()
@@ -448,6 +449,7 @@ func (s *Service) appendEvent(ctx context.Context, args *redis.XAddArgs) error {
 		if err == nil || strings.Contains(err.Error(), "equal or smaller than the target stream top item") {
 			return nil
 		}
+		pause := bo.Next()
 		if ctx.Err() != nil || !s.opts.Now().Add(pause).Before(deadline) {
 			return err
 		}
@@ -457,7 +459,6 @@ func (s *Service) appendEvent(ctx context.Context, args *redis.XAddArgs) error {
 			return err
 		case <-time.After(pause):
 		}
-		pause = min(2*pause, time.Second)
 	}
 }
 
