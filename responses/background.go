@@ -14,6 +14,7 @@ import (
 
 	"github.com/warmpath/warmpath/internal/apierror"
 	"github.com/warmpath/warmpath/internal/backoff"
+	"github.com/warmpath/warmpath/internal/periodic"
 )
 
 // Background responses: POST stores the record as queued with its first
@@ -272,7 +273,7 @@ func (s *Service) runBackground(ctx context.Context, tenant, id string) error {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		s.every(rctx, s.opts.LeaseTTL/3, func() { s.renewLease(rctx, rec, deadline(), cancel) })
+		periodic.Every(rctx, s.opts.LeaseTTL/3, func() { s.renewLease(rctx, rec, deadline(), cancel) })
 	}()
 	err = s.execBackground(rctx, tenant, id)
 	cancel()
@@ -531,7 +532,7 @@ func (s *Service) cancelLoop(ctx context.Context) error {
 
 // sweepLoop runs the sweeper every LeaseTTL/2.
 func (s *Service) sweepLoop(ctx context.Context) error {
-	s.every(ctx, s.opts.LeaseTTL/2, func() {
+	periodic.Every(ctx, s.opts.LeaseTTL/2, func() {
 		if err := s.sweep(ctx); err != nil && ctx.Err() == nil {
 			s.log.Warn("responses: sweep", "err", err)
 		}
