@@ -640,21 +640,15 @@ func BenchmarkAdmission(b *testing.B) {
 		b.Fatal(err)
 	}
 	testrun.Start(b, "gateway", g.Run)
-	for deadline := time.Now().Add(10 * time.Second); ; {
+	testrun.Eventually(b, 10*time.Second, func() bool {
 		ready := 0
 		for _, rep := range g.fleet.Snapshot().Replicas {
 			if st := rep.State(); st.Healthy && !st.ScrapedAt.IsZero() {
 				ready++
 			}
 		}
-		if ready == 8 {
-			break
-		}
-		if time.Now().After(deadline) {
-			b.Fatal("fleet not ready")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return ready == 8
+	}, "the fleet to be ready (8 replicas healthy and scraped)")
 	p := &tenancy.Principal{TenantID: "acme", TenantName: "acme", DefaultClass: "interactive", ClassCeiling: "interactive", Weight: 1}
 	body := []byte(`{"model":"qwen3-32b","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hello"},{"role":"assistant","content":"hi"},{"role":"user","content":"more"}]}`)
 	r, err := ParseRequest(APIChat, http.Header{}, body, p)
