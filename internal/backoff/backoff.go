@@ -1,7 +1,8 @@
 // Package backoff is the capped exponential delay between retries that
-// the KV-event sockets, the session tracking subscription and the
-// Responses event writes share: each wait doubles from Min up to Max, and
-// Reset starts again from Min after a success.
+// the KV-event sockets, the session tracking subscription, the Responses
+// event writes and the gateway's tokenizer targets share: each wait
+// doubles from Min up to Max, and Reset starts again from Min after a
+// success.
 //
 // With Jitter set, each wait is drawn uniformly from [d/2, d] instead of
 // being d, so peers that failed at the same moment do not retry in
