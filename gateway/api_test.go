@@ -14,6 +14,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/warmpath/warmpath/internal/testrun"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/vllmsim"
 )
@@ -298,11 +299,11 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 	}
 	cancel()
 	resp.Body.Close()
-	eventually(t, 5*time.Second, func() bool {
+	testrun.Eventually(t, 5*time.Second, func() bool {
 		st := rep.Stats()
 		return st.Running == 0 && st.Aborted == 1
 	}, "the replica to abort the request")
-	eventually(t, 5*time.Second, func() bool {
+	testrun.Eventually(t, 5*time.Second, func() bool {
 		return gw.fleet.Snapshot().Replicas[0].InflightRequests() == 0
 	}, "in-flight count back to 0")
 	if got := counter(t, gw.reg, "warmpath_requests_total", map[string]string{"code": "499"}); got != 1 {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warmpath/warmpath/internal/testrun"
 	"github.com/warmpath/warmpath/vllmsim"
 )
 
@@ -60,7 +61,7 @@ func TestPrefixClaimsAcrossGateways(t *testing.T) {
 		t.Fatalf("a gateway alone wrote %v claims", n)
 	}
 	b := startGateway(t, cfgB, rdb)
-	eventually(t, 10*time.Second, func() bool { return a.waiting.peers() > 0 && b.waiting.peers() > 0 }, "the gateways see each other")
+	testrun.Eventually(t, 10*time.Second, func() bool { return a.waiting.peers() > 0 && b.waiting.peers() > 0 }, "the gateways see each other")
 
 	const contexts = 6
 	for i := range contexts {
@@ -70,7 +71,7 @@ func TestPrefixClaimsAcrossGateways(t *testing.T) {
 		if first.Status != 200 {
 			t.Fatalf("context %d via a: status %d: %s", i, first.Status, first.Body)
 		}
-		eventually(t, 10*time.Second, func() bool {
+		testrun.Eventually(t, 10*time.Second, func() bool {
 			return counter(t, a.Registry(), "warmpath_prefix_claims_total", map[string]string{"result": "written"}) >= float64(i+1)
 		}, "a's claim written")
 		second := chat(t, b.URL, map[string]any{"model": "qwen3-32b", "max_tokens": 4,

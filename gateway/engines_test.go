@@ -113,7 +113,7 @@ func (g *testGateway) indexDepth(replica string, msgs []msg) int {
 func (g *testGateway) waitIndexed(t *testing.T, replica string, msgs []msg) {
 	t.Helper()
 	want := len(simTokens(msgs)) / g.cfg.Routing.BlockSize
-	eventually(t, 10*time.Second, func() bool {
+	testrun.Eventually(t, 10*time.Second, func() bool {
 		h := g.indexHit(replica, msgs)
 		return h.Blocks == want && h.Speculative == 0
 	}, fmt.Sprintf("%d blocks indexed for %s", want, replica))
@@ -206,7 +206,7 @@ func TestDataParallelEngineBehindGateway(t *testing.T) {
 	// drops rank 1's blocks only.
 	dp.Replicas()[0].RestartRank(1)
 	p1b := userPrompt("dponeagain", 200)
-	eventually(t, 10*time.Second, func() bool {
+	testrun.Eventually(t, 10*time.Second, func() bool {
 		direct(t, url, p1b, rank(1)...)
 		return g.indexDepth(name, p1) == 0 && g.indexDepth(name, p1b) > 0
 	}, "rank 1's restart seen")
@@ -416,7 +416,7 @@ func TestEngineNumberingFromOne(t *testing.T) {
 	g.waitIndexed(t, spec.Name, p)
 	f.Replicas()[0].Restart()
 	q := userPrompt("fromoneagain", 150)
-	eventually(t, 10*time.Second, func() bool {
+	testrun.Eventually(t, 10*time.Second, func() bool {
 		direct(t, spec.URL, q)
 		return g.indexDepth(spec.Name, p) == 0 && g.indexDepth(spec.Name, q) > 0
 	}, "the restart seen")
@@ -531,7 +531,7 @@ func TestPredictionsRespectTheEngine(t *testing.T) {
 			}
 			cfg := engineConfig(scoring.PolicyWarmpath, specs...)
 			g := startGateway(t, cfg, redisFor(t, &cfg))
-			eventually(t, 10*time.Second, func() bool {
+			testrun.Eventually(t, 10*time.Second, func() bool {
 				for _, r := range g.fleet.Snapshot().Replicas {
 					if r.State().BlockSize != tt.blockSize {
 						return false
@@ -612,7 +612,7 @@ func TestCPUTierRouting(t *testing.T) {
 	}
 	g := startGateway(t, engineConfig(scoring.PolicyPrecisePrefix, specs...), nil)
 	home, homeURL := specs[0].Name, specs[0].URL
-	eventually(t, 10*time.Second, func() bool { return g.fleet.Replica(home).State().NumCPUBlocks == cpuBlocks }, "num_cpu_blocks scraped")
+	testrun.Eventually(t, 10*time.Second, func() bool { return g.fleet.Replica(home).State().NumCPUBlocks == cpuBlocks }, "num_cpu_blocks scraped")
 	g.warmEngine(t, home, homeURL)
 
 	a := userPrompt("cpua", 300)
@@ -639,7 +639,7 @@ func TestCPUTierRouting(t *testing.T) {
 	for i := range 8 { // more than the CPU tier holds: the engine evicts silently
 		direct(t, homeURL, userPrompt(fmt.Sprintf("cpumore%d", i), 300))
 	}
-	eventually(t, 10*time.Second, func() bool {
+	testrun.Eventually(t, 10*time.Second, func() bool {
 		return g.index.ix.Stats().Replicas[home].CPUEntries == int64(f.Replicas()[0].Stats().CPUBlocksUsed)
 	}, "the index's CPU tier bounded as the engine's")
 	if n := counter(t, g.reg, "warmpath_index_stored_blocks_total", map[string]string{"tier": "CPU"}); n == 0 {

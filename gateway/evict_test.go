@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warmpath/warmpath/internal/testrun"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/vllmsim"
 )
@@ -43,7 +44,7 @@ func TestEvictedPrefixStopsAttracting(t *testing.T) {
 		return chat(t, gw.URL, map[string]any{"model": "qwen3-32b", "max_tokens": 2,
 			"messages": []msg{{"system", shared}, {"user", user}}}, nil)
 	}
-	eventually(t, 5*time.Second, func() bool {
+	testrun.Eventually(t, 5*time.Second, func() bool {
 		return strings.HasPrefix(probe("warm probe").replica(), home)
 	}, "the shared prefix to attract a new session")
 	if r := probe("another probe"); r.Header.Get("X-Warmpath-Predicted-Cached") == "0" {
@@ -63,7 +64,7 @@ func TestEvictedPrefixStopsAttracting(t *testing.T) {
 	if rep.Stats().Evictions == evictionsBefore {
 		t.Fatal("the flood evicted nothing; raise it")
 	}
-	eventually(t, 5*time.Second, func() bool {
+	testrun.Eventually(t, 5*time.Second, func() bool {
 		keys := gw.index.keys(vllmsim.TokenizeChat([]vllmsim.Message{{Role: "system", Content: shared}}, nil, false), "qwen3-32b", "")
 		return gw.index.matchTokens(keys, []string{home}, 1<<20, nil)[0] < 16*10
 	}, "BlockRemoved events to reach the index")

@@ -23,6 +23,7 @@ import (
 
 	"github.com/warmpath/warmpath/internal/apierror"
 	"github.com/warmpath/warmpath/internal/redistest"
+	"github.com/warmpath/warmpath/internal/testrun"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/vllmsim"
 )
@@ -57,7 +58,7 @@ func TestRedisRestart(t *testing.T) {
 		t.Error("Redis failures not counted")
 	}
 	srv.Restart(t)
-	eventually(t, 10*time.Second, func() bool {
+	testrun.Eventually(t, 10*time.Second, func() bool {
 		r := convs[0].turn(t, gw.URL, "after restart")
 		return r.Status == http.StatusOK && rdb.Exists(t.Context(), gw.cfg.Redis.KeyPrefix+"sess:"+gw.sessionKeyFor(t, convs[0])).Val() == 1
 	}, "bindings restored into the restarted Redis")
@@ -102,13 +103,13 @@ func TestReplicaRestartClearsIndex(t *testing.T) {
 			rep = r
 		}
 	}
-	eventually(t, 5*time.Second, func() bool { return gw.index.ix.Stats().Replicas[home].Entries > 30 }, "index entries for the home replica")
+	testrun.Eventually(t, 5*time.Second, func() bool { return gw.index.ix.Stats().Replicas[home].Entries > 30 }, "index entries for the home replica")
 	rep.Restart()
 	// The engine publishes nothing on restart; the next batch it publishes
 	// (seq 0 again) tells the subscriber. Poke the restarted replica
 	// directly (the gateway may route fresh prompts elsewhere) with a
 	// prompt of full blocks, so it stores and publishes something.
-	eventually(t, 10*time.Second, func() bool {
+	testrun.Eventually(t, 10*time.Second, func() bool {
 		r := chat(t, "http://"+home, map[string]any{"model": "qwen3-32b", "max_tokens": 1,
 			"messages": []msg{{"user", words(fmt.Sprint("poke", time.Now().UnixNano()), 40)}}}, nil)
 		if r.Status != http.StatusOK {
@@ -141,7 +142,7 @@ func TestCentralTopology(t *testing.T) {
 	// published before the subscription propagates are lost (ZeroMQ's slow
 	// joiner) and repaired by replay at the next batch, so keep the engine
 	// publishing, as real traffic does.
-	eventually(t, 10*time.Second, func() bool {
+	testrun.Eventually(t, 10*time.Second, func() bool {
 		// A prompt of at least one full block, so the engine stores (and
 		// publishes) something.
 		chat(t, "http://"+home, map[string]any{"model": "qwen3-32b", "max_tokens": 1, "messages": []msg{{"user", words(fmt.Sprint("poke", time.Now().UnixNano()), 40)}}}, nil)
@@ -277,7 +278,7 @@ func TestStalledStreamEndsWithErrorEvent(t *testing.T) {
 	cut := func() float64 {
 		return counter(t, gw.reg, "warmpath_streams_cut_total", map[string]string{"reason": "idle_timeout"})
 	}
-	eventually(t, 5*time.Second, func() bool { return cut() >= 1 }, "the cut stream counted")
+	testrun.Eventually(t, 5*time.Second, func() bool { return cut() >= 1 }, "the cut stream counted")
 	if got := cut(); got != 1 {
 		t.Errorf("warmpath_streams_cut_total{reason=idle_timeout} = %v; want 1", got)
 	}
@@ -359,7 +360,7 @@ func TestRedisOutageBreaker(t *testing.T) {
 	srv.Stop()
 	// Sticky lookups answer from memory while the session tracking holds;
 	// it notices the server gone, and from then on they ask Redis.
-	eventually(t, 5*time.Second, func() bool { return counter(t, gw.reg, "warmpath_session_tracking", nil) == 0 }, "session tracking off")
+	testrun.Eventually(t, 5*time.Second, func() bool { return counter(t, gw.reg, "warmpath_session_tracking", nil) == 0 }, "session tracking off")
 	lat("redis down, breaker closing")
 	if got := counter(t, gw.reg, "warmpath_redis_breaker_open", nil); got != 1 {
 		t.Fatalf("breaker open = %v after Redis went away; want 1", got)
@@ -370,7 +371,7 @@ func TestRedisOutageBreaker(t *testing.T) {
 		t.Errorf("no Redis command was short-circuited while the breaker was open (%v → %v)", before, after)
 	}
 	srv.Restart(t)
-	eventually(t, 5*time.Second, func() bool { return counter(t, gw.reg, "warmpath_redis_breaker_open", nil) == 0 }, "the breaker to close")
+	testrun.Eventually(t, 5*time.Second, func() bool { return counter(t, gw.reg, "warmpath_redis_breaker_open", nil) == 0 }, "the breaker to close")
 	lat("redis back")
 	if n := len(rdb.Keys(t.Context(), "*sess:*").Val()); n == 0 {
 		t.Error("no binding written to the restarted Redis")
@@ -470,7 +471,7 @@ func TestSlowBodiesAndHugeHeadersAreBounded(t *testing.T) {
 	}
 	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"model\":")
 	c.Close()
-	eventually(t, 5*time.Second, func() bool {
+	testrun.Eventually(t, 5*time.Second, func() bool {
 		return counter(t, gw.reg, "warmpath_requests_total", map[string]string{"code": "499"}) == 1
 	}, "the abandoned body counted as 499")
 	if got := counter(t, gw.reg, "warmpath_requests_total", map[string]string{"code": "400"}); got != 0 {
@@ -514,7 +515,7 @@ func TestGracefulDrain(t *testing.T) {
 	}
 
 	sigterm()
-	eventually(t, 2*time.Second, func() bool {
+	testrun.Eventually(t, 2*time.Second, func() bool {
 		r, err := http.Get(url + "/readyz")
 		if err != nil {
 			return false
@@ -564,16 +565,16 @@ func TestIdleRestartForgetsCache(t *testing.T) {
 	gw := startGateway(t, cfg, rdb)
 	c := newConversation(words("idle restart", 400), "first")
 	home := c.turn(t, gw.URL, "second").replica()
-	eventually(t, 5*time.Second, func() bool { return gw.index.ix.Stats().Replicas[home].Entries > 20 }, "the home replica's blocks indexed")
+	testrun.Eventually(t, 5*time.Second, func() bool { return gw.index.ix.Stats().Replicas[home].Entries > 20 }, "the home replica's blocks indexed")
 	// Idle, as a replica is once scraped after serving.
-	eventually(t, 5*time.Second, func() bool { return gw.fleet.Replica(home).State().PrefixQueries > 0 }, "a scrape after the turn")
+	testrun.Eventually(t, 5*time.Second, func() bool { return gw.fleet.Replica(home).State().PrefixQueries > 0 }, "a scrape after the turn")
 	for _, r := range sim.Replicas() {
 		if r.Info().Name == home {
 			r.Restart() // no traffic follows: no event says the cache is gone
 		}
 	}
 
-	eventually(t, 5*time.Second, func() bool {
+	testrun.Eventually(t, 5*time.Second, func() bool {
 		return counter(t, gw.reg, "warmpath_replica_restarts_total", map[string]string{"replica": home}) == 1
 	}, "the restart seen on /metrics")
 	if n := gw.index.ix.Stats().Replicas[home].Entries; n != 0 {

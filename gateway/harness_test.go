@@ -97,7 +97,7 @@ func startLoggedGateway(t *testing.T, cfg Config) (*testGateway, *logCapture) {
 // waitHealthy waits until every replica in the fleet is healthy.
 func (g *testGateway) waitHealthy(t testing.TB) {
 	t.Helper()
-	eventually(t, 10*time.Second, func() bool {
+	testrun.Eventually(t, 10*time.Second, func() bool {
 		for _, r := range g.fleet.Snapshot().Replicas {
 			if !r.State().Healthy {
 				return false
@@ -116,17 +116,6 @@ func redisFor(t testing.TB, cfg *Config) redis.UniversalClient {
 	// loaded CI box under -race must not turn them into timeouts.
 	cfg.Redis.Timeout = 5 * time.Second
 	return rdb
-}
-
-func eventually(t testing.TB, within time.Duration, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // words returns n distinct-looking words from a seed, one simulator token

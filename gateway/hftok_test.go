@@ -8,6 +8,7 @@ import (
 
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/internal/nodeclients"
+	"github.com/warmpath/warmpath/internal/testrun"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/vllmsim"
 )
@@ -41,7 +42,7 @@ func TestHFTokenizerCheckedAgainstReplicas(t *testing.T) {
 	if got := counter(t, g.reg, "warmpath_tokenizer_calls_total", map[string]string{"result": "local"}); got != 1 {
 		t.Errorf("local tokenizations = %v; want the first prompt's", got)
 	}
-	eventually(t, 10*time.Second, func() bool {
+	testrun.Eventually(t, 10*time.Second, func() bool {
 		return counter(t, g.reg, "warmpath_tokenizer_mismatch_total", map[string]string{"model": vllmsim.DefaultModel}) == 1
 	}, "the check against the simulated vocabulary to mismatch")
 	routed(t, g.URL, userPrompt("hf1w", 40))

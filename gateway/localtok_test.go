@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/internal/testrun"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/vllmsim"
 )
@@ -112,7 +113,7 @@ func TestLocalTokenizerMatchesReplicas(t *testing.T) {
 	checks := func(result string) float64 {
 		return counter(t, g.reg, "warmpath_tokenizer_checks_total", map[string]string{"result": result})
 	}
-	eventually(t, 10*time.Second, func() bool { return checks("match") == 3 }, "checks of prompts 1, 4 and 8")
+	testrun.Eventually(t, 10*time.Second, func() bool { return checks("match") == 3 }, "checks of prompts 1, 4 and 8")
 	if got := counter(t, g.reg, "warmpath_tokenizer_calls_total", map[string]string{"result": "local"}); got != 8 {
 		t.Errorf("local tokenizations = %v; want 8", got)
 	}
@@ -140,7 +141,7 @@ func TestLocalTokenizerMismatchFallsBack(t *testing.T) {
 	mismatches := func() float64 {
 		return counter(t, g.reg, "warmpath_tokenizer_mismatch_total", map[string]string{"model": "qwen3-32b"})
 	}
-	eventually(t, 10*time.Second, func() bool { return mismatches() == 1 }, "the first prompt's check to mismatch")
+	testrun.Eventually(t, 10*time.Second, func() bool { return mismatches() == 1 }, "the first prompt's check to mismatch")
 	for i := 1; i < 4; i++ {
 		routed(t, g.URL, userPrompt(fmt.Sprintf("skew%dw", i), 50))
 	}

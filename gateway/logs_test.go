@@ -44,14 +44,14 @@ func TestRequestLogsAreStructured(t *testing.T) {
 		t.Fatal(err)
 	}
 	testrun.Start(t, "gateway", g.Run)
-	eventually(t, 10*time.Second, func() bool { return g.WaitReady(t.Context()) == nil }, "ready")
+	testrun.Eventually(t, 10*time.Second, func() bool { return g.WaitReady(t.Context()) == nil }, "ready")
 	r := chat(t, "http://"+g.Addr(), map[string]any{"model": "qwen3-32b", "max_tokens": 2, "messages": []msg{{"user", "hi"}}},
 		map[string]string{"X-Session-ID": "a-very-private-session-id", "X-Request-Id": "req-logs-test"})
 	if r.Status != http.StatusOK {
 		t.Fatalf("status %d", r.Status)
 	}
 	var rec map[string]any
-	eventually(t, 5*time.Second, func() bool {
+	testrun.Eventually(t, 5*time.Second, func() bool {
 		for _, line := range buf.lines() {
 			if strings.Contains(line, `"msg":"request"`) && json.Unmarshal([]byte(line), &rec) == nil {
 				return true

@@ -55,7 +55,7 @@ func TestQueuedRequestFollowsMembership(t *testing.T) {
 		rep := gw.fleet.Replica(name)
 		return rep != nil && rep.State().Healthy && len(rep.State().Models) > 0
 	}
-	eventually(t, 10*time.Second, func() bool { return healthy(oldName) }, "the old replica healthy")
+	testrun.Eventually(t, 10*time.Second, func() bool { return healthy(oldName) }, "the old replica healthy")
 
 	hdr := map[string]string{"X-Session-ID": "rolling"}
 	conv := newConversation("you are the rolling session", words("rolling", 200))
@@ -67,14 +67,14 @@ func TestQueuedRequestFollowsMembership(t *testing.T) {
 	clock.pause()
 	blocker := asyncChat(t.Context(), url, body, hdr)
 	queuedNow := func() float64 { return counter(t, gw.reg, "warmpath_queue_depth", nil) }
-	eventually(t, 10*time.Second, func() bool {
+	testrun.Eventually(t, 10*time.Second, func() bool {
 		return counter(t, gw.reg, "warmpath_replica_inflight_requests", map[string]string{"replica": oldName}) == 1
 	}, "the session's turn running on "+oldName)
 	head := asyncChat(t.Context(), url, body, hdr)
-	eventually(t, 10*time.Second, func() bool { return queuedNow() == 1 }, "the next turn queued")
+	testrun.Eventually(t, 10*time.Second, func() bool { return queuedNow() == 1 }, "the next turn queued")
 
 	res.set("127.0.0.3")
-	eventually(t, 10*time.Second, func() bool { return healthy(newName) && gw.fleet.Replica(oldName) == nil }, "the new replica in, the old one out")
+	testrun.Eventually(t, 10*time.Second, func() bool { return healthy(newName) && gw.fleet.Replica(oldName) == nil }, "the new replica in, the old one out")
 	stopOld()
 	clock.resume()
 	<-blocker // released with its replica's departure: its status is not this test's

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tidwall/gjson"
 
+	"github.com/warmpath/warmpath/internal/testrun"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/vllmsim"
 )
@@ -437,7 +438,7 @@ func TestMessagesUpstreamFailsMidStream(t *testing.T) {
 	// (fleet.Replica.Failing), the queue holds requests for it, so first
 	// a health check answers.
 	rep := gw.fleet.Snapshot().Replicas[0]
-	eventually(t, 10*time.Second, func() bool { return rep.State().Healthy && !rep.Failing() }, "the replica answering again")
+	testrun.Eventually(t, 10*time.Second, func() bool { return rep.State().Healthy && !rep.Failing() }, "the replica answering again")
 	sim.Replicas()[0].SetFaults(vllmsim.Faults{Hang: true})
 	defer sim.Replicas()[0].SetFaults(vllmsim.Faults{})
 	resp, err = http.Post(gw.URL+"/v1/messages", "application/json", strings.NewReader(fmt.Sprintf(body, false)))

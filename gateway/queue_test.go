@@ -133,7 +133,7 @@ func saturate(t *testing.T, g *testGateway, clock *gatedClock) <-chan chatResult
 	t.Helper()
 	clock.pause()
 	blocker := asyncChat(t.Context(), g.URL, chatBody("blocker", 0, 8), nil)
-	eventually(t, 10*time.Second, func() bool {
+	testrun.Eventually(t, 10*time.Second, func() bool {
 		return counter(t, g.Registry(), "warmpath_replica_running", nil) == 1
 	}, "the blocker running on the paused engine")
 	return blocker
@@ -163,7 +163,7 @@ func TestQueueInProgressFirstThenLeastServed(t *testing.T) {
 		prior int
 	}{{"fresh", 0}, {"long", 2000}, {"short", 10}} {
 		send(s.name, s.prior)
-		eventually(t, 10*time.Second, func() bool { return queued(t, g, nil) == float64(i+1) }, s.name+" queued")
+		testrun.Eventually(t, 10*time.Second, func() bool { return queued(t, g, nil) == float64(i+1) }, s.name+" queued")
 	}
 	clock.resume()
 	if r := <-blocker; r.Status != http.StatusOK {
@@ -199,16 +199,16 @@ func TestQueueCancelLeavesAtOnce(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(t.Context())
 	res := asyncChat(ctx, g.URL, chatBody("leaver", 0, 4), nil)
-	eventually(t, 10*time.Second, func() bool { return queued(t, g, nil) == 1 }, "request queued")
+	testrun.Eventually(t, 10*time.Second, func() bool { return queued(t, g, nil) == 1 }, "request queued")
 	cancel()
 	if r := <-res; r.Status != -1 {
 		t.Fatalf("canceled request answered %d", r.Status)
 	}
-	eventually(t, 10*time.Second, func() bool { return queued(t, g, nil) == 0 }, "queue empty after the cancel")
+	testrun.Eventually(t, 10*time.Second, func() bool { return queued(t, g, nil) == 0 }, "queue empty after the cancel")
 	if n := counter(t, g.Registry(), "warmpath_queue_canceled_total", nil); n != 1 {
 		t.Errorf("warmpath_queue_canceled_total = %v; want 1", n)
 	}
-	eventually(t, 10*time.Second, func() bool {
+	testrun.Eventually(t, 10*time.Second, func() bool {
 		return counter(t, g.Registry(), "warmpath_requests_total", map[string]string{"code": "499"}) == 1
 	}, "the cancel counted as 499")
 	clock.resume()
@@ -251,7 +251,7 @@ func TestQueue429OnOverflowAndTimeout(t *testing.T) {
 	blocker := saturate(t, g, clock)
 
 	first := asyncChat(t.Context(), g.URL, chatBody("first", 0, 4), nil)
-	eventually(t, 10*time.Second, func() bool { return queued(t, g, nil) == 1 }, "first queued")
+	testrun.Eventually(t, 10*time.Second, func() bool { return queued(t, g, nil) == 1 }, "first queued")
 	// The queue is full: refused at once (first is still waiting; it is
 	// refused only when its timeout passes).
 	wantQueue429(t, <-asyncChat(t.Context(), g.URL, chatBody("second", 0, 4), nil))
@@ -308,7 +308,7 @@ func starved(t *testing.T, policy string) int {
 	l := startLoad(t, g.URL, 8, nil, "chat")
 	defer l.end()
 	interactive := map[string]string{"class": "interactive"}
-	eventually(t, 10*time.Second, func() bool { return queued(t, g, interactive) >= 2 }, "an interactive backlog")
+	testrun.Eventually(t, 10*time.Second, func() bool { return queued(t, g, interactive) >= 2 }, "an interactive backlog")
 	before := counter(t, g.Registry(), "warmpath_queue_dispatches_total", interactive)
 	bg := asyncChat(t.Context(), g.URL, chatBody("batch", 0, 2), map[string]string{fairq.HeaderPriority: "background"})
 	for {
@@ -640,21 +640,15 @@ func BenchmarkAdmission(b *testing.B) {
 		b.Fatal(err)
 	}
 	testrun.Start(b, "gateway", g.Run)
-	for deadline := time.Now().Add(10 * time.Second); ; {
+	testrun.Eventually(b, 10*time.Second, func() bool {
 		ready := 0
 		for _, rep := range g.fleet.Snapshot().Replicas {
 			if st := rep.State(); st.Healthy && !st.ScrapedAt.IsZero() {
 				ready++
 			}
 		}
-		if ready == 8 {
-			break
-		}
-		if time.Now().After(deadline) {
-			b.Fatal("fleet not ready")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return ready == 8
+	}, "the fleet to be ready (8 replicas healthy and scraped)")
 	p := &tenancy.Principal{TenantID: "acme", TenantName: "acme", DefaultClass: "interactive", ClassCeiling: "interactive", Weight: 1}
 	body := []byte(`{"model":"qwen3-32b","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hello"},{"role":"assistant","content":"hi"},{"role":"user","content":"more"}]}`)
 	r, err := ParseRequest(APIChat, http.Header{}, body, p)
@@ -932,7 +926,7 @@ func TestQueueInteractiveReserve(t *testing.T) {
 		t.Errorf("warmpath_queue_interactive_reserve{replica=%q} = %v after the reserve lapsed; want 0", home, v)
 	}
 	n := 0
-	eventually(t, 10*time.Second, func() bool {
+	testrun.Eventually(t, 10*time.Second, func() bool {
 		n++
 		return chat(t, g.URL, chatBody(fmt.Sprintf("after-%d", n), 0, 4), map[string]string{"X-Warmpath-Priority": "background"}).replica() == home
 	}, "a background request on the formerly reserved replica")
@@ -960,7 +954,7 @@ func TestQueueDispatchesAroundBoundHead(t *testing.T) {
 	r := startBoundHead(t, 0)
 	r.freeOther()
 	<-r.other
-	eventually(t, 10*time.Second, func() bool { return r.depth("background") == 0 }, "the request behind the bound turn dispatched")
+	testrun.Eventually(t, 10*time.Second, func() bool { return r.depth("background") == 0 }, "the request behind the bound turn dispatched")
 	if d := r.depth("interactive"); d != 1 {
 		t.Errorf("interactive queue depth %v once %s freed; want the bound turn still waiting for %s", d, r.away, r.home)
 	}
@@ -989,11 +983,11 @@ func TestQueueBackgroundRoomAtFirstToken(t *testing.T) {
 	}
 	clock.pause()
 	asyncChat(ctx, g.URL, stream("long", 3000), bg) // 3,000 steps of 11 ms
-	eventually(t, 10*time.Second, func() bool {
+	testrun.Eventually(t, 10*time.Second, func() bool {
 		return counter(t, g.Registry(), "warmpath_replica_inflight_requests", nil) == 1
 	}, "the first background request sent to the paused engine")
 	second := asyncChat(ctx, g.URL, stream("short", 4), bg)
-	eventually(t, 10*time.Second, func() bool { return queued(t, g, nil) == 1 }, "the second background request queued")
+	testrun.Eventually(t, 10*time.Second, func() bool { return queued(t, g, nil) == 1 }, "the second background request queued")
 	clock.resume()
 	select {
 	case r := <-second:
@@ -1020,7 +1014,7 @@ func TestQueueNonStreamingRunningLeaveRoom(t *testing.T) {
 	for i := range n {
 		asyncChat(ctx, g.URL, chatBody(fmt.Sprint("long answer ", i), 0, 3000), nil)
 	}
-	eventually(t, 10*time.Second, func() bool {
+	testrun.Eventually(t, 10*time.Second, func() bool {
 		return counter(t, g.Registry(), "warmpath_replica_running", nil) == n
 	}, fmt.Sprintf("all %d requests running on the engine", n))
 	if q := queued(t, g, nil); q != 0 {
@@ -1041,9 +1035,8 @@ func TestQueueRefillsAfterUnplacedSend(t *testing.T) {
 	r := startBoundHead(t, 1)
 	r.freeOther()
 	<-r.other
-	eventually(t, 10*time.Second, func() bool { return r.inflight(r.home) == 2 }, "the bound turn sent to its busy "+r.home)
-	eventually(t, 10*time.Second, func() bool { return r.depth("background") == 0 && r.inflight(r.away) == 1 },
-		"the request behind the bound turn dispatched to the idle "+r.away)
+	testrun.Eventually(t, 10*time.Second, func() bool { return r.inflight(r.home) == 2 }, "the bound turn sent to its busy "+r.home)
+	testrun.Eventually(t, 10*time.Second, func() bool { return r.depth("background") == 0 && r.inflight(r.away) == 1 }, "the request behind the bound turn dispatched to the idle "+r.away)
 	r.finish(t)
 }
 
@@ -1087,10 +1080,10 @@ func startBoundHead(t *testing.T, scanDepth int) *boundHead {
 
 	r.clock.pause()
 	r.blocker = asyncChat(t.Context(), g.URL, body, inter) // the session's turn, running on home
-	eventually(t, 10*time.Second, func() bool { return r.inflight(r.home) == 1 }, "the session's turn on "+r.home)
+	testrun.Eventually(t, 10*time.Second, func() bool { return r.inflight(r.home) == 1 }, "the session's turn on "+r.home)
 	otherCtx, freeOther := context.WithCancel(t.Context())
 	r.other, r.freeOther = asyncChat(otherCtx, g.URL, chatBody("other", 0, 4), bg), freeOther
-	eventually(t, 10*time.Second, func() bool {
+	testrun.Eventually(t, 10*time.Second, func() bool {
 		for _, rep := range sim.Replicas() {
 			if n := rep.Info().Name; n != r.home && r.inflight(n) == 1 {
 				r.away = n
@@ -1100,9 +1093,9 @@ func startBoundHead(t *testing.T, scanDepth int) *boundHead {
 	}, "a request on the other replica")
 
 	r.head = asyncChat(t.Context(), g.URL, body, inter) // bound to home, which is busy
-	eventually(t, 10*time.Second, func() bool { return r.depth("interactive") == 1 }, "the bound turn queued")
+	testrun.Eventually(t, 10*time.Second, func() bool { return r.depth("interactive") == 1 }, "the bound turn queued")
 	r.behind = asyncChat(t.Context(), g.URL, chatBody("behind", 0, 4), bg)
-	eventually(t, 10*time.Second, func() bool { return r.depth("background") == 1 }, "the request behind it queued")
+	testrun.Eventually(t, 10*time.Second, func() bool { return r.depth("background") == 1 }, "the request behind it queued")
 	return r
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/warmpath/warmpath/internal/testrun"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/session"
 	"github.com/warmpath/warmpath/vllmsim"
@@ -41,7 +42,7 @@ func TestSessionSticks(t *testing.T) {
 			// speculated clears them (its events, or their replay, take
 			// over): wait for it, or a loaded machine sees the session's
 			// tip missing and rebinds turn 2.
-			eventually(t, 10*time.Second, func() bool { return gw.index.receiving(home) }, "KV events from the session's replica")
+			testrun.Eventually(t, 10*time.Second, func() bool { return gw.index.receiving(home) }, "KV events from the session's replica")
 			continue
 		}
 		if r.replica() != home {
@@ -92,7 +93,7 @@ func TestUnseenPromptsTokenizedOffThePath(t *testing.T) {
 	if got := counter(t, gw.reg, "warmpath_tokenizer_unseen_total", nil); got != 1 {
 		t.Fatalf("unseen prompts = %v; want 1", got)
 	}
-	eventually(t, 5*time.Second, func() bool {
+	testrun.Eventually(t, 5*time.Second, func() bool {
 		return counter(t, gw.reg, "warmpath_session_tips_total", map[string]string{"result": "filled"}) == 1
 	}, "the first prompt tokenized off the request path")
 	second := chat(t, gw.URL, map[string]any{"model": "qwen3-32b", "max_tokens": 2,
@@ -122,7 +123,7 @@ func TestSharedPrefixGoesWhereCached(t *testing.T) {
 				"messages": []msg{{"system", shared}, {"user", "alice asks"}}}, nil)
 			home := first.replica()
 			// Wait for the engine's BlockStored events to reach the index.
-			eventually(t, 5*time.Second, func() bool { return gw.index.receiving(home) }, "KV events")
+			testrun.Eventually(t, 5*time.Second, func() bool { return gw.index.receiving(home) }, "KV events")
 			for i := range 5 {
 				r := chat(t, gw.URL, map[string]any{"model": "qwen3-32b", "max_tokens": 4,
 					"messages": []msg{{"system", shared}, {"user", fmt.Sprintf("user %d asks something else", i)}}}, nil)
@@ -170,7 +171,7 @@ func TestSaturatedStickyReplicaYields(t *testing.T) {
 			}
 		}()
 	}
-	eventually(t, 10*time.Second, func() bool {
+	testrun.Eventually(t, 10*time.Second, func() bool {
 		sat, _ := gw.fleet.Replica(home).Saturated(time.Now())
 		return sat
 	}, "home replica saturated")
@@ -233,7 +234,7 @@ func TestKilledReplicaRoutedAround(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	eventually(t, 5*time.Second, func() bool { return !gw.fleet.Replica(victim.Info().Name).State().Healthy }, "victim unhealthy")
+	testrun.Eventually(t, 5*time.Second, func() bool { return !gw.fleet.Replica(victim.Info().Name).State().Healthy }, "victim unhealthy")
 	for i, c := range convs {
 		if r := c.turn(t, gw.URL, "after"); r.replica() == victim.Info().Name {
 			t.Errorf("session %d still routed to the dead replica", i)
@@ -283,12 +284,12 @@ func TestTrackingFollowsAnotherGatewaysRebind(t *testing.T) {
 	close(cmds.release)
 	rdb.AddHook(cmds)
 	g := startGateway(t, cfg, rdb)
-	eventually(t, 5*time.Second, func() bool { return counter(t, g.reg, "warmpath_session_tracking", nil) == 1 }, "session tracking on")
+	testrun.Eventually(t, 5*time.Second, func() bool { return counter(t, g.reg, "warmpath_session_tracking", nil) == 1 }, "session tracking on")
 	c := newConversation(words("rebound", 100), "hi")
 	c.header = map[string]string{"X-Session-ID": "rebound"}
 	c.turn(t, g.URL, "more")
 	var keys []string
-	eventually(t, 5*time.Second, func() bool {
+	testrun.Eventually(t, 5*time.Second, func() bool {
 		keys = rdb.Keys(t.Context(), prefix+"*/*").Val() // the conversation's, under the session id
 		return len(keys) == 1
 	}, "the conversation's binding in Redis")
@@ -299,7 +300,7 @@ func TestTrackingFollowsAnotherGatewaysRebind(t *testing.T) {
 		return cmds.gets.Load()
 	}
 	// Once its write has been answered, its own binding is read from memory.
-	eventually(t, 5*time.Second, func() bool { return turn() == 0 }, "a turn answered from memory")
+	testrun.Eventually(t, 5*time.Second, func() bool { return turn() == 0 }, "a turn answered from memory")
 	if n := turn(); n != 0 {
 		t.Errorf("the turn after read %d session bindings from Redis; want none", n)
 	}
@@ -308,7 +309,7 @@ func TestTrackingFollowsAnotherGatewaysRebind(t *testing.T) {
 	// gateway's last write has landed (a later one would overwrite it).
 	other := session.NewStore(rdb, session.Options{Prefix: cfg.Redis.KeyPrefix})
 	var b session.Binding
-	eventually(t, 5*time.Second, func() bool {
+	testrun.Eventually(t, 5*time.Second, func() bool {
 		mine, _ := g.sessions.Local(key)
 		var ok bool
 		b, ok, _ = other.Lookup(t.Context(), key)
@@ -321,7 +322,7 @@ func TestTrackingFollowsAnotherGatewaysRebind(t *testing.T) {
 	if _, err := other.Remember(t.Context(), key, b, false); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, func() bool { return !g.sessions.Trusted(key) }, "the change's notice to distrust the binding")
+	testrun.Eventually(t, 5*time.Second, func() bool { return !g.sessions.Trusted(key) }, "the change's notice to distrust the binding")
 	if n := turn(); n != 1 {
 		t.Errorf("after another's change the turn read %d session bindings from Redis; want 1", n)
 	}
@@ -459,7 +460,7 @@ func TestEarlyTokenizeOverlapsLookup(t *testing.T) {
 	if n := calls(a); n != 1 {
 		t.Errorf("first turn made %v tokenizer calls; want 1", n)
 	}
-	eventually(t, 5*time.Second, func() bool { return len(rdb.Keys(t.Context(), cfg.Redis.KeyPrefix+"sess:*").Val()) == 1 }, "the first turn's binding in Redis")
+	testrun.Eventually(t, 5*time.Second, func() bool { return len(rdb.Keys(t.Context(), cfg.Redis.KeyPrefix+"sess:*").Val()) == 1 }, "the first turn's binding in Redis")
 	second := c.turn(t, b.URL, "third")
 	if second.replica() != first.replica() || second.Header.Get("X-Warmpath-Reason") != scoring.ReasonSticky {
 		t.Errorf("turn via the other gateway: %s (%s); want sticky to %s", second.replica(), second.Header.Get("X-Warmpath-Reason"), first.replica())
@@ -498,7 +499,7 @@ func testFirstTurnAsksRedisNothing(t *testing.T, tracking string) {
 	rdb.AddHook(cmds)
 	g := startGateway(t, cfg, rdb)
 	if tracking == "on" {
-		eventually(t, 5*time.Second, func() bool { return counter(t, g.reg, "warmpath_session_tracking", nil) == 1 }, "session tracking on")
+		testrun.Eventually(t, 5*time.Second, func() bool { return counter(t, g.reg, "warmpath_session_tracking", nil) == 1 }, "session tracking on")
 	}
 	if r := chat(t, g.URL, chatBody("first turn", 0, 2), nil); r.Status != http.StatusOK {
 		t.Fatalf("first turn: %d %s", r.Status, r.Body)
@@ -506,12 +507,12 @@ func testFirstTurnAsksRedisNothing(t *testing.T, tracking string) {
 	if n := cmds.gets.Load(); n != 0 {
 		t.Errorf("the first turn read %d session bindings from Redis; want none", n)
 	}
-	eventually(t, 5*time.Second, func() bool { return cmds.held.Load() > 0 }, "the binding's write")
+	testrun.Eventually(t, 5*time.Second, func() bool { return cmds.held.Load() > 0 }, "the binding's write")
 	if n := counter(t, g.reg, "warmpath_redis_errors_total", nil); n != 0 {
 		t.Errorf("%v Redis errors: the turn waited for its binding's write", n)
 	}
 	close(cmds.release)
-	eventually(t, 5*time.Second, func() bool {
+	testrun.Eventually(t, 5*time.Second, func() bool {
 		keys := rdb.Keys(t.Context(), cmds.prefix+"*").Val()
 		return len(keys) == 1 && strings.Contains(rdb.Get(t.Context(), keys[0]).Val(), `"ct":`)
 	}, "the completed first turn's binding in Redis, with its cached tokens")

@@ -12,6 +12,7 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 
+	"github.com/warmpath/warmpath/internal/testrun"
 	"github.com/warmpath/warmpath/tenancy"
 	"github.com/warmpath/warmpath/vllmsim"
 )
@@ -188,7 +189,7 @@ func TestTenantsHaveTheirOwnSessions(t *testing.T) {
 	// conversation's opening), beside each tenant's family record. Each
 	// is written after its turn's response.
 	var keys []string
-	eventually(t, 5*time.Second, func() bool {
+	testrun.Eventually(t, 5*time.Second, func() bool {
 		keys = keys[:0]
 		for _, k := range rdb.Keys(t.Context(), cfg.Redis.KeyPrefix+"sess:*").Val() {
 			if strings.Contains(k, "/") {
@@ -310,7 +311,7 @@ func TestRevocationReachesBothGateways(t *testing.T) {
 	}
 	for i, gw := range []*testGateway{g1, g2} {
 		last := 0
-		eventually(t, cfg.Auth.WithDefaults().CacheTTL, func() bool {
+		testrun.Eventually(t, cfg.Auth.WithDefaults().CacheTTL, func() bool {
 			st := chat(t, gw.URL, body, bearer(key)).Status
 			if st != last && st != http.StatusUnauthorized {
 				t.Logf("g%d answered the revoked key %d", i+1, st)

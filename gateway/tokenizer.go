@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/internal/backoff"
 )
 
 // tokenizer gets a prompt's token ids, after the chat template, from the
@@ -238,9 +239,10 @@ const (
 
 // tokenizeBackoff is one target's backoff state.
 type tokenizeBackoff struct {
-	mu    sync.Mutex // guards until and wait
-	until time.Time  // not asked before this
-	wait  time.Duration
+	mu      sync.Mutex // guards the rest
+	until   time.Time  // not asked before this
+	failing bool       // refused since its last answer
+	bo      backoff.Backoff
 }
 
 // backedOff reports whether name is not to be asked at now.
@@ -258,13 +260,13 @@ func (t *tokenizer) backedOff(name string, now time.Time) bool {
 // backOff starts or extends name's backoff after a refusal, logging the
 // first one (again only after an answer cleared it).
 func (t *tokenizer) backOff(name string, err error) {
-	v, _ := t.backoff.LoadOrStore(name, &tokenizeBackoff{})
+	v, _ := t.backoff.LoadOrStore(name, &tokenizeBackoff{bo: backoff.Backoff{Min: tokenizeBackoffMin, Max: tokenizeBackoffMax}})
 	b := v.(*tokenizeBackoff)
 	b.mu.Lock()
-	first := b.wait == 0
-	b.wait = min(max(2*b.wait, tokenizeBackoffMin), tokenizeBackoffMax)
-	b.until = time.Now().Add(b.wait)
-	wait := b.wait
+	first := !b.failing
+	b.failing = true
+	wait := b.bo.Next()
+	b.until = time.Now().Add(wait)
 	b.mu.Unlock()
 	t.m.tokBackoff.WithLabelValues(name).Set(1)
 	if first {
@@ -284,10 +286,11 @@ func (t *tokenizer) succeeded(name string) {
 	}
 	b := v.(*tokenizeBackoff)
 	b.mu.Lock()
-	was := b.wait
-	b.wait, b.until = 0, time.Time{}
+	was := b.failing
+	b.failing, b.until = false, time.Time{}
+	b.bo.Reset()
 	b.mu.Unlock()
-	if was != 0 {
+	if was {
 		t.m.tokBackoff.WithLabelValues(name).Set(0)
 		t.log.Info("tokenizer: /tokenize answers again", "target", name)
 	}

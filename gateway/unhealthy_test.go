@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"testing"
 	"time"
+
+	"github.com/warmpath/warmpath/internal/testrun"
 )
 
 // Over HTTP on a simulated replica that goes down while requests wait in
@@ -30,11 +32,11 @@ func TestQueueHoldsBacklogWhileFleetDown(t *testing.T) {
 	waiting := make([]<-chan chatResult, n)
 	for i := range waiting {
 		waiting[i] = asyncChat(t.Context(), g.URL, chatBody(fmt.Sprint("waiting ", i), 0, 4), nil)
-		eventually(t, 10*time.Second, func() bool { return queued(t, g, nil) == float64(i+1) }, fmt.Sprint(i+1, " queued"))
+		testrun.Eventually(t, 10*time.Second, func() bool { return queued(t, g, nil) == float64(i+1) }, fmt.Sprint(i+1, " queued"))
 	}
 	leaveCtx, leave := context.WithCancel(t.Context())
 	leaver := asyncChat(leaveCtx, g.URL, chatBody("leaver", 0, 4), nil)
-	eventually(t, 10*time.Second, func() bool { return queued(t, g, nil) == n+1 }, "the leaver queued")
+	testrun.Eventually(t, 10*time.Second, func() bool { return queued(t, g, nil) == n+1 }, "the leaver queued")
 	rep := sim.Replicas()[0]
 	if err := rep.SetDown(true); err != nil {
 		t.Fatal(err)
@@ -42,7 +44,7 @@ func TestQueueHoldsBacklogWhileFleetDown(t *testing.T) {
 	if r := <-blocker; r.Status != http.StatusBadGateway {
 		t.Errorf("request running on the replica that went down: %d %s; want 502", r.Status, r.Body)
 	}
-	eventually(t, 10*time.Second, func() bool { return !g.fleet.Snapshot().Replicas[0].State().Healthy }, "the replica marked unhealthy")
+	testrun.Eventually(t, 10*time.Second, func() bool { return !g.fleet.Snapshot().Replicas[0].State().Healthy }, "the replica marked unhealthy")
 	q := queued(t, g, nil)
 	if q != n+1 {
 		t.Errorf("%v requests queued once the replica is unhealthy; want all %d still waiting", q, n+1)
@@ -52,7 +54,7 @@ func TestQueueHoldsBacklogWhileFleetDown(t *testing.T) {
 	if r := <-leaver; r.Status != -1 {
 		t.Errorf("canceled request answered %d", r.Status)
 	}
-	eventually(t, 10*time.Second, func() bool { return queued(t, g, nil) == q-1 }, "the leaver out of the queue")
+	testrun.Eventually(t, 10*time.Second, func() bool { return queued(t, g, nil) == q-1 }, "the leaver out of the queue")
 	if r := chat(t, g.URL, chatBody("newcomer", 0, 4), nil); r.Status != http.StatusServiceUnavailable {
 		t.Errorf("request arriving while no replica is healthy: %d %s; want 503", r.Status, r.Body)
 	}

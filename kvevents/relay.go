@@ -10,6 +10,8 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/warmpath/warmpath/internal/backoff"
 )
 
 // RelayConfig configures a Relay. Bind and Publish are required.
@@ -174,9 +176,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 	}()
 	retryAt := make([]time.Time, len(r.subs))
-	bos := make([]backoff, len(r.subs))
+	bos := make([]backoff.Backoff, len(r.subs))
 	for i := range bos {
-		bos[i] = backoff{min: minBackoff, max: maxBackoff}
+		bos[i] = backoff.Backoff{Min: minBackoff, Max: maxBackoff, Jitter: true}
 	}
 	for ctx.Err() == nil {
 		now := time.Now()
@@ -190,7 +192,7 @@ func (r *Relay) Run(ctx context.Context) error {
 						return fmt.Errorf("kvevents: relay: %w", err)
 					}
 					r.log.Warn("kvevents: relay cannot bind SUB socket", "endpoint", r.binds[i], "err", err)
-					retryAt[i] = now.Add(bos[i].next())
+					retryAt[i] = now.Add(bos[i].Next())
 				}
 				r.subs[i] = s
 			}
@@ -220,9 +222,9 @@ func (r *Relay) Run(ctx context.Context) error {
 					r.log.Warn("kvevents: relay receive failed, binding the SUB socket again", "endpoint", r.binds[i], "err", err)
 					s.Close()
 					r.subs[i] = nil
-					retryAt[i] = time.Now().Add(bos[i].next())
+					retryAt[i] = time.Now().Add(bos[i].Next())
 				} else {
-					bos[i].reset()
+					bos[i].Reset()
 				}
 			}
 		}

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
+
+	"github.com/warmpath/warmpath/internal/backoff"
 )
 
 // SubscriberConfig configures a Subscriber. Replica, Endpoint and Handler
@@ -127,7 +129,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	return runLoop(ctx, s.log, 1, open, seq, replica)
 }
 
-// Reconnect backoff after a socket error (jittered, see backoff).
+// Reconnect backoff after a socket error (jittered, see backoff.Backoff).
 const (
 	minBackoff = 100 * time.Millisecond
 	maxBackoff = 5 * time.Second
@@ -140,7 +142,7 @@ const maxDrain = 1024
 // subSocket is one SUB socket of a runLoop, re-created after a failure.
 type subSocket struct {
 	sock    *zmq.Socket // nil while closed
-	bo      backoff
+	bo      backoff.Backoff
 	retryAt time.Time
 }
 
@@ -154,7 +156,7 @@ func runLoop(ctx context.Context, log *slog.Logger, n int, open func(i int) (*zm
 	replica func(topic []byte, now time.Time) (string, bool)) error {
 	subs := make([]subSocket, n)
 	for i := range subs {
-		subs[i].bo = backoff{min: minBackoff, max: maxBackoff}
+		subs[i].bo = backoff.Backoff{Min: minBackoff, Max: maxBackoff, Jitter: true}
 	}
 	defer func() {
 		for _, s := range subs {
@@ -282,7 +284,7 @@ func (s *subSocket) fail(now time.Time) {
 		s.sock.Close()
 		s.sock = nil
 	}
-	s.retryAt = now.Add(s.bo.next())
+	s.retryAt = now.Add(s.bo.Next())
 }
 
 // drain reads the messages waiting on s, at most maxDrain, and hands them
@@ -296,7 +298,7 @@ func drain(s *subSocket, seq *sequencer, replica func([]byte, time.Time) (string
 			}
 			return err
 		}
-		s.bo.reset()
+		s.bo.Reset()
 		var topic []byte
 		if len(frames) > 0 {
 			topic = frames[0]

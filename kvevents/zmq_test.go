@@ -24,18 +24,6 @@ import (
 // the CI box has two shared cores and runs with -race.
 const waitFor = 15 * time.Second
 
-// eventually polls cond until it holds or timeout passes.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // newZCtx returns a private zmq context, terminated when the test ends
 // (after the Run goroutines registered later have returned).
 func newZCtx(t *testing.T) *zmq.Context {
@@ -155,7 +143,7 @@ func (f *feeder) publishGone(n int) {
 	f.t.Helper()
 	want := f.p.sent.Load() + uint64(n)
 	f.publish(n)
-	eventually(f.t, waitFor, "batches sent", func() bool { return f.p.sent.Load() >= want })
+	testrun.Eventually(f.t, waitFor, func() bool { return f.p.sent.Load() >= want }, "batches sent")
 }
 
 func (f *feeder) publish(n int) {
@@ -729,10 +717,10 @@ func TestSubscriberBadMessages(t *testing.T) {
 		}
 		return ctx.Err()
 	})
-	eventually(t, waitFor, "bad messages counted", func() bool {
+	testrun.Eventually(t, waitFor, func() bool {
 		return metricValue(t, reg, "warmpath_kvevents_malformed_messages_total", nil) >= 3 &&
 			metricValue(t, reg, "warmpath_kvevents_decode_errors_total", nil) >= 1
-	})
+	}, "bad messages counted")
 	if ops := rec.snapshot(); len(ops) != 0 {
 		t.Errorf("handler called: %v", ops)
 	}
@@ -861,7 +849,7 @@ func TestPublisherReplayRequests(t *testing.T) {
 	if err := p.Publish(testBatch(0)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, waitFor, "replay after reset", func() bool { return slices.Equal(ask(0), []uint64{0}) })
+	testrun.Eventually(t, waitFor, func() bool { return slices.Equal(ask(0), []uint64{0}) }, "replay after reset")
 }
 
 func TestSubscriberConfigErrors(t *testing.T) {
@@ -945,7 +933,7 @@ func TestRunExitsWithoutLeaks(t *testing.T) {
 			}
 		}
 	}()
-	eventually(t, waitFor, "goroutines to exit", func() bool { return runtime.NumGoroutine() <= before })
+	testrun.Eventually(t, waitFor, func() bool { return runtime.NumGoroutine() <= before }, "goroutines to exit")
 }
 
 // logSink is a slog.Handler that keeps every record's message and

@@ -13,6 +13,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/warmpath/warmpath/internal/apierror"
+	"github.com/warmpath/warmpath/internal/backoff"
+	"github.com/warmpath/warmpath/internal/periodic"
 )
 
 // Background responses: POST stores the record as queued with its first
@@ -271,7 +273,7 @@ func (s *Service) runBackground(ctx context.Context, tenant, id string) error {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		s.every(rctx, s.opts.LeaseTTL/3, func() { s.renewLease(rctx, rec, deadline(), cancel) })
+		periodic.Every(rctx, s.opts.LeaseTTL/3, func() { s.renewLease(rctx, rec, deadline(), cancel) })
 	}()
 	err = s.execBackground(rctx, tenant, id)
 	cancel()
@@ -440,7 +442,7 @@ const (
 // after its current try.
 func (s *Service) appendEvent(ctx context.Context, args *redis.XAddArgs) error {
 	deadline := s.opts.Now().Add(appendPatience)
-	pause := appendBackoff
+	bo := backoff.Backoff{Min: appendBackoff, Max: time.Second}
 	for {
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), appendTry)
 		err := s.opts.Redis.XAdd(wctx, args).Err()
@@ -448,6 +450,7 @@ func (s *Service) appendEvent(ctx context.Context, args *redis.XAddArgs) error {
 		if err == nil || strings.Contains(err.Error(), "equal or smaller than the target stream top item") {
 			return nil
 		}
+		pause := bo.Next()
 		if ctx.Err() != nil || !s.opts.Now().Add(pause).Before(deadline) {
 			return err
 		}
@@ -457,7 +460,6 @@ func (s *Service) appendEvent(ctx context.Context, args *redis.XAddArgs) error {
 			return err
 		case <-time.After(pause):
 		}
-		pause = min(2*pause, time.Second)
 	}
 }
 
@@ -530,7 +532,7 @@ func (s *Service) cancelLoop(ctx context.Context) error {
 
 // sweepLoop runs the sweeper every LeaseTTL/2.
 func (s *Service) sweepLoop(ctx context.Context) error {
-	s.every(ctx, s.opts.LeaseTTL/2, func() {
+	periodic.Every(ctx, s.opts.LeaseTTL/2, func() {
 		if err := s.sweep(ctx); err != nil && ctx.Err() == nil {
 			s.log.Warn("responses: sweep", "err", err)
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/warmpath/warmpath/internal/apierror"
+	"github.com/warmpath/warmpath/internal/periodic"
 )
 
 // Conversations live in HASH <prefix>conv:{tag}:<id> (field obj), their
@@ -250,7 +251,7 @@ func (s *Service) lockConversation(ctx context.Context, t *turn, wait bool) (rel
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		s.every(kctx, s.opts.LeaseTTL/3, func() {
+		periodic.Every(kctx, s.opts.LeaseTTL/3, func() {
 			if err := renewScript.Run(kctx, s.opts.Redis, []string{key}, token, s.opts.LeaseTTL.Milliseconds()).Err(); err != nil && kctx.Err() == nil {
 				s.log.Warn("responses: renew conversation lock", "conversation", t.p.conversation, "err", err)
 			}
@@ -265,20 +266,6 @@ func (s *Service) lockConversation(ctx context.Context, t *turn, wait bool) (rel
 			s.log.Warn("responses: release conversation lock", "conversation", t.p.conversation, "err", err)
 		}
 	}, nil
-}
-
-// every calls fn every d until ctx ends.
-func (s *Service) every(ctx context.Context, d time.Duration, fn func()) {
-	tk := time.NewTicker(d)
-	defer tk.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tk.C:
-			fn()
-		}
-	}
 }
 
 // ---- handlers ----

@@ -13,6 +13,8 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/warmpath/warmpath/internal/backoff"
 )
 
 // Tracking keeps a Store's local bindings trustworthy without asking Redis
@@ -120,7 +122,7 @@ var ErrTrackingUnsupported = errors.New("session tracking: the Redis server does
 // fails. It returns nil when ctx ends, and ErrTrackingUnsupported at once
 // if the server refuses tracking before it ever worked.
 func (t *Tracking) Run(ctx context.Context) error {
-	wait, worked := 100*time.Millisecond, false
+	bo, worked := backoff.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}, false
 	for ctx.Err() == nil {
 		subscribed, err := t.follow(ctx)
 		t.distrust(false)
@@ -132,15 +134,15 @@ func (t *Tracking) Run(ctx context.Context) error {
 			return err
 		}
 		if subscribed {
-			wait = 100 * time.Millisecond
+			bo.Reset()
 		}
+		wait := bo.Next()
 		t.log.Warn("session tracking lost; every turn asks Redis until it is back", "err", err, "retry", wait)
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-time.After(wait):
 		}
-		wait = min(2*wait, 5*time.Second)
 	}
 	return nil
 }

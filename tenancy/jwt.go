@@ -21,6 +21,8 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 	lru "github.com/hashicorp/golang-lru/v2"
+
+	"github.com/warmpath/warmpath/internal/periodic"
 )
 
 // Supported JWT algorithms. Each verification key is pinned to one.
@@ -284,18 +286,12 @@ func (v *JWTVerifier) Run(ctx context.Context) error {
 		<-ctx.Done()
 		return nil
 	}
-	t := time.NewTicker(v.cfg.JWKSPoll)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-			if err := v.Reload(); err != nil {
-				v.log.Warn("tenancy: JWKS reload failed; keeping the previous keys", "err", err)
-			}
+	periodic.Every(ctx, v.cfg.JWKSPoll, func() {
+		if err := v.Reload(); err != nil {
+			v.log.Warn("tenancy: JWKS reload failed; keeping the previous keys", "err", err)
 		}
-	}
+	})
+	return nil
 }
 
 // keyFor resolves the token's kid and checks its alg against the key's pin.

@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/warmpath/warmpath/internal/apierror"
+	"github.com/warmpath/warmpath/internal/periodic"
 )
 
 var (
@@ -314,16 +315,8 @@ func (le *Lease) finish(delta int) {
 // ends, so a long stream keeps its slot while a crashed gateway's slots
 // expire within LeaseTTL.
 func (l *Limiter) Run(ctx context.Context) error {
-	t := time.NewTicker(l.ttl / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-			l.renew(ctx)
-		}
-	}
+	periodic.Every(ctx, l.ttl/3, func() { l.renew(ctx) })
+	return nil
 }
 
 func (l *Limiter) renew(ctx context.Context) {

@@ -5,6 +5,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/warmpath/warmpath/internal/lru"
 	"github.com/warmpath/warmpath/kvevents"
 )
 
@@ -344,29 +345,18 @@ func (c *kvCache) cpuLoad(s *seq, hit, n int) {
 type cpuTier struct {
 	capacity  int
 	storeOnly bool
-	entries   map[uint64]*cpuEntry
-	head      *cpuEntry // most recently used
-	tail      *cpuEntry
+	hashes    lru.Set[uint64]
 	evictions uint64
 }
 
-type cpuEntry struct {
-	hash       uint64
-	prev, next *cpuEntry
-}
-
 func (t *cpuTier) reset() {
-	t.entries = map[uint64]*cpuEntry{}
-	t.head, t.tail = nil, nil
+	t.hashes.Clear()
 	t.evictions = 0
 }
 
-func (t *cpuTier) len() int { return len(t.entries) }
+func (t *cpuTier) len() int { return t.hashes.Len() }
 
-func (t *cpuTier) has(h uint64) bool {
-	_, ok := t.entries[h]
-	return ok
-}
+func (t *cpuTier) has(h uint64) bool { return t.hashes.Contains(h) }
 
 // store adds h (or touches it); it reports whether h is new and which
 // block, if any, it evicted.
@@ -374,49 +364,14 @@ func (t *cpuTier) store(h uint64) (added bool, evicted uint64, didEvict bool) {
 	if t.touch(h) {
 		return false, 0, false
 	}
-	if len(t.entries) >= t.capacity {
-		old := t.tail
-		t.unlink(old)
-		delete(t.entries, old.hash)
-		t.evictions++
-		evicted, didEvict = old.hash, true
+	if t.hashes.Len() >= t.capacity {
+		if evicted, didEvict = t.hashes.RemoveOldest(); didEvict {
+			t.evictions++
+		}
 	}
-	e := &cpuEntry{hash: h}
-	t.entries[h] = e
-	t.pushFront(e)
+	t.hashes.Touch(h)
 	return true, evicted, didEvict
 }
 
 // touch moves h to the front, reporting whether it is held.
-func (t *cpuTier) touch(h uint64) bool {
-	e, ok := t.entries[h]
-	if ok && t.head != e {
-		t.unlink(e)
-		t.pushFront(e)
-	}
-	return ok
-}
-
-func (t *cpuTier) pushFront(e *cpuEntry) {
-	e.prev, e.next = nil, t.head
-	if t.head != nil {
-		t.head.prev = e
-	} else {
-		t.tail = e
-	}
-	t.head = e
-}
-
-func (t *cpuTier) unlink(e *cpuEntry) {
-	if e.prev != nil {
-		e.prev.next = e.next
-	} else {
-		t.head = e.next
-	}
-	if e.next != nil {
-		e.next.prev = e.prev
-	} else {
-		t.tail = e.prev
-	}
-	e.prev, e.next = nil, nil
-}
+func (t *cpuTier) touch(h uint64) bool { return t.hashes.MoveToFront(h) }

@@ -14,6 +14,7 @@ import (
 	zmq "github.com/pebbe/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/warmpath/warmpath/internal/testrun"
 	"github.com/warmpath/warmpath/kvevents"
 	"github.com/warmpath/warmpath/scoring/blockindex"
 )
@@ -378,9 +379,9 @@ func TestDeployDataParallel(t *testing.T) {
 		send(t, in.URL, prompt("dp-one-unreplayed"+strconv.Itoa(i), 20), rank(1)...)
 		time.Sleep(10 * time.Millisecond)
 	}
-	waitFor(t, "the failed replay", func() bool {
+	testrun.Eventually(t, 10*time.Second, func() bool {
 		return g.metric("warmpath_kvevents_replays_total", map[string]string{"result": kvevents.ReplayFailed}) == 1
-	})
+	}, "the failed replay")
 	if d := g.hit(in.Name, p0).Blocks; d != n0 {
 		t.Errorf("rank 1's failed replay left rank 0's prompt at depth %d of %d", d, n0)
 	}

@@ -490,7 +490,7 @@ func TestRestartFailsInFlight(t *testing.T) {
 	go func() {
 		nonStream <- post(t, base+"/v1/chat/completions", map[string]any{"messages": userMsg("another long one"), "max_tokens": 100000, "ignore_eos": true})
 	}()
-	waitFor(t, "two requests running", func() bool { return rep.Stats().Running == 2 })
+	testrun.Eventually(t, 10*time.Second, func() bool { return rep.Stats().Running == 2 }, "two requests running")
 	rep.Restart()
 	for stream.Next() {
 	}
@@ -564,13 +564,13 @@ func TestFaults(t *testing.T) {
 		}
 	}()
 	bytesSoFar := func() int { got.Lock(); defer got.Unlock(); return received }
-	waitFor(t, "first stream bytes", func() bool { return bytesSoFar() > 0 })
+	testrun.Eventually(t, 10*time.Second, func() bool { return bytesSoFar() > 0 }, "first stream bytes")
 	rep.SetFaults(Faults{Hang: true})
-	waitFor(t, "stream held", func() bool { return rep.hung.Load() == 1 })
+	testrun.Eventually(t, 10*time.Second, func() bool { return rep.hung.Load() == 1 }, "stream held")
 	// Bytes written before the hang may still be in flight: wait until
 	// the count stops moving, then nothing more may arrive.
 	prev, stable := -1, 0
-	waitFor(t, "stream bytes to settle", func() bool {
+	testrun.Eventually(t, 10*time.Second, func() bool {
 		n := bytesSoFar()
 		if n == prev {
 			stable++
@@ -578,7 +578,7 @@ func TestFaults(t *testing.T) {
 			prev, stable = n, 0
 		}
 		return stable >= 25 // 25 ms without a byte
-	})
+	}, "stream bytes to settle")
 	before := bytesSoFar()
 
 	client := &http.Client{Timeout: 300 * time.Millisecond}
@@ -590,7 +590,7 @@ func TestFaults(t *testing.T) {
 	}
 	held := make(chan response, 1)
 	go func() { held <- post(t, base+"/v1/chat/completions", body) }()
-	waitFor(t, "request held", func() bool { return rep.hung.Load() == 2 })
+	testrun.Eventually(t, 10*time.Second, func() bool { return rep.hung.Load() == 2 }, "request held")
 	if r := get(t, base+"/sim/faults"); r.status != 200 || !strings.Contains(string(r.body), `"hang":true`) {
 		t.Errorf("admin endpoint while hung: %d %s", r.status, r.body)
 	}
@@ -606,7 +606,7 @@ func TestFaults(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("held request not released by un-hang")
 	}
-	waitFor(t, "stream resumed", func() bool { return bytesSoFar() > before })
+	testrun.Eventually(t, 10*time.Second, func() bool { return bytesSoFar() > before }, "stream resumed")
 	stream.Body.Close()
 
 	if err := rep.SetDown(true); err != nil {
@@ -791,7 +791,7 @@ func TestRunPrintsReplicas(t *testing.T) {
 	var out syncBuffer
 	done := make(chan error, 1)
 	go func() { done <- Run(ctx, Config{Replicas: 2, ReplayPort: -1, Speed: 100}, &out) }()
-	waitFor(t, "replica lines", func() bool { return strings.Count(out.String(), "\n") >= 2 })
+	testrun.Eventually(t, 10*time.Second, func() bool { return strings.Count(out.String(), "\n") >= 2 }, "replica lines")
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -873,18 +873,6 @@ func TestConfigPorts(t *testing.T) {
 		if _, err := bad.resolve(); err == nil {
 			t.Errorf("%+v accepted", bad)
 		}
-	}
-}
-
-// waitFor polls cond until it holds, failing the test after 10 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
 	}
 }
 

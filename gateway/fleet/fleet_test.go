@@ -151,18 +151,6 @@ func startFleet(t *testing.T, cfg Config) *Fleet {
 	return f
 }
 
-// waitFor polls cond until it holds or a deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 func TestNewStartsNothing(t *testing.T) {
 	v := newFakeVLLM(t)
 	res := &fakeResolver{}
@@ -194,10 +182,10 @@ func TestHealthTransitions(t *testing.T) {
 	f := startFleet(t, cfg)
 	r := f.Snapshot().Replicas[0]
 
-	waitFor(t, "healthy", func() bool { return r.State().Healthy })
+	testrun.Eventually(t, 10*time.Second, func() bool { return r.State().Healthy }, "healthy")
 
 	v.health.Store(http.StatusServiceUnavailable)
-	waitFor(t, "unhealthy after failed checks", func() bool { return !r.State().Healthy })
+	testrun.Eventually(t, 10*time.Second, func() bool { return !r.State().Healthy }, "unhealthy after failed checks")
 	if got := r.State().HealthReason; !strings.Contains(got, "active: GET /health: status 503") {
 		t.Errorf("HealthReason = %q; want the 503", got)
 	}
@@ -206,7 +194,7 @@ func TestHealthTransitions(t *testing.T) {
 	}
 
 	v.health.Store(http.StatusOK)
-	waitFor(t, "recovered", func() bool { return r.State().Healthy })
+	testrun.Eventually(t, 10*time.Second, func() bool { return r.State().Healthy }, "recovered")
 
 	got := gather(t, reg)
 	name := r.Spec.Name
@@ -227,7 +215,7 @@ func TestHealthUnreachable(t *testing.T) {
 	v.Close() // nothing listens there any more
 	f := startFleet(t, fastConfig(ReplicaSpec{URL: url}))
 	r := f.Snapshot().Replicas[0]
-	waitFor(t, "a failed check", func() bool { return !r.State().LastCheck.IsZero() })
+	testrun.Eventually(t, 10*time.Second, func() bool { return !r.State().LastCheck.IsZero() }, "a failed check")
 	s := r.State()
 	if s.Healthy || !strings.HasPrefix(s.HealthReason, "active: GET /health: ") {
 		t.Errorf("state = %+v; want unhealthy with the dial error", s)
@@ -243,7 +231,7 @@ func TestPassiveFailure(t *testing.T) {
 	cfg.HealthInterval = time.Hour // one check at start, then only passive reports
 	f := startFleet(t, cfg)
 	r := f.Snapshot().Replicas[0]
-	waitFor(t, "healthy", func() bool { return r.State().Healthy })
+	testrun.Eventually(t, 10*time.Second, func() bool { return r.State().Healthy }, "healthy")
 	r.ReportFailure(errors.New("upstream: 502"))
 	if !r.State().Healthy {
 		t.Fatal("unhealthy after one failure; threshold is 2")
@@ -270,7 +258,7 @@ func TestScrape(t *testing.T) {
 			v.filter.Store(tt.filter)
 			f := startFleet(t, fastConfig(v.spec("m")))
 			r := f.Snapshot().Replicas[0]
-			waitFor(t, "a few scrapes", func() bool { return v.hit("/metrics") >= 4 && !r.State().ScrapedAt.IsZero() })
+			testrun.Eventually(t, 10*time.Second, func() bool { return v.hit("/metrics") >= 4 && !r.State().ScrapedAt.IsZero() }, "a few scrapes")
 			s := r.State()
 			if s.Running != 1 || s.Waiting != 2 || s.KVUsage != 0.5 || s.BlockSize != 16 || s.NumGPUBlocks != 100 || s.ScrapeErr != "" {
 				t.Errorf("state = %+v", s)
@@ -290,12 +278,12 @@ func TestScrapeFailureKeepsHealth(t *testing.T) {
 	cfg.Registerer = reg
 	f := startFleet(t, cfg)
 	r := f.Snapshot().Replicas[0]
-	waitFor(t, "healthy and scraped", func() bool { return r.State().Healthy && !r.State().ScrapedAt.IsZero() })
+	testrun.Eventually(t, 10*time.Second, func() bool { return r.State().Healthy && !r.State().ScrapedAt.IsZero() }, "healthy and scraped")
 	scraped := r.State().ScrapedAt
 
 	bad := "500"
 	v.metrics.Store(&bad)
-	waitFor(t, "scrape errors", func() bool { return r.scrapeErrors.Load() >= 3 })
+	testrun.Eventually(t, 10*time.Second, func() bool { return r.scrapeErrors.Load() >= 3 }, "scrape errors")
 	s := r.State()
 	if !s.Healthy {
 		t.Error("a failing scrape made the replica unhealthy")
@@ -309,7 +297,7 @@ func TestScrapeFailureKeepsHealth(t *testing.T) {
 
 	notVLLM := "up 1\n"
 	v.metrics.Store(&notVLLM)
-	waitFor(t, "no-vLLM error", func() bool { return strings.Contains(r.State().ScrapeErr, "no vllm:") })
+	testrun.Eventually(t, 10*time.Second, func() bool { return strings.Contains(r.State().ScrapeErr, "no vllm:") }, "no-vLLM error")
 }
 
 // fakeClock is an injectable clock.
@@ -331,7 +319,7 @@ func TestStaleMetrics(t *testing.T) {
 	cfg.Registerer = reg
 	f := startFleet(t, cfg)
 	r := f.Snapshot().Replicas[0]
-	waitFor(t, "healthy and scraped", func() bool { return r.State().Healthy && !r.State().ScrapedAt.IsZero() })
+	testrun.Eventually(t, 10*time.Second, func() bool { return r.State().Healthy && !r.State().ScrapedAt.IsZero() }, "healthy and scraped")
 
 	if sat, reason := r.Saturated(clock.Now()); sat {
 		t.Fatalf("fresh metrics: Saturated = true, %q", reason)
@@ -339,7 +327,7 @@ func TestStaleMetrics(t *testing.T) {
 	// The scrape endpoint breaks; time moves on past StaleAfter.
 	bad := "500"
 	v.metrics.Store(&bad)
-	waitFor(t, "a failed scrape", func() bool { return r.State().ScrapeErr != "" })
+	testrun.Eventually(t, 10*time.Second, func() bool { return r.State().ScrapeErr != "" }, "a failed scrape")
 	clock.Advance(1500 * time.Millisecond)
 	if sat, reason := r.Saturated(clock.Now()); !sat || reason != ReasonStale {
 		t.Errorf("stale metrics: Saturated = %v, %q; want true, stale", sat, reason)
@@ -350,7 +338,7 @@ func TestStaleMetrics(t *testing.T) {
 	// Scrapes work again: fresh at the current (fake) time.
 	good := defaultMetrics
 	v.metrics.Store(&good)
-	waitFor(t, "fresh metrics", func() bool { sat, _ := r.Saturated(clock.Now()); return !sat })
+	testrun.Eventually(t, 10*time.Second, func() bool { sat, _ := r.Saturated(clock.Now()); return !sat }, "fresh metrics")
 }
 
 func TestModelDiscovery(t *testing.T) {
@@ -366,21 +354,21 @@ func TestModelDiscovery(t *testing.T) {
 	if rv == nil || rw == nil {
 		t.Fatalf("replicas not found in %v", names(f.Snapshot().Replicas))
 	}
-	waitFor(t, "discovered models", func() bool { return slices.Equal(rv.State().Models, []string{"llama", "qwen"}) })
+	testrun.Eventually(t, 10*time.Second, func() bool { return slices.Equal(rv.State().Models, []string{"llama", "qwen"}) }, "discovered models")
 	if got := (*v.headers.Load()).Get("Authorization"); got != "Bearer k" {
 		t.Errorf("Authorization header = %q; want the configured one", got)
 	}
-	waitFor(t, "both healthy", func() bool { return rw.State().Healthy })
+	testrun.Eventually(t, 10*time.Second, func() bool { return rw.State().Healthy }, "both healthy")
 	if got := f.Models(); !slices.Equal(got, []string{"fixed", "llama", "qwen"}) {
 		t.Errorf("Models() = %v", got)
 	}
 
 	v.models.Store(&[]string{"mistral"})
-	waitFor(t, "refreshed models", func() bool { return slices.Equal(rv.State().Models, []string{"mistral"}) })
+	testrun.Eventually(t, 10*time.Second, func() bool { return slices.Equal(rv.State().Models, []string{"mistral"}) }, "refreshed models")
 	// A failing discovery keeps the last known models.
 	v.models.Store(&[]string{})
 	n := v.hit("/v1/models")
-	waitFor(t, "failed discoveries", func() bool { return v.hit("/v1/models") >= n+3 })
+	testrun.Eventually(t, 10*time.Second, func() bool { return v.hit("/v1/models") >= n+3 }, "failed discoveries")
 	if got := rv.State().Models; !slices.Equal(got, []string{"mistral"}) || !rv.State().Healthy {
 		t.Errorf("after failed discovery: Models = %v, healthy %v; want [mistral], true", got, rv.State().Healthy)
 	}
@@ -434,7 +422,7 @@ func TestDNSMembership(t *testing.T) {
 	members := func() []string { return names(f.Snapshot().Replicas) }
 	waitMembers := func(want ...string) {
 		t.Helper()
-		waitFor(t, fmt.Sprint("members ", want), func() bool { return slices.Equal(members(), want) })
+		testrun.Eventually(t, 10*time.Second, func() bool { return slices.Equal(members(), want) }, fmt.Sprint("members ", want))
 	}
 	waitMembers("127.0.0.2:1", "127.0.0.3:1", "static")
 	a, b := f.Replica("127.0.0.2:1"), f.Replica("127.0.0.3:1")
@@ -454,7 +442,7 @@ func TestDNSMembership(t *testing.T) {
 	v := f.Snapshot().Version
 	res.set(nil, errors.New("server misbehaving"))
 	calls := res.calls.Load()
-	waitFor(t, "failed resolutions", func() bool { return res.calls.Load() >= calls+5 })
+	testrun.Eventually(t, 10*time.Second, func() bool { return res.calls.Load() >= calls+5 }, "failed resolutions")
 	if got := members(); !slices.Equal(got, []string{"127.0.0.2:1", "127.0.0.3:1", "127.0.0.4:1", "static"}) || f.Snapshot().Version != v {
 		t.Errorf("after failed resolution: members %v (version %d → %d); want unchanged", got, v, f.Snapshot().Version)
 	}
@@ -501,10 +489,10 @@ func TestDNSMergeWithStatic(t *testing.T) {
 	cfg.Resolver = res
 	f := startFleet(t, cfg)
 	// Both specs resolve concurrently; the first spec's answer wins once in.
-	waitFor(t, "dns members", func() bool {
+	testrun.Eventually(t, 10*time.Second, func() bool {
 		r := f.Replica("127.0.0.2:1")
 		return len(f.Snapshot().Replicas) == 3 && r != nil && r.Spec.Model == ""
-	})
+	}, "dns members")
 	if got := names(f.Snapshot().Replicas); !slices.Equal(got, []string{"127.0.0.1:1", "127.0.0.2:1", "127.0.0.5:1"}) {
 		t.Errorf("members = %v", got)
 	}
@@ -625,7 +613,7 @@ func TestWatchAndDiff(t *testing.T) {
 func TestRunTwice(t *testing.T) {
 	v := newFakeVLLM(t)
 	f := startFleet(t, fastConfig(v.spec("m")))
-	waitFor(t, "running", func() bool { return v.hit("/health") > 0 })
+	testrun.Eventually(t, 10*time.Second, func() bool { return v.hit("/health") > 0 }, "running")
 	if err := f.Run(context.Background()); err == nil {
 		t.Error("second concurrent Run succeeded")
 	}
@@ -642,7 +630,7 @@ func TestRunRestart(t *testing.T) {
 		done := make(chan error, 1)
 		go func() { done <- f.Run(ctx) }()
 		n := v.hit("/health")
-		waitFor(t, fmt.Sprint("checks in run ", i), func() bool { return v.hit("/health") > n+2 })
+		testrun.Eventually(t, 10*time.Second, func() bool { return v.hit("/health") > n+2 }, fmt.Sprint("checks in run ", i))
 		cancel()
 		if err := <-done; err != nil {
 			t.Fatalf("Run %d = %v", i, err)
@@ -751,14 +739,14 @@ func TestNoGoroutineLeak(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- f.Run(ctx) }()
-	waitFor(t, "work", func() bool {
+	testrun.Eventually(t, 10*time.Second, func() bool {
 		return len(f.Snapshot().Replicas) == 4 && v.hit("/metrics") > 3 && v.hit("/v1/models") > 0
-	})
+	}, "work")
 	if got := fleetGoroutines(); got != [3]int{4, 4, 1} {
 		t.Errorf("running: [health scrape dns] goroutines = %v; want [4 4 1]", got)
 	}
 	res.set([]string{"127.0.0.3"}, nil) // a replica leaves while running: its goroutines stop
-	waitFor(t, "removed replica's goroutines to stop", func() bool { return fleetGoroutines() == [3]int{3, 3, 1} })
+	testrun.Eventually(t, 10*time.Second, func() bool { return fleetGoroutines() == [3]int{3, 3, 1} }, "removed replica's goroutines to stop")
 
 	cancel() // the slow replica's probes are in flight now
 	if err := <-done; err != nil {
@@ -779,13 +767,13 @@ func TestRunClosesOwnedClient(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- f.Run(ctx) }()
-	waitFor(t, "scrapes", func() bool { return v.hit("/metrics") > 3 })
+	testrun.Eventually(t, 10*time.Second, func() bool { return v.hit("/metrics") > 3 }, "scrapes")
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("Run = %v; want nil", err)
 	}
 	// Idle connections close asynchronously.
-	waitFor(t, "client connections to close", func() bool { return stacksContaining("net/http.(*persistConn)") == 0 })
+	testrun.Eventually(t, 10*time.Second, func() bool { return stacksContaining("net/http.(*persistConn)") == 0 }, "client connections to close")
 }
 
 // fleetGoroutines counts the goroutines running health loops, scrape loops

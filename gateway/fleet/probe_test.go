@@ -7,6 +7,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/warmpath/warmpath/internal/testrun"
 )
 
 // logRecorder is a slog.Handler that keeps every record with the logger's
@@ -84,7 +87,7 @@ func TestConfiguredModelCheck(t *testing.T) {
 	// The health goroutine checks the model right after the first
 	// successful health check, so a second health check means it is done.
 	for _, v := range []*fakeVLLM{wrong, right, mute} {
-		waitFor(t, "a second health check on "+name(v), func() bool { return v.hit("/health") >= 2 })
+		testrun.Eventually(t, 10*time.Second, func() bool { return v.hit("/health") >= 2 }, "a second health check on "+name(v))
 	}
 	const msg = "does not serve the configured model"
 	warns := logs.matching(name(wrong), msg)
@@ -111,11 +114,11 @@ func TestConfiguredModelCheck(t *testing.T) {
 		r := f.Replica(name(v))
 		n := v.hit("/v1/models")
 		v.health.Store(500)
-		waitFor(t, "unhealthy", func() bool { return !r.State().Healthy })
+		testrun.Eventually(t, 10*time.Second, func() bool { return !r.State().Healthy }, "unhealthy")
 		v.health.Store(0)
-		waitFor(t, "checked again", func() bool { return v.hit("/v1/models") > n })
+		testrun.Eventually(t, 10*time.Second, func() bool { return v.hit("/v1/models") > n }, "checked again")
 		h := v.hit("/health")
-		waitFor(t, "the check to finish", func() bool { return v.hit("/health") > h })
+		testrun.Eventually(t, 10*time.Second, func() bool { return v.hit("/health") > h }, "the check to finish")
 	}
 	wrong.models.Store(&[]string{"qwen3-32b"})
 	flap(wrong)

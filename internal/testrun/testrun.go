@@ -2,7 +2,8 @@
 // a test: started in the background, canceled when the test ends, and
 // joined, failing the test if Run returned an error other than the
 // context's or did not return in time. It is the one copy of that helper
-// the tests of gateway, fleet, kvevents and vllmsim share.
+// the tests of gateway, fleet, kvevents and vllmsim share. Eventually is
+// likewise their one poll-until-a-condition-holds helper.
 //
 // The package keeps no state; each call owns one goroutine, joined at
 // cleanup.

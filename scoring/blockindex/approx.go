@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/warmpath/warmpath/internal/lru"
 )
 
 // Defaults of ApproxConfig.
@@ -91,7 +93,7 @@ type approxReplica struct {
 
 	mu       sync.Mutex // guards capacity and lru
 	capacity int        // 0: the Approx's default
-	lru      lru
+	lru      lru.Set[uint64]
 }
 
 // NewApprox returns an empty Approx.
@@ -174,7 +176,7 @@ func (a *Approx) Record(replica string, keys []uint64) {
 		if k == 0 {
 			continue
 		}
-		if r.lru.touch(k) {
+		if r.lru.Touch(k) {
 			a.kt.add(k, r.id, false)
 		}
 	}
@@ -188,8 +190,8 @@ func (a *Approx) trim(r *approxReplica) {
 	if c == 0 {
 		c = a.capacity
 	}
-	for r.lru.len() > c {
-		k := r.lru.evict()
+	for r.lru.Len() > c {
+		k, _ := r.lru.RemoveOldest()
 		a.kt.remove(k, r.id, false)
 		a.evictions.Add(1)
 	}
@@ -226,10 +228,10 @@ func (a *Approx) Clear(replica string) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for r.lru.len() > 0 {
-		a.kt.remove(r.lru.evict(), r.id, false)
+	for k, ok := r.lru.RemoveOldest(); ok; k, ok = r.lru.RemoveOldest() {
+		a.kt.remove(k, r.id, false)
 	}
-	r.lru = lru{}
+	r.lru.Clear()
 }
 
 // Stats returns the Approx's current size and counters.
@@ -247,74 +249,8 @@ func (a *Approx) Stats() ApproxStats {
 		if c == 0 {
 			c = a.capacity
 		}
-		st.Replicas[r.name] = ApproxReplicaStats{Entries: int64(r.lru.len()), Capacity: c}
+		st.Replicas[r.name] = ApproxReplicaStats{Entries: int64(r.lru.Len()), Capacity: c}
 		r.mu.Unlock()
 	}
 	return st
-}
-
-// lru is an exact LRU set of keys: a map to nodes of a circular doubly
-// linked list kept in a slice, node 0 being the sentinel (next is the most
-// recent key, prev the least). The zero value is empty.
-type lru struct {
-	idx   map[uint64]int32
-	nodes []lruNode
-	free  []int32
-}
-
-type lruNode struct {
-	key        uint64
-	prev, next int32
-}
-
-func (l *lru) len() int { return len(l.idx) }
-
-func (l *lru) unlink(i int32) {
-	n := &l.nodes[i]
-	l.nodes[n.prev].next = n.next
-	l.nodes[n.next].prev = n.prev
-}
-
-func (l *lru) pushFront(i int32) {
-	n := &l.nodes[i]
-	n.prev, n.next = 0, l.nodes[0].next
-	l.nodes[n.next].prev = i
-	l.nodes[0].next = i
-}
-
-// touch makes k the most recent key, adding it if absent; it reports whether
-// k was added.
-func (l *lru) touch(k uint64) bool {
-	if i, ok := l.idx[k]; ok {
-		l.unlink(i)
-		l.pushFront(i)
-		return false
-	}
-	if l.idx == nil {
-		l.idx = map[uint64]int32{}
-		l.nodes = []lruNode{{}} // the sentinel links to itself
-	}
-	var i int32
-	if n := len(l.free); n > 0 {
-		i = l.free[n-1]
-		l.free = l.free[:n-1]
-	} else {
-		i = int32(len(l.nodes))
-		l.nodes = append(l.nodes, lruNode{})
-	}
-	l.nodes[i].key = k
-	l.pushFront(i)
-	l.idx[k] = i
-	return true
-}
-
-// evict removes and returns the least recent key; the set must not be
-// empty.
-func (l *lru) evict() uint64 {
-	i := l.nodes[0].prev
-	k := l.nodes[i].key
-	l.unlink(i)
-	delete(l.idx, k)
-	l.free = append(l.free, i)
-	return k
 }

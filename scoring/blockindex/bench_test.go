@@ -510,3 +510,24 @@ func BenchmarkSpeculate16k(b *testing.B) {
 	// The request path pays the add; the expiry runs on the event path.
 	b.ReportMetric(float64(add.Nanoseconds())/float64(b.N), "add-ns/op")
 }
+
+// BenchmarkApproxRecord reports the time to record 256 chunk keys of a new
+// conversation on a replica whose LRU (4096 chunks) is full, so each
+// record also evicts 256 keys.
+func BenchmarkApproxRecord(b *testing.B) {
+	a, err := NewApprox(ApproxConfig{Capacity: 4096})
+	if err != nil {
+		b.Fatal(err)
+	}
+	root := Root{Model: "model"}
+	convs := make([][]uint64, 64)
+	for i := range convs {
+		convs[i] = a.AppendKeys(nil, conversation(i, 200)[:64*1024], root)
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		a.Record("r", convs[i%len(convs)])
+		i++
+	}
+}
