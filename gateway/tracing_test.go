@@ -76,7 +76,7 @@ func clientTrace(n int) (string, trace.TraceID, trace.SpanID) {
 // attempt spans, in start order.
 func traceSpans(t *testing.T, exp *tracetest.InMemoryExporter, tid trace.TraceID) (server tracetest.SpanStub, attempts []tracetest.SpanStub, all tracetest.SpanStubs) {
 	t.Helper()
-	eventually(t, 5*time.Second, func() bool {
+	testrun.Eventually(t, 5*time.Second, func() bool {
 		server, attempts, all = tracetest.SpanStub{}, nil, nil
 		for _, s := range exp.GetSpans() {
 			if s.SpanContext.TraceID() != tid {
