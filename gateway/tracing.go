@@ -21,11 +21,17 @@ package gateway
 //   - "warmpath.queue" (internal), a child of the request's span for a
 //     request the pipeline (Do) admitted: from the end of routing's I/O
 //     before admission to admission (the queue wait). Attributes:
-//     gen_ai.request.model.
+//     gen_ai.request.model, warmpath.queue.wait (seconds), and who sent it
+//     (below).
 //   - "warmpath.route" (internal): the routing decision and its I/O.
 //     Attributes: warmpath.routing.reason, warmpath.routing.policy,
-//     warmpath.replica (the first candidate), warmpath.predicted_cached_tokens
-//     (on that replica), warmpath.prompt_tokens (the estimate routing used).
+//     warmpath.routing.rebind (why the session left its replica, when it
+//     did), warmpath.replica (the first candidate),
+//     warmpath.predicted_cached_tokens (on that replica),
+//     warmpath.ttft_estimate (its estimate, seconds, for policies that
+//     estimate), warmpath.prompt_tokens (the estimate routing used), and
+//     who sent it: warmpath.tenant, warmpath.key_id, warmpath.class and
+//     warmpath.session (the session key's xxhash in hex, never the key).
 //   - "<gen_ai.operation.name> <model>" (kind client, e.g. "chat
 //     qwen3-32b"), one per upstream attempt: a retry is a second span. The
 //     replica's request carries this span's traceparent. Attributes:
@@ -54,6 +60,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/go-chi/chi/v5"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -352,23 +359,45 @@ func (t *tracing) recordPhases(ctx context.Context, x *exchange, policy string) 
 	if !t.on() || !trace.SpanFromContext(ctx).IsRecording() {
 		return
 	}
+	who := requestAttrs(x.req)
 	if !x.prepared.IsZero() && !x.admitted.IsZero() {
 		_, s := t.tracer.Start(ctx, "warmpath.queue", trace.WithTimestamp(x.prepared),
-			trace.WithAttributes(semconv.GenAIRequestModel(x.req.model)))
+			trace.WithAttributes(append(who, semconv.GenAIRequestModel(x.req.model),
+				attribute.Float64("warmpath.queue.wait", x.admitted.Sub(x.prepared).Seconds()))...))
 		s.End(trace.WithTimestamp(x.admitted))
 	}
 	if x.route == nil || x.admitted.IsZero() {
 		return
 	}
 	plan := x.route.plan
-	attrs := []attribute.KeyValue{attribute.String("warmpath.routing.reason", plan.Reason),
-		attribute.String("warmpath.routing.policy", policy), attribute.Int("warmpath.prompt_tokens", plan.PromptTokens)}
+	attrs := append(who, attribute.String("warmpath.routing.reason", plan.Reason),
+		attribute.String("warmpath.routing.policy", policy), attribute.Int("warmpath.prompt_tokens", plan.PromptTokens))
+	if plan.Rebind != "" {
+		attrs = append(attrs, attribute.String("warmpath.routing.rebind", plan.Rebind))
+	}
 	if len(plan.Order) > 0 {
 		rep, predicted := x.route.candidate(0)
 		attrs = append(attrs, attribute.String("warmpath.replica", rep.Spec.Name), attribute.Int("warmpath.predicted_cached_tokens", predicted))
+		if len(plan.Estimates) > 0 {
+			attrs = append(attrs, attribute.Float64("warmpath.ttft_estimate", plan.Estimates[0].TTFT))
+		}
 	}
 	_, s := t.tracer.Start(ctx, "warmpath.route", trace.WithTimestamp(x.admitted), trace.WithAttributes(attrs...))
 	s.End(trace.WithTimestamp(x.routed))
+}
+
+// requestAttrs are who sent a request and which conversation it
+// continues: the tenant, the key id, the priority class and the session
+// key hashed (xxhash, hex), never the key itself.
+func requestAttrs(r *Request) []attribute.KeyValue {
+	attrs := []attribute.KeyValue{attribute.String("warmpath.class", r.class.String())}
+	if p := r.principal; p != nil {
+		attrs = append(attrs, attribute.String("warmpath.tenant", p.TenantID), attribute.String("warmpath.key_id", p.KeyID))
+	}
+	if r.session.Value != "" {
+		attrs = append(attrs, attribute.String("warmpath.session", strconv.FormatUint(xxhash.Sum64String(r.session.Value), 16)))
+	}
+	return attrs
 }
 
 // inject writes span's trace context into h, replacing the client's.

@@ -130,7 +130,7 @@ func TestTracingChat(t *testing.T) {
 	gw := startTracedGateway(t, cfg, rdb, exp, &syncBuffer{})
 	tp, tid, sid := clientTrace(0)
 	r := chat(t, gw.URL, map[string]any{"model": "qwen3-32b", "max_tokens": 4, "messages": []msg{{"user", "hello tracing"}}},
-		map[string]string{"traceparent": tp, "tracestate": "vendor=abc"})
+		map[string]string{"traceparent": tp, "tracestate": "vendor=abc", "X-Session-ID": "trace-session-secret"})
 	if r.Status != http.StatusOK {
 		t.Fatalf("status %d: %s", r.Status, r.Body)
 	}
@@ -174,6 +174,15 @@ func TestTracingChat(t *testing.T) {
 				}
 				if name == "warmpath.route" && (attr(s, "warmpath.replica").AsString() != replica || attr(s, "warmpath.routing.reason").AsString() == "") {
 					t.Errorf("route span attributes %v; want warmpath.replica %s and a reason", s.Attributes, replica)
+				}
+				sess := attr(s, "warmpath.session").AsString()
+				if attr(s, "warmpath.class").AsString() != "interactive" || attr(s, "warmpath.tenant").AsString() == "" ||
+					sess == "" || strings.Contains(sess, "trace-session") {
+					t.Errorf("%s span: class %q, tenant %q, session %q; want interactive, a tenant, the session key hashed",
+						name, attr(s, "warmpath.class").AsString(), attr(s, "warmpath.tenant").AsString(), sess)
+				}
+				if name == "warmpath.queue" && attr(s, "warmpath.queue.wait").Type() != attribute.FLOAT64 {
+					t.Errorf("queue span has no warmpath.queue.wait: %v", s.Attributes)
 				}
 			}
 		}
