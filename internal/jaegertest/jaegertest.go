@@ -126,7 +126,8 @@ type Jaeger struct {
 }
 
 // config is a minimal Jaeger v2 configuration: OTLP/HTTP in, memory
-// storage, the query extension; no internal metrics endpoint.
+// storage, the query extension; no internal metrics endpoint, and no
+// self-tracing (on by default: it would export to localhost:4317).
 const config = `service:
   extensions: [jaeger_storage, jaeger_query]
   pipelines:
@@ -145,6 +146,7 @@ extensions:
         memory:
           max_traces: 10000
   jaeger_query:
+    enable_tracing: false
     storage:
       traces: mem
     http:
