@@ -1,8 +1,8 @@
 package redistest
 
 import (
-	"fmt"
 	"context"
+	"fmt"
 	"os"
 	"strconv"
 	"testing"
