@@ -40,7 +40,8 @@ package gateway
 //     server.address, http.response.status_code; status Error when the
 //     attempt failed (refused, timed out, or a 5xx). The attempt that
 //     answered ends with the response body, with gen_ai.usage.input_tokens,
-//     gen_ai.usage.output_tokens and warmpath.cached_tokens when the
+//     gen_ai.usage.output_tokens, gen_ai.usage.cache_read.input_tokens
+//     and warmpath.cached_tokens (the same figure) when the
 //     replica reported usage.
 //
 // Probes and scrapes (/healthz, /readyz, /metrics, the status page's
@@ -347,7 +348,7 @@ func endAnswered(span trace.Span, u Usage, have bool) {
 	}
 	if have {
 		span.SetAttributes(semconv.GenAIUsageInputTokens(u.PromptTokens), semconv.GenAIUsageOutputTokens(u.CompletionTokens),
-			attribute.Int("warmpath.cached_tokens", u.CachedTokens))
+			semconv.GenAIUsageCacheReadInputTokens(u.CachedTokens), attribute.Int("warmpath.cached_tokens", u.CachedTokens))
 	}
 	span.End()
 }

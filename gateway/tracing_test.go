@@ -159,7 +159,8 @@ func TestTracingChat(t *testing.T) {
 	}
 	for k, want := range map[string]any{"warmpath.replica": replica, "warmpath.attempt": int64(1), "gen_ai.operation.name": "chat",
 		"gen_ai.request.model": "qwen3-32b", "gen_ai.usage.input_tokens": int64(r.Usage.PromptTokens),
-		"gen_ai.usage.output_tokens": int64(r.Usage.CompletionTokens), "http.response.status_code": int64(200)} {
+		"gen_ai.usage.output_tokens": int64(r.Usage.CompletionTokens), "http.response.status_code": int64(200),
+		"gen_ai.usage.cache_read.input_tokens": int64(r.Usage.CachedTokens)} {
 		if got := attr(a, k).AsInterface(); got != want {
 			t.Errorf("attempt span %s = %v; want %v", k, got, want)
 		}
