@@ -2,13 +2,23 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"testing"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/warmpath/warmpath/internal/testrun"
 	"github.com/warmpath/warmpath/vllmsim"
 )
+
+// discardSpans is a span exporter that drops every span.
+type discardSpans struct{}
+
+func (discardSpans) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
+func (discardSpans) Shutdown(context.Context) error                             { return nil }
 
 // BenchmarkServeShort sends short fresh chat completions one at a time
 // through a gateway (the warmpath policy, Redis, the in-process
@@ -17,15 +27,31 @@ import (
 // the gateway's own; unlike wall time they hardly move with the machine's
 // load, so they track the request path's cost between commits
 // (benchstat). Each request is a new prompt (the non-sticky path: a
-// tokenization, a prefix match, a new binding).
+// tokenization, a prefix match, a new binding). warmpath-traced is the
+// same gateway with tracing on at ratio 1.0: its allocations less
+// warmpath's are tracing's cost on the request path.
 func BenchmarkServeShort(b *testing.B) {
 	sim := startSim(b, vllmsim.Config{Replicas: 4, Speed: 20000})
 	cfg := fleetConfig(sim)
 	cfg.Routing.Tokenizer = TokenizerSimulator
 	rdb := redisFor(b, &cfg)
 	gw := startGateway(b, cfg, rdb)
+	// The same gateway with tracing on at ratio 1.0: every span recorded
+	// and handed to an exporter that drops it (the OTLP encoding and
+	// sending of a real exporter, off the request path in its batch
+	// processor, are not counted).
+	tcfg := fleetConfig(sim)
+	tcfg.Routing.Tokenizer = TokenizerSimulator
+	trdb := redisFor(b, &tcfg)
+	traced, err := New(tcfg, Options{Redis: trdb, Logger: testLogger(b), SpanExporter: discardSpans{}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	testrun.Start(b, "traced gateway", traced.Run)
+	tg := &testGateway{Gateway: traced, URL: "http://" + traced.Addr()}
+	tg.waitHealthy(b)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
-	for _, target := range []struct{ name, url string }{{"direct", sim.Replicas()[0].Info().URL}, {"warmpath", gw.URL}} {
+	for _, target := range []struct{ name, url string }{{"direct", sim.Replicas()[0].Info().URL}, {"warmpath", gw.URL}, {"warmpath-traced", tg.URL}} {
 		b.Run(target.name, func(b *testing.B) {
 			b.ReportAllocs()
 			i := 0
