@@ -97,18 +97,8 @@ var (
 // code blocks and code spans.
 func docLinks(text string) []docLink {
 	var out []docLink
-	fence := ""
-	for i, line := range strings.Split(text, "\n") {
-		if f, ok := fenceMarker(line); ok {
-			switch {
-			case fence == "":
-				fence = f
-			case strings.HasPrefix(f, fence[:1]) && len(f) >= len(fence):
-				fence = ""
-			}
-			continue
-		}
-		if fence != "" {
+	for i, line := range proseLines(text) {
+		if line == "" {
 			continue
 		}
 		line = codeSpan.ReplaceAllString(line, "")
@@ -128,6 +118,29 @@ func docLinks(text string) []docLink {
 		}
 	}
 	return out
+}
+
+// proseLines returns text's lines with those inside fenced code blocks
+// (and the fences themselves) blanked, so index i is line i+1.
+func proseLines(text string) []string {
+	lines := strings.Split(text, "\n")
+	fence := ""
+	for i, line := range lines {
+		if f, ok := fenceMarker(line); ok {
+			switch {
+			case fence == "":
+				fence = f
+			case strings.HasPrefix(f, fence[:1]) && len(f) >= len(fence):
+				fence = ""
+			}
+			lines[i] = ""
+			continue
+		}
+		if fence != "" {
+			lines[i] = ""
+		}
+	}
+	return lines
 }
 
 func fenceMarker(line string) (string, bool) {
@@ -150,20 +163,7 @@ func fenceMarker(line string) (string, bool) {
 func docAnchors(text string) map[string]bool {
 	out := map[string]bool{}
 	seen := map[string]int{}
-	fence := ""
-	for _, line := range strings.Split(text, "\n") {
-		if f, ok := fenceMarker(line); ok {
-			switch {
-			case fence == "":
-				fence = f
-			case strings.HasPrefix(f, fence[:1]) && len(f) >= len(fence):
-				fence = ""
-			}
-			continue
-		}
-		if fence != "" {
-			continue
-		}
+	for _, line := range proseLines(text) {
 		for _, m := range htmlAnchor.FindAllStringSubmatch(line, -1) {
 			out[m[1]] = true
 		}

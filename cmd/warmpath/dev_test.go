@@ -13,6 +13,7 @@ import (
 
 	"github.com/warmpath/warmpath/gateway"
 	"github.com/warmpath/warmpath/internal/redistest"
+	"github.com/warmpath/warmpath/internal/testrun"
 )
 
 var discard = slog.New(slog.DiscardHandler)
@@ -120,16 +121,18 @@ func TestStartDevUsesConfiguredRedis(t *testing.T) {
 	// the request path (binding writes are spaced), so wait for the first.
 	var keys []string
 	conv := 0
-	for deadline := time.Now().Add(10 * time.Second); conv == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	testrun.Eventually(t, 10*time.Second, func() bool {
 		if keys, err = rdb.Keys(ctx, prefix+"sess:*").Result(); err != nil {
 			t.Fatal(err)
 		}
+		conv = 0
 		for _, k := range keys {
 			if strings.HasPrefix(k, prefix+"sess:h:dev:dev-redis-test/") {
 				conv++
 			}
 		}
-	}
+		return conv > 0
+	}, "the conversation's binding in Redis")
 	if conv != 1 || len(keys) > 2 {
 		t.Errorf("session keys under %q in the configured Redis = %v; want one conversation binding (and at most its family record)", prefix, keys)
 	}
