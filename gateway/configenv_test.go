@@ -17,7 +17,7 @@ import (
 	"github.com/warmpath/warmpath/tenancy"
 )
 
-var update = flag.Bool("update", false, "rewrite docs/reference/environment.md from gateway.EnvReference")
+var update = flag.Bool("update", false, "rewrite the generated reference pages (environment, config fields, metrics) instead of comparing them")
 
 // One derived variable of every kind sets its field.
 func TestEnvDerived(t *testing.T) {

@@ -55,6 +55,11 @@ type Options struct {
 	// as it ends (tests pass tracetest.NewInMemoryExporter), instead of
 	// the OTLP exporter of Config.Tracing.
 	SpanExporter sdktrace.SpanExporter
+
+	// wrapRegisterer, when set, wraps the registerer every collector is
+	// registered through (before the policy label is added): the metrics
+	// reference test records each collector with its Go type.
+	wrapRegisterer func(prometheus.Registerer) prometheus.Registerer
 }
 
 // Gateway is a running warmpath gateway: an OpenAI-compatible HTTP edge over
@@ -132,6 +137,9 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		log = slog.New(traceLogHandler{log.Handler()})
 	}
 	wrapped := prometheus.WrapRegistererWith(prometheus.Labels{"policy": cfg.Routing.Policy}, reg)
+	if o.wrapRegisterer != nil {
+		wrapped = o.wrapRegisterer(wrapped)
+	}
 	g := &Gateway{cfg: cfg, log: log, reg: reg, wrapped: wrapped, m: newMetrics(wrapped), kvm: kvevents.NewMetrics(wrapped), upstreamKey: o.UpstreamAPIKey, started: time.Now()}
 
 	g.drainCtx, g.cutStreams = context.WithCancel(context.Background())
