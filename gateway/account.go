@@ -46,13 +46,18 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 				g.publishBinding(x.route)
 			}
 			if x.req.stream {
-				g.m.ttft.WithLabelValues(x.req.model).Observe(time.Since(x.start).Seconds())
+				since := time.Since(x.start)
+				g.m.ttft.WithLabelValues(x.req.model).Observe(since.Seconds())
+				firstToken(x.span, since)
 			}
 			g.checkEstimate(x)
 		},
 		usage: func(u Usage) { got, have = u, true },
 		done: func(err error) {
 			x.flight.Done()
+			if err != nil && !errors.Is(err, context.Canceled) && x.ctx.Err() == nil {
+				bodyBroke(x.span, err, stream)
+			}
 			g.finish(x, got, have)
 			if g.log.Enabled(context.Background(), slog.LevelDebug) {
 				g.logFor(x).DebugContext(x.ctx, "request", "model", x.req.model, "status", resp.StatusCode, "stream", stream,

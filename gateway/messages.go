@@ -26,7 +26,7 @@ func (g *Gateway) newMessages() (*anthropic.Service, error) {
 // keys and tokens as the OpenAI routes (x-api-key or bearer), answered in
 // Anthropic's envelope by the caller.
 func (g *Gateway) authenticateMessages(ctx context.Context, h http.Header) (context.Context, error) {
-	p, err := g.tenants.auth.Authenticate(ctx, h)
+	p, err := g.trace.authenticate(g.tenants.auth.Authenticate)(ctx, h)
 	if err != nil {
 		return ctx, err
 	}
@@ -59,7 +59,7 @@ func (c messagesChat) Complete(ctx context.Context, t anthropic.Turn) (*http.Res
 // messagesHandler mounts the Messages API under the gateway's request
 // metrics.
 func (g *Gateway) messagesHandler() http.HandlerFunc {
-	h := g.messages.Handler()
+	h := g.trace.front(g.messages.Handler(), messagesOp, noID)
 	return g.serve("messages", func(w http.ResponseWriter, r *http.Request) error {
 		h.ServeHTTP(w, r)
 		return nil

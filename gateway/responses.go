@@ -95,7 +95,9 @@ func (c responsesChat) Complete(ctx context.Context, t responses.Turn) (*http.Re
 		req.SetSession(session.Chain(p.TenantID, t.Session))
 	}
 	req.SetBackground(t.Background)
+	ctx, span := c.g.trace.backgroundSpan(ctx, t)
 	resp, err := c.g.Do(ctx, req)
+	endWithBody(span, resp, err)
 	if err != nil {
 		return errorResponse(ctx, err)
 	}

@@ -120,11 +120,11 @@ func (g *Gateway) routes() http.Handler {
 	r.Handle("/v1/messages", messages)
 	r.Handle("/v1/messages/*", messages)
 	r.Group(func(r chi.Router) {
-		r.Use(g.tenants.auth.Middleware)
+		r.Use(g.tenants.auth.MiddlewareWith(g.trace.authenticate(g.tenants.auth.Authenticate)))
 		r.Post("/v1/chat/completions", g.serve("chat_completions", g.inference(APIChat)))
 		r.Post("/v1/completions", g.serve("completions", g.inference(APICompletions)))
 		if g.responses != nil {
-			h := g.responses.Handler()
+			h := g.trace.front(g.responses.Handler(), responsesOp, responsesID)
 			for _, p := range []string{"/v1/responses", "/v1/responses/*", "/v1/conversations", "/v1/conversations/*"} {
 				r.Handle(p, h)
 			}

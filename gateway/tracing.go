@@ -42,7 +42,22 @@ package gateway
 //     answered ends with the response body, with gen_ai.usage.input_tokens,
 //     gen_ai.usage.output_tokens, gen_ai.usage.cache_read.input_tokens
 //     and warmpath.cached_tokens (the same figure) when the
-//     replica reported usage.
+//     replica reported usage. A streamed answer's attempt has the event
+//     "warmpath.first_token" (warmpath.ttft, seconds from arrival); a body
+//     that breaks after the first byte sets status Error and, for a
+//     stream, warmpath.stream.cut.
+//   - "warmpath.auth" (internal), a child of the server span: the
+//     credential check, with warmpath.tenant and warmpath.key_id; a
+//     refusal has status Error, http.response.status_code and error.type.
+//   - "warmpath.background" (consumer), the root of a background
+//     response's run, linked to the server span of the POST that created
+//     it (whose context the stored record's headers carry); attributes
+//     gen_ai.operation.name, gen_ai.response.id, warmpath.tenant.
+//
+// The Responses, Conversations and Messages fronts name their server
+// spans after their own routes and add gen_ai.operation.name (routes
+// that run a model) and gen_ai.response.id or gen_ai.conversation.id
+// (tracefront.go).
 //
 // Probes and scrapes (/healthz, /readyz, /metrics, the status page's
 // JSON) start no trace: a load balancer's probe every few seconds would
@@ -265,14 +280,19 @@ func (t *tracing) middleware(next http.Handler) http.Handler {
 		ctx := t.prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
 		ctx, span := t.tracer.Start(ctx, r.Method, trace.WithSpanKind(trace.SpanKindServer),
 			trace.WithAttributes(semconv.HTTPRequestMethodKey.String(r.Method), semconv.URLPath(r.URL.Path)))
+		note := &frontNote{}
+		ctx = context.WithValue(ctx, frontNoteKey{}, note)
 		rec := &statusRecorder{ResponseWriter: w}
 		defer func() {
-			if rc := chi.RouteContext(r.Context()); rc != nil {
-				if p := rc.RoutePattern(); p != "" {
-					span.SetName(r.Method + " " + p)
-					span.SetAttributes(semconv.HTTPRoute(p))
-				}
+			route := note.route
+			if rc := chi.RouteContext(r.Context()); rc != nil && route == "" {
+				route = rc.RoutePattern()
 			}
+			if route != "" {
+				span.SetName(r.Method + " " + route)
+				span.SetAttributes(semconv.HTTPRoute(route))
+			}
+			span.SetAttributes(note.attrs...)
 			code := rec.code()
 			p := recover()
 			if p != nil && r.Context().Err() == nil {

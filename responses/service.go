@@ -45,6 +45,8 @@ type Turn struct {
 	// by tenant unless it says so; response and conversation IDs are
 	// random and never collide.
 	Session string
+	// ResponseID is the ID of the response the turn answers.
+	ResponseID string
 	// Tenant is the tenant the turn runs for, as Options.Tenant returned it
 	// for the creating request. Background turns run in Service.Run's
 	// workers, outside any client request, so the gateway must take the

@@ -210,8 +210,12 @@ func (s *Service) call(ctx context.Context, t *turn) (*http.Response, error) {
 	if err != nil {
 		return nil, err
 	}
+	var id string
+	if t.resp != nil {
+		id = t.resp.ID
+	}
 	resp, err := s.chat.Complete(ctx, Turn{Body: body, Session: t.sess, Tenant: t.tenant,
-		Background: t.p.background, Header: t.header})
+		Background: t.p.background, Header: t.header, ResponseID: id})
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()

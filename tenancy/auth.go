@@ -229,8 +229,18 @@ func (a *Authenticator) salt(t *Tenant) *string {
 // credential headers so they never reach an upstream. Failures are written
 // in the OpenAI envelope.
 func (a *Authenticator) Middleware(next http.Handler) http.Handler {
+	return a.MiddlewareWith(a.Authenticate)(next)
+}
+
+// MiddlewareWith is Middleware authenticating each request with
+// authenticate, which wraps Authenticate (the gateway's tracing times it).
+func (a *Authenticator) MiddlewareWith(authenticate func(context.Context, http.Header) (*Principal, error)) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler { return a.middleware(authenticate, next) }
+}
+
+func (a *Authenticator) middleware(authenticate func(context.Context, http.Header) (*Principal, error), next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p, err := a.Authenticate(r.Context(), r.Header)
+		p, err := authenticate(r.Context(), r.Header)
 		if err != nil {
 			he := apierror.Write(w, err)
 			a.log.Debug("tenancy: authentication failed", "status", he.Status, "err", he.Err)
