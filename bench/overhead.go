@@ -111,6 +111,12 @@ type OverheadConfig struct {
 	// "simulator" (in process, as a gateway in front of a simulated fleet
 	// is configured), "replicas" asks the replicas' /tokenize.
 	Tokenizer string
+	// Tracing, when set, turns tracing on in the warmpath targets at
+	// sample ratio 1.0, exporting over OTLP/HTTP (batched, as warmpath
+	// serve does) to this collector URL, or, with "sink", to a sink in
+	// this process that reads each export and drops it (its CPU is not the
+	// targets'). Empty leaves tracing off.
+	Tracing string
 	// Seed seeds the prompts; default 1.
 	Seed int64
 	// Logger receives the gateway's and simulator's logs; nil discards.
@@ -198,6 +204,9 @@ type OverheadReport struct {
 	// under MaxP99ms and no errors (0: none held).
 	MaxRate  map[string]float64 `json:"max_rate"`
 	MaxP99Ms float64            `json:"max_p99_ms"`
+	// TraceExports counts the OTLP exports the trace sink received
+	// (Tracing "sink"), proof the spans went out.
+	TraceExports int64 `json:"trace_exports,omitempty"`
 }
 
 // target is one way to reach a fleet.
@@ -229,13 +238,25 @@ func Overhead(ctx context.Context, cfg OverheadConfig) (*OverheadReport, error) 
 	ctx, cancel := context.WithCancel(ctx)
 	eg, ctx := errgroup.WithContext(ctx)
 	var stores []*miniredis.Miniredis // closed once the gateways have stopped
+	rep := &OverheadReport{MaxRate: map[string]float64{}, MaxP99Ms: ms(cfg.MaxP99)}
+	var sink *traceSink // stopped once the gateways have flushed their spans
 	defer func() {
 		cancel()
 		_ = eg.Wait()
 		for _, mr := range stores {
 			mr.Close()
 		}
+		if sink != nil {
+			rep.TraceExports = sink.stop()
+		}
 	}()
+	if cfg.Tracing == "sink" {
+		var err error
+		if sink, err = startTraceSink(); err != nil {
+			return nil, err
+		}
+		cfg.Tracing = sink.url
+	}
 	targets, err := overheadTargets(ctx, eg, cfg, &stores)
 	if err != nil {
 		return nil, err
@@ -247,7 +268,6 @@ func Overhead(ctx context.Context, cfg OverheadConfig) (*OverheadReport, error) 
 			return nil, err
 		}
 	}
-	rep := &OverheadReport{MaxRate: map[string]float64{}, MaxP99Ms: ms(cfg.MaxP99)}
 	shapes := []string{ShapeShort, ShapeSticky, ShapeStream, ShapeLong}
 	for _, shape := range shapes {
 		for _, rate := range cfg.Shapes[shape] {
@@ -380,7 +400,7 @@ func overheadTargets(ctx context.Context, eg *errgroup.Group, cfg OverheadConfig
 		case child:
 			pol := cfg.Policies[i-2]
 			t, err := childTarget(ctx, eg, cfg, "warmpath:"+pol, OverheadTarget{Kind: TargetWarmpath, Policy: pol,
-				Replicas: specs, RedisAddr: cfg.RedisAddr, Tokenizer: cfg.Tokenizer, CPUProfile: cfg.targetProfile("warmpath:" + pol)})
+				Replicas: specs, RedisAddr: cfg.RedisAddr, Tokenizer: cfg.Tokenizer, Tracing: cfg.Tracing, CPUProfile: cfg.targetProfile("warmpath:" + pol)})
 			if err != nil {
 				return nil, err
 			}
@@ -414,6 +434,9 @@ func startOverheadGateway(ctx context.Context, eg *errgroup.Group, cfg OverheadC
 	gc.Health.Interval, gc.Health.ScrapeInterval = 250*time.Millisecond, 250*time.Millisecond
 	gc.Server.MaxConnsPerClient = -1 // the load generator is one client
 	gc.Server.PreStop = -1
+	if cfg.Tracing != "" {
+		gc.Tracing.Endpoint, gc.Tracing.SampleRatio = cfg.Tracing, 1
+	}
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	reg := prometheus.NewRegistry()
 	gw, err := gateway.New(gc, gateway.Options{Redis: rdb, Logger: cfg.Logger, Registry: reg})
@@ -437,6 +460,36 @@ func startOverheadGateway(ctx context.Context, eg *errgroup.Group, cfg OverheadC
 }
 
 const overheadKey = "sk-overhead-bench"
+
+// traceSink is an OTLP/HTTP trace receiver that reads every export,
+// counts it and drops it.
+type traceSink struct {
+	url     string
+	srv     *http.Server
+	exports atomic.Int64
+}
+
+// startTraceSink serves a trace sink until its stop.
+func startTraceSink() (*traceSink, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("bench: overhead: trace sink: %w", err)
+	}
+	s := &traceSink{url: "http://" + ln.Addr().String()}
+	s.srv = &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		s.exports.Add(1)
+		w.Header().Set("Content-Type", "application/x-protobuf")
+	})}
+	go func() { _ = s.srv.Serve(ln) }()
+	return s, nil
+}
+
+// stop closes the sink and returns the exports it received.
+func (s *traceSink) stop() int64 {
+	_ = s.srv.Close()
+	return s.exports.Load()
+}
 
 // startPlainProxy serves a minimal round-robin reverse proxy: the floor.
 func startPlainProxy(ctx context.Context, eg *errgroup.Group, urls []string) (string, error) {
@@ -818,6 +871,9 @@ func (r *OverheadReport) WriteTable(w io.Writer) error {
 			parts = append(parts, fmt.Sprintf("%s %.0f", n, r.MaxRate[n]))
 		}
 		fmt.Fprintf(w, "highest short-prompt rate held with p99 < %.0f ms (req/s): %s\n", r.MaxP99Ms, strings.Join(parts, ", "))
+	}
+	if r.TraceExports > 0 {
+		fmt.Fprintf(w, "OTLP exports received by the trace sink: %d\n", r.TraceExports)
 	}
 	return nil
 }

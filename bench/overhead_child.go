@@ -44,6 +44,7 @@ type OverheadTarget struct {
 	Replicas  []fleet.ReplicaSpec `json:"replicas"`
 	RedisAddr string              `json:"redis,omitempty"` // empty: a miniredis in the child
 	Tokenizer string              `json:"tokenizer,omitempty"`
+	Tracing   string              `json:"tracing,omitempty"` // an OTLP/HTTP collector URL: tracing on, ratio 1.0
 	// CPUProfile, when set, is where the child writes a CPU profile of
 	// its whole run (runOverheadTarget starts and stops it).
 	CPUProfile string `json:"cpu_profile,omitempty"`
@@ -60,7 +61,7 @@ func ServeOverheadTarget(parent context.Context, spec OverheadTarget, out io.Wri
 			mr.Close()
 		}
 	}()
-	cfg := OverheadConfig{RedisAddr: spec.RedisAddr, Tokenizer: spec.Tokenizer}
+	cfg := OverheadConfig{RedisAddr: spec.RedisAddr, Tokenizer: spec.Tokenizer, Tracing: spec.Tracing}
 	cfg.withDefaults()
 	var u string
 	switch spec.Kind {

@@ -45,6 +45,23 @@ func TestOverheadSmoke(t *testing.T) {
 	}
 }
 
+// With Tracing "sink", the warmpath target traces every request and its
+// exports reach the sink (flushed when the gateway stops), which the
+// table reports.
+func TestOverheadTracingSink(t *testing.T) {
+	rep, err := Overhead(t.Context(), OverheadConfig{
+		Shapes: map[string][]float64{ShapeShort: {50}}, Window: 300 * time.Millisecond, Rounds: 1,
+		MaxRates: []float64{}, Policies: []string{"round-robin"}, Tracing: "sink",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	if err := rep.WriteTable(&b); err != nil || rep.TraceExports == 0 || !strings.Contains(b.String(), "OTLP exports received by the trace sink") {
+		t.Errorf("trace exports %d, table: %v\n%s", rep.TraceExports, err, b.String())
+	}
+}
+
 // The lines `warmpath sim` prints (vllmsim.Run) name every replica's
 // endpoints, as a child fleet is read.
 func TestParseSimLine(t *testing.T) {

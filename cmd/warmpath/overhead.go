@@ -18,7 +18,7 @@ import (
 // proxy and direct requests: `warmpath overhead [--policies warmpath,round-robin]
 // [--shapes short=200:1000,sticky=200:1000,stream=1000,long=25:50] [--window 3s]
 // [--rounds 3] [--max-rates 500,1000,…|none] [--fleet child|in-process]
-// [--targets child|in-process] [--json FILE] [--quiet]`.
+// [--targets child|in-process] [--tracing sink|URL] [--json FILE] [--quiet]`.
 func runOverhead(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("overhead", flag.ContinueOnError)
 	var cfg bench.OverheadConfig
@@ -32,6 +32,7 @@ func runOverhead(ctx context.Context, args []string) error {
 	quiet := fs.Bool("quiet", false, "no progress lines")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run (gateway, proxy and load; the simulator too with --fleet in-process) to FILE; samples carry a target label (pprof -tagfocus target=warmpath:warmpath)")
 	tracePath := fs.String("trace", "", "write a runtime execution trace of the run to FILE; each target's windows are regions named \"overhead <target> <shape> <rate>\" (go tool trace FILE)")
+	fs.StringVar(&cfg.Tracing, "tracing", "", "turn tracing on in the warmpath targets (sample ratio 1.0), exporting over OTLP/HTTP to this collector URL, or to sink: a receiver in this process that drops every export (default off)")
 	fs.StringVar(&cfg.Tokenizer, "tokenizer", "", "the warmpath targets' routing.tokenizer: simulator (default, in process) or replicas (their /tokenize)")
 	fleetMode := fs.String("fleet", "child", "where the simulated replicas run: child (a `warmpath sim` process per fleet, their CPU not counted) or in-process")
 	fs.StringVar(&cfg.TargetProfileDir, "target-profiles", "", "with --targets child, each target process writes a CPU profile of its run to DIR/<target>.prof")
