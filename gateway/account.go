@@ -45,8 +45,8 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 				// on: one write, not two, and none later than before.
 				g.publishBinding(x.route)
 			}
-			if x.req.stream {
-				g.m.ttft.WithLabelValues(x.req.model).Observe(time.Since(x.start).Seconds())
+			if x.req.Stream() {
+				g.m.ttft.WithLabelValues(x.req.Model()).Observe(time.Since(x.start).Seconds())
 			}
 			g.checkEstimate(x)
 		},
@@ -55,7 +55,7 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 			x.flight.Done()
 			g.finish(x, got, have)
 			if g.log.Enabled(context.Background(), slog.LevelDebug) {
-				g.logFor(x).DebugContext(x.ctx, "request", "model", x.req.model, "status", resp.StatusCode, "stream", stream,
+				g.logFor(x).DebugContext(x.ctx, "request", "model", x.req.Model(), "status", resp.StatusCode, "stream", stream,
 					"prompt_tokens", got.PromptTokens, "cached_tokens", got.CachedTokens, "predicted_cached", x.predicted,
 					"attempts", x.attempts, "duration_ms", time.Since(x.start).Milliseconds(), "err", err)
 			}
@@ -65,10 +65,10 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 			}
 			g.rememberCompleted(x.route, x.replica.Spec.Name, completed)
 			if have {
-				g.m.account(g.tenant(x), x.req.model, got, x.predicted, g.cfg.Routing.BlockSize)
+				g.m.account(g.tenant(x), x.req.Model(), got, x.predicted, g.cfg.Routing.BlockSize)
 				g.activity.served(time.Now(), g.tenant(x), got)
-				if !x.req.tokenIDs {
-					g.ratios.observe(x.req.model, x.req.textBytes, got.PromptTokens)
+				if !x.req.TokenIDs() {
+					g.ratios.observe(x.req.Model(), x.req.TextBytes(), got.PromptTokens)
 				}
 			}
 			if err != nil && !errors.Is(err, context.Canceled) && x.ctx.Err() == nil {
@@ -85,7 +85,7 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 		},
 	}
 	if stream {
-		resp.Body = newSSEFilter(resp.Body, x.req.stream && !x.req.wantUsage, obs)
+		resp.Body = newSSEFilter(resp.Body, x.req.Stream() && !x.req.WantUsage(), obs)
 		resp.Header.Del("Content-Length")
 		resp.ContentLength = -1
 	} else {
@@ -105,7 +105,7 @@ func (g *Gateway) checkEstimate(x *exchange) {
 	}
 	observed := time.Since(x.route.at).Seconds()
 	g.m.ttftError.WithLabelValues(x.replica.Spec.Name).Observe(e.TTFT - observed)
-	g.cal.Observe(x.req.model, e, observed)
+	g.cal.Observe(x.req.Model(), e, observed)
 }
 
 // upstreamError reads a replica's error answer (bounded) and rewrites it
@@ -131,7 +131,7 @@ func (g *Gateway) upstreamError(x *exchange, resp *http.Response) (*http.Respons
 // tenant labels accounting metrics: the sender's tenant name while it is
 // among the busiest (tenancy.Labeler), "other" beyond them.
 func (g *Gateway) tenant(x *exchange) string {
-	if p := x.req.principal; p != nil {
+	if p := x.req.Principal(); p != nil {
 		return g.tenants.labels.Label(p.TenantName)
 	}
 	return "default"

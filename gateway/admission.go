@@ -21,13 +21,13 @@ type Admitter interface {
 	// *apierror.Error such as a 429, or ctx's error). On success the
 	// gateway calls release exactly once, when the request has ended,
 	// with what the replica reported (zero when it reported nothing).
-	Admit(ctx context.Context, r *Request) (release func(Usage), err error)
+	Admit(ctx context.Context, r *turn) (release func(Usage), err error)
 }
 
 // admitAll is the pass-through admission: every request at once.
 type admitAll struct{}
 
-func (admitAll) Admit(context.Context, *Request) (func(Usage), error) { return releaseNothing, nil }
+func (admitAll) Admit(context.Context, *turn) (func(Usage), error) { return releaseNothing, nil }
 
 func releaseNothing(Usage) {}
 
@@ -38,8 +38,8 @@ func releaseNothing(Usage) {}
 // exchange holds both, for finish.
 func (g *Gateway) admitExchange(ctx context.Context, x *exchange) error {
 	r := x.req
-	if p := r.principal; p != nil && g.tenants.limit != nil {
-		lease, err := g.tenants.limit.Admit(ctx, p, r.model, r.estimatedTokens()+r.maxTokens)
+	if p := r.Principal(); p != nil && g.tenants.limit != nil {
+		lease, err := g.tenants.limit.Admit(ctx, p, r.Model(), r.estimatedTokens()+r.MaxTokens())
 		if err != nil {
 			return err
 		}
@@ -87,7 +87,7 @@ func (g *Gateway) finish(x *exchange, u Usage, have bool) {
 		}
 		x.lease.Done(tokens)
 	}
-	if p := x.req.principal; have && p != nil && g.tenants.usage != nil {
+	if p := x.req.Principal(); have && p != nil && g.tenants.usage != nil {
 		g.tenants.usage.Record(p, tenancy.Counts{Requests: 1, PromptTokens: int64(u.PromptTokens),
 			CachedTokens: int64(u.CachedTokens), CompletionTokens: int64(u.CompletionTokens)})
 	}
@@ -132,8 +132,8 @@ type planned struct {
 
 // wait runs admit for r, counting it among its model's waiting requests
 // meanwhile, and its plans while it is placed.
-func (b *backlog) wait(r *Request, admit func() (func(Usage), error)) (func(Usage), error) {
-	n := b.counter(r.model)
+func (b *backlog) wait(r *turn, admit func() (func(Usage), error)) (func(Usage), error) {
+	n := b.counter(r.Model())
 	n.Add(1)
 	defer n.Add(-1)
 	if p := r.placement; p != nil {

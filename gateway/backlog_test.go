@@ -9,6 +9,7 @@ import (
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/internal/redistest"
 	"github.com/warmpath/warmpath/scoring"
+	"github.com/warmpath/warmpath/tenancy/fairq"
 )
 
 // A request counts in its model's backlog while the Admitter holds it,
@@ -18,7 +19,7 @@ func TestBacklogCountsWaiting(t *testing.T) {
 	entered, release, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
-		_, _ = b.wait(&Request{model: "m"}, func() (func(Usage), error) {
+		_, _ = b.wait(testTurn(t, "m", fairq.Interactive), func() (func(Usage), error) {
 			close(entered)
 			<-release
 			return releaseNothing, nil

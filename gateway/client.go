@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/gateway/request"
 	"github.com/warmpath/warmpath/tenancy"
 )
 
@@ -19,7 +20,7 @@ import (
 // response path.
 type exchange struct {
 	ctx     context.Context // the caller's
-	req     *Request
+	req     *turn
 	start   time.Time
 	body    []byte // upstream body
 	route   *route
@@ -63,14 +64,11 @@ type exchange struct {
 // when the body has been read to its end or closed, so the caller must
 // close it. Errors before any response are *apierror.Error values (or
 // ctx's error). Do is the routed client every API surface uses.
-func (g *Gateway) Do(ctx context.Context, r *Request) (*http.Response, error) {
+func (g *Gateway) Do(ctx context.Context, req *request.R) (*http.Response, error) {
+	r := &turn{R: req, bytesPerToken: g.ratios.get(req.Model())}
 	x := &exchange{ctx: ctx, req: r, start: time.Now()}
-	r.bytesPerToken = g.ratios.get(r.model)
 	var err error
-	if x.body, err = r.upstreamBody(); err != nil {
-		return nil, fmt.Errorf("gateway: build upstream body: %w", err)
-	}
-	if x.body, err = g.classBody(x.body, r); err != nil {
+	if x.body, err = r.UpstreamBody(g.cfg.Queue.VLLMPriority); err != nil {
 		return nil, fmt.Errorf("gateway: build upstream body: %w", err)
 	}
 	if err = g.admitExchange(ctx, x); err != nil {

@@ -20,7 +20,7 @@ import (
 // the replica chosen can start it now; route uses the plan place made.
 type placement struct {
 	g    *Gateway
-	r    *Request
+	r    *turn
 	reps []*fleet.Replica
 	in   *scoring.Input
 	bind session.Binding
@@ -44,7 +44,7 @@ type placement struct {
 // prepare gathers r's routing inputs and matches its prompt when the
 // policy would need the match to decide now. A model nothing serves is a
 // 404 and one with no healthy replica a 503, before admission.
-func (g *Gateway) prepare(ctx context.Context, r *Request) (*placement, error) {
+func (g *Gateway) prepare(ctx context.Context, r *turn) (*placement, error) {
 	version := g.fleet.Snapshot().Version // before gather reads the members: a change between is followed
 	reps, in, bind, err := g.gather(ctx, r)
 	if err != nil {
@@ -56,7 +56,7 @@ func (g *Gateway) prepare(ctx context.Context, r *Request) (*placement, error) {
 		// prefix"), so deciding here does not advance a picker.
 		plan, err := g.policy.Decide(in)
 		if err != nil {
-			return nil, apierror.Unavailable(err, "no healthy replica serves model %s; try again shortly", r.model)
+			return nil, apierror.Unavailable(err, "no healthy replica serves model %s; try again shortly", r.Model())
 		}
 		if plan.NeedsPrefix {
 			p.match(ctx)
@@ -96,7 +96,7 @@ func (p *placement) refresh(now time.Time, waiting bool) {
 		p.g.queue.capacity.addClaims(p.reps, eps)
 	}
 	p.g.waiting.fill(p, p.reps, eps)
-	p.in.Now, p.in.Endpoints, p.in.Backlog = now, eps, p.g.waiting.of(p.r.model)
+	p.in.Now, p.in.Endpoints, p.in.Backlog = now, eps, p.g.waiting.of(p.r.Model())
 }
 
 // follow re-reads the replicas serving the request's model when the
@@ -119,7 +119,7 @@ func (p *placement) follow(waiting bool) {
 		return
 	}
 	p.version = snap.Version
-	reps := servingIn(snap, p.r.model)
+	reps := servingIn(snap, p.r.Model())
 	if slices.Equal(reps, p.reps) {
 		return
 	}
@@ -172,7 +172,7 @@ func (p *placement) place(c *fleetCapacity) bool {
 		return true
 	}
 	tokens := int64(max(0, plan.PromptTokens-plan.Predicted[0]))
-	claim, ok := c.claim(p.reps[plan.Chosen()], p.r.class, tokens, now)
+	claim, ok := c.claim(p.reps[plan.Chosen()], p.r.Class(), tokens, now)
 	p.g.waiting.plan(p, p.reps[plan.Chosen()], &plan, ok)
 	if !ok {
 		return false
@@ -196,7 +196,7 @@ func (p *placement) unclaim() {
 // goes to a replica without room), so the room it held may still be free,
 // on a replica no candidate's routing chose when it left. Nothing else
 // would look again before the next scrape, finished request or recheck.
-func (g *Gateway) refill(r *Request) {
+func (g *Gateway) refill(r *turn) {
 	if g.queue != nil && r.queueWait > 0 && (r.placement == nil || !r.placement.placed) {
 		g.queue.q.Refill()
 	}

@@ -314,11 +314,11 @@ func newQueueAdmitter(cfg *Config, fl *fleet.Fleet, rdb redis.UniversalClient, l
 // dispatches it. A model that no healthy replica serves skips the queue,
 // so routing answers 404 or 503 at once rather than the queue a 429 after
 // its timeout (and no client-chosen name becomes queue state).
-func (a *queueAdmitter) Admit(ctx context.Context, r *Request) (func(Usage), error) {
-	if !a.serves(r.model) {
+func (a *queueAdmitter) Admit(ctx context.Context, r *turn) (func(Usage), error) {
+	if !a.serves(r.Model()) {
 		return releaseNothing, nil
 	}
-	if p := r.principal; p != nil {
+	if p := r.Principal(); p != nil {
 		if _, ok := a.names.Load(p.TenantID); !ok {
 			// First sight: the queue labels the tenant now, before its
 			// first request has finished and been counted.
@@ -367,20 +367,13 @@ func settle(gr *fairq.Grant, u Usage) {
 // serving the session (sticky routing keeps it there), and that prefix is
 // also the service the session has received (Attained). Cost is the
 // prompt net of that prediction; Settle corrects it from the usage.
-func (r *Request) ticket() fairq.Ticket {
-	t := fairq.Ticket{Class: r.class, Model: r.model, Session: r.session.Value, Turn: r.turns}
-	if p := r.principal; p != nil {
+func (r *turn) ticket() fairq.Ticket {
+	t := fairq.Ticket{Class: r.Class(), Model: r.Model(), Session: r.Session().Value, Turn: r.Turns()}
+	if p := r.Principal(); p != nil {
 		t.Tenant, t.Weight = p.TenantID, float64(p.Weight)
 	}
 	prompt := r.estimatedTokens()
-	held := 0
-	if r.turns > 0 {
-		held = r.priorBytes
-		if r.tools.IsArray() {
-			held += len(r.tools.Raw)
-		}
-		held = min(prompt, held/4)
-	}
+	held := min(prompt, r.HeldBytes()/4)
 	t.Attained, t.Cost = float64(held), float64(prompt-held)
 	return t
 }
@@ -454,11 +447,11 @@ func (g *Gateway) startPending(x *exchange) {
 	}
 	c := g.queue.capacity
 	rep, _ := x.route.candidate(0)
-	class := min(x.req.class, fairq.Background)
+	class := min(x.req.Class(), fairq.Background)
 	x.pendingLoad = c.loadFor(rep)
 	x.pending = &x.pendingLoad.pending[class]
 	x.pending.Add(1)
-	if !x.req.stream {
+	if !x.req.Stream() {
 		// A non-streaming answer's first byte is its end: after two
 		// scrape intervals a scrape taken since the engine saw the
 		// request says whether it waits (QueueSaturation).
@@ -512,7 +505,7 @@ func (l *replicaLoad) unnoteStarted(scrapedAt time.Time) {
 // it has no room anyway), and a zero startedAt means "not counted".
 func (g *Gateway) firstByte(x *exchange) {
 	rep, _ := x.route.candidate(0)
-	count := x.pendingLoad != nil && x.req.stream && !x.pendingDone.Load() && x.replica == rep
+	count := x.pendingLoad != nil && x.req.Stream() && !x.pendingDone.Load() && x.replica == rep
 	x.endPending() // before the re-check, which then sees it started
 	if !count {
 		return
@@ -607,8 +600,8 @@ func (r reserveCollector) Collect(ch chan<- prometheus.Metric) {
 // keepReserve hides the reserved replicas from a background request's
 // routing (as unable to take traffic), unless no other replica is
 // healthy; eps are the endpoints of reps.
-func (g *Gateway) keepReserve(r *Request, reps []*fleet.Replica, eps []scoring.Endpoint) {
-	if g.queue == nil || r.class < fairq.Background {
+func (g *Gateway) keepReserve(r *turn, reps []*fleet.Replica, eps []scoring.Endpoint) {
+	if g.queue == nil || r.Class() < fairq.Background {
 		return
 	}
 	c, now := g.queue.capacity, time.Now()
@@ -793,7 +786,7 @@ func (g *Gateway) replicaUpdated(*fleet.Replica) {
 
 // queueHeaders are the debug headers of admission: the class the request
 // ran in and how long it waited in the queue, in milliseconds.
-func queueHeaders(h http.Header, r *Request) {
-	h.Set("X-Warmpath-Class", r.class.String())
+func queueHeaders(h http.Header, r *turn) {
+	h.Set("X-Warmpath-Class", r.Class().String())
 	h.Set("X-Warmpath-Queue-Ms", strconv.FormatFloat(float64(r.queueWait)/float64(time.Millisecond), 'f', 1, 64))
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/gateway/request"
 	"github.com/warmpath/warmpath/internal/testrun"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/tenancy"
@@ -594,18 +595,14 @@ func FuzzRequestClass(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body, header string, vllm bool) {
 		p := &tenancy.Principal{TenantID: "t", TenantName: "t", DefaultClass: "interactive", ClassCeiling: "interactive", Weight: 2}
-		r, err := ParseRequest(APIChat, http.Header{fairq.HeaderPriority: {header}}, []byte(body), p)
+		r, err := request.Parse(request.Chat, http.Header{fairq.HeaderPriority: {header}}, []byte(body), p)
 		if err != nil {
 			return
 		}
 		if c := r.Class(); c != fairq.Interactive && c != fairq.Background {
 			t.Fatalf("class %v", c)
 		}
-		g := &Gateway{cfg: Config{Queue: QueueConfig{VLLMPriority: vllm}}}
-		ub, err := r.upstreamBody()
-		if err == nil {
-			ub, err = g.classBody(ub, r)
-		}
+		ub, err := r.UpstreamBody(vllm)
 		if err != nil || !json.Valid(ub) {
 			t.Fatalf("upstream body %q: %v", ub, err)
 		}
@@ -616,7 +613,7 @@ func FuzzRequestClass(f *testing.F) {
 		if want := vllm && r.Class() == fairq.Background; (fields.Priority != nil) != want || (want && *fields.Priority != 1) {
 			t.Fatalf("upstream priority %v for class %v, vllm_priority %v", fields.Priority, r.Class(), vllm)
 		}
-		tk := r.ticket()
+		tk := (&turn{R: r}).ticket()
 		if tk.Cost < 0 || tk.Attained < 0 || tk.Turn < 0 || tk.Weight != 2 {
 			t.Fatalf("ticket %+v", tk)
 		}
@@ -651,7 +648,7 @@ func BenchmarkAdmission(b *testing.B) {
 	}, "the fleet to be ready (8 replicas healthy and scraped)")
 	p := &tenancy.Principal{TenantID: "acme", TenantName: "acme", DefaultClass: "interactive", ClassCeiling: "interactive", Weight: 1}
 	body := []byte(`{"model":"qwen3-32b","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hello"},{"role":"assistant","content":"hi"},{"role":"user","content":"more"}]}`)
-	r, err := ParseRequest(APIChat, http.Header{}, body, p)
+	r, err := request.Parse(request.Chat, http.Header{}, body, p)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -664,7 +661,7 @@ func BenchmarkAdmission(b *testing.B) {
 			b.ReportAllocs()
 			ctx := context.Background()
 			for b.Loop() {
-				release, err := bb.a.Admit(ctx, r)
+				release, err := bb.a.Admit(ctx, &turn{R: r})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -857,7 +854,7 @@ func TestKeepReserve(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			eps := []scoring.Endpoint{{Unhealthy: tt.unhealthy[0]}, {Unhealthy: tt.unhealthy[1]}}
-			g.keepReserve(&Request{class: tt.class}, reps, eps)
+			g.keepReserve(testTurn(t, "m", tt.class), reps, eps)
 			unavailable := func(e scoring.Endpoint) bool { return e.Unhealthy || e.Reserved }
 			if got := []bool{unavailable(eps[0]), unavailable(eps[1])}; got[0] != tt.want[0] || got[1] != tt.want[1] {
 				t.Errorf("unavailable after keepReserve = %v; want %v", got, tt.want)
