@@ -60,6 +60,11 @@
 //     changed what stands there).
 //  5. Otherwise new.
 //
+// With [Turn.BlockTokens] set, Previous and Matched are first rounded
+// down to whole blocks: an engine caches whole blocks only, so a partial
+// block's tokens count as new, or as client_prefix_break when the break
+// falls inside the block.
+//
 // Every input is clamped to [0, P] (C too; a negative P counts as 0), so
 // the causes are non-negative and sum exactly to P − C for every input.
 package misses
