@@ -21,7 +21,10 @@
 // the part, the message index and role, the byte offset inside the
 // part, the token and block offsets, how the part changed ([Change]:
 // edited, tools reordered, an earlier message rewritten, a part inserted
-// or removed) and short hashes of both sides. Text around the break
+// or removed) and short hashes of both sides. When both turns carry token
+// block hashes and the body extends the previous one but the blocks part
+// before the previous prompt's end, the break is the chat template's
+// ([ChangeTemplate]: it renders an earlier turn differently). Text around the break
 // ([Diff.Excerpt]) is returned only with [Options.Excerpts].
 //
 // Byte offsets are exact to a granule (the first differing granule's

@@ -1,10 +1,6 @@
 package misses
 
-import (
-	"encoding/binary"
-
-	"github.com/cespare/xxhash/v2"
-)
+import "github.com/cespare/xxhash/v2"
 
 // Defaults of Options.
 const (
@@ -113,20 +109,18 @@ func (f *Fingerprint) Size() int {
 }
 
 // granules returns the chained hashes of text's full granules of g bytes,
-// at most limit of them (no limit when limit < 0).
+// at most limit of them (no limit when limit < 0): granule i's is the low
+// 32 bits of the hash of text[:(i+1)*g], taken from one running digest.
 func granules(text []byte, g, limit int) []uint32 {
 	n := len(text) / g
 	if limit >= 0 {
 		n = min(n, limit)
 	}
 	out := make([]uint32, n)
-	var h uint64
-	var buf [16]byte
+	d := xxhash.New()
 	for i := range n {
-		binary.LittleEndian.PutUint64(buf[:8], h)
-		binary.LittleEndian.PutUint64(buf[8:], xxhash.Sum64(text[i*g:(i+1)*g]))
-		h = xxhash.Sum64(buf[:])
-		out[i] = uint32(h)
+		_, _ = d.Write(text[i*g : (i+1)*g])
+		out[i] = uint32(d.Sum64())
 	}
 	return out
 }

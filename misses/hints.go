@@ -171,11 +171,11 @@ type hintKey struct {
 func (h *Hints) keyOf(d Diff) hintKey {
 	k := hintKey{part: d.Part, change: d.Change}
 	switch {
-	case d.Part == PartSystem && d.Change == ChangeEdited:
+	case d.Part == PartSystem && d.Change == ChangeEdited, d.Change == ChangeTemplate:
 		k.bucket = d.Token / h.cfg.BucketTokens
 	case d.Part == PartTools && d.Change == ChangeEdited:
 		k.bucket = d.Index
-	case d.Part == PartMessage:
+	case d.Part == PartMessage && d.Change == ChangeRewritten:
 		k.role = d.Role
 	}
 	return k
@@ -234,6 +234,8 @@ func (h *Hints) text(g Hint) string {
 	case g.Part == PartMessage && g.Change == ChangeRewritten:
 		return fmt.Sprintf("an earlier %s message is rewritten on %s of turns (typically message %d, token %d): the client edits, truncates or summarises its history?",
 			g.Role, pct, g.Index, g.Token)
+	case g.Change == ChangeTemplate:
+		return fmt.Sprintf("the request extends the previous one, but its tokens differ at token %d on %s of turns: the chat template renders an earlier turn differently (reasoning stripped?)", g.Token, pct)
 	case g.Change == ChangeInserted:
 		return fmt.Sprintf("a %s part appears before the previous turn's end on %s of turns: added system messages, tools or messages?", g.Part, pct)
 	case g.Change == ChangeRemoved:

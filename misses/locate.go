@@ -39,9 +39,10 @@ const (
 	ChangeRewritten                    // an earlier message's content or role differs
 	ChangeInserted                     // a part stands where the previous prompt had a later kind of part (a system message or tools added, say)
 	ChangeRemoved                      // a part of the previous prompt is gone (a system message or the tools dropped)
+	ChangeTemplate                     // the body extends the previous one, but its tokens do not: the chat template renders an earlier part differently
 )
 
-var changeNames = [...]string{"none", "edited", "tools_reordered", "rewritten", "inserted", "removed"}
+var changeNames = [...]string{"none", "edited", "tools_reordered", "rewritten", "inserted", "removed", "template"}
 
 // String returns the change's name.
 func (c Change) String() string {
@@ -108,11 +109,14 @@ func Locate(prev *Fingerprint, cur *Prompt, opt Options) Diff {
 	prevTok := prevTokens(prev, opt)
 	switch {
 	case i == len(prev.Parts) && i < len(cur.parts):
+		if k, ok := blockBreak(prev, cur); ok && k < len(prev.Blocks) {
+			return templateBreak(prev, cur, k, prevTok, opt)
+		}
 		s := cur.parts[i]
 		d := Diff{Kind: KindExtends, Part: PartTail, Index: s.index, Role: s.role, Byte: s.head,
 			Token: prevTok, Matched: prevTok, Previous: prevTok}
 		d.Block = prevTok / blockTokens(prev, opt)
-		d.Exact = prev.Tokens > 0 || (len(prev.Blocks) > 0 && prev.BlockTokens > 0)
+		d.Exact = prevTok > 0 && (prev.Tokens > 0 || len(prev.Blocks) > 0 && prev.BlockTokens > 0)
 		return d
 	case i == len(cur.parts):
 		n := min(prevTok, curTokens(cur, opt))
@@ -203,17 +207,44 @@ func firstGranuleDiff(prev *Fingerprint, cur *Prompt, g int) int {
 // the token block hashes when both sides have them at one block size,
 // else from the byte offset.
 func placeTokens(d *Diff, prev *Fingerprint, cur *Prompt, opt Options) {
-	if len(prev.Blocks) > 0 && len(cur.blocks) > 0 && prev.BlockTokens == cur.blockTokens {
-		k := 0
-		for k < len(prev.Blocks) && k < len(cur.blocks) && prev.Blocks[k] == cur.blocks[k] {
-			k++
-		}
+	if k, ok := blockBreak(prev, cur); ok {
 		d.Block, d.Token, d.Exact = k, k*cur.blockTokens, true
 	} else {
 		d.Token = int(float64(d.Byte) / opt.BytesPerToken)
 		d.Block = d.Token / opt.BlockTokens
 	}
 	d.Matched = min(d.Token, d.Previous)
+}
+
+// blockBreak returns the index of the first token block that differs
+// between prev and cur (or the number both have), if both have block
+// hashes at one block size.
+func blockBreak(prev *Fingerprint, cur *Prompt) (int, bool) {
+	if len(prev.Blocks) == 0 || len(cur.blocks) == 0 || prev.BlockTokens != cur.blockTokens {
+		return 0, false
+	}
+	k := 0
+	for k < len(prev.Blocks) && k < len(cur.blocks) && prev.Blocks[k] == cur.blocks[k] {
+		k++
+	}
+	return k, true
+}
+
+// templateBreak describes a turn whose body extends the previous one but
+// whose token blocks part from it at block k: the template rendered an
+// earlier part differently. The part is the one at the block's estimated
+// byte offset.
+func templateBreak(prev *Fingerprint, cur *Prompt, k, prevTok int, opt Options) Diff {
+	tok := k * cur.blockTokens
+	at := min(int(float64(tok)*opt.BytesPerToken), len(cur.text))
+	i := 0
+	for i+1 < len(cur.parts) && cur.parts[i+1].head <= at {
+		i++
+	}
+	s := cur.parts[i]
+	return Diff{Kind: KindBreak, Change: ChangeTemplate, Part: s.part, Index: s.index, Role: s.role,
+		Byte: at, Offset: min(max(0, at-s.start), s.end-s.start), Token: tok, Block: k, Exact: true,
+		Matched: min(tok, prevTok), Previous: prevTok}
 }
 
 func prevTokens(f *Fingerprint, opt Options) int {

@@ -87,7 +87,7 @@ func TestLocate(t *testing.T) {
 			kind: KindBreak, change: ChangeEdited, part: PartTools, index: 1,
 			offsetAtMost: len(weatherTools[0]) + 1 + strings.Index(weatherTools[1], "Search the web") + len("Search the web")},
 		{name: "earlier message rewritten", prev: chatBody(t, weatherTools, turn2...),
-			cur: chatBody(t, weatherTools, append(rewritten, msg{"assistant", "Done."}, msg{"user", "Thanks"})...),
+			cur:  chatBody(t, weatherTools, append(rewritten, msg{"assistant", "Done."}, msg{"user", "Thanks"})...),
 			kind: KindBreak, change: ChangeRewritten, part: PartMessage, index: 1, role: "user",
 			offsetAtMost: len("Why does the build fail on main?")},
 		{name: "system prompt dropped", prev: chatBody(t, weatherTools, turn1...), cur: chatBody(t, weatherTools, turn2[1:]...),
@@ -199,5 +199,24 @@ func TestFingerprintKeepsNoText(t *testing.T) {
 	}
 	if strings.Contains(string(b), "secret") || strings.Contains(string(b), "hello") {
 		t.Errorf("fingerprint %s holds prompt text", b)
+	}
+}
+
+func TestLocateTemplateBreak(t *testing.T) {
+	prev := mustPrompt(t, chatBody(t, weatherTools, turn1...))
+	prev.SetBlocks([]uint64{1, 2, 3, 4, 5, 6, 7, 8}, 16)
+	fp := prev.Fingerprint(Options{})
+	cur := mustPrompt(t, chatBody(t, weatherTools, turn2...))
+	cur.SetBlocks([]uint64{1, 2, 3, 4, 5, 6, 70, 80, 90, 100}, 16)
+	d := Locate(fp, cur, Options{})
+	if d.Kind != KindBreak || d.Change != ChangeTemplate || d.Block != 6 || d.Token != 96 || d.Matched != 96 || !d.Exact {
+		t.Errorf("got %v/%v block %d token %d matched %d; want break/template 6 96 96", d.Kind, d.Change, d.Block, d.Token, d.Matched)
+	}
+	if d.Part != PartTools {
+		t.Errorf("got part %v; want tools (byte %d of the rendering)", d.Part, d.Byte)
+	}
+	cur.SetBlocks([]uint64{1, 2, 3, 4, 5, 6, 7, 8, 90, 100}, 16)
+	if d := Locate(fp, cur, Options{}); d.Kind != KindExtends || d.Token != 128 {
+		t.Errorf("got %v token %d; want extends at 128", d.Kind, d.Token)
 	}
 }

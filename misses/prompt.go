@@ -85,9 +85,13 @@ func NewPrompt(messages, tools gjson.Result) (*Prompt, error) {
 		return nil, ErrNotChat
 	}
 	p := &Prompt{text: make([]byte, 0, len(messages.Raw)+len(tools.Raw)+64)}
-	msgs := messages.Array()
+	var msgs []message
+	messages.ForEach(func(_, m gjson.Result) bool {
+		msgs = append(msgs, fieldsOf(m))
+		return true
+	})
 	lead := 0
-	for lead < len(msgs) && isSystem(msgs[lead].Get("role").String()) {
+	for lead < len(msgs) && isSystem(msgs[lead].role.Str) {
 		lead++
 	}
 	for i, m := range msgs[:lead] {
@@ -104,24 +108,43 @@ func NewPrompt(messages, tools gjson.Result) (*Prompt, error) {
 
 func isSystem(role string) bool { return role == "system" || role == "developer" }
 
+// message is a message's fields the rendering reads.
+type message struct{ role, content, toolCalls gjson.Result }
+
+// fieldsOf reads a message's fields in one pass (the first of each).
+func fieldsOf(m gjson.Result) message {
+	var f message
+	m.ForEach(func(k, v gjson.Result) bool {
+		switch {
+		case k.Str == "role" && !f.role.Exists():
+			f.role = v
+		case k.Str == "content" && !f.content.Exists():
+			f.content = v
+		case k.Str == "tool_calls" && !f.toolCalls.Exists():
+			f.toolCalls = v
+		}
+		return true
+	})
+	return f
+}
+
 // addMessage renders message m as part kind.
-func (p *Prompt) addMessage(kind Part, index int, m gjson.Result) {
-	role := canonicalRole(m.Get("role").String())
-	s := p.open(kind, index, role)
-	content := m.Get("content")
-	switch {
+func (p *Prompt) addMessage(kind Part, index int, m message) {
+	s := p.open(kind, index, canonicalRole(m.role.String()))
+	switch content := m.content; {
 	case content.Type == gjson.String:
 		p.text = append(p.text, content.Str...)
 	case content.IsArray():
-		for _, part := range content.Array() {
+		content.ForEach(func(_, part gjson.Result) bool {
 			if t := part.Get("text"); t.Type == gjson.String {
 				p.text = append(p.text, t.Str...)
 			} else {
 				p.text = appendCompact(p.text, part.Raw)
 			}
-		}
+			return true
+		})
 	}
-	if tc := m.Get("tool_calls"); tc.Exists() && tc.Type != gjson.Null {
+	if tc := m.toolCalls; tc.Exists() && tc.Type != gjson.Null {
 		p.text = append(p.text, 0)
 		p.text = appendCompact(p.text, tc.Raw)
 	}
