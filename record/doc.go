@@ -26,6 +26,8 @@
 // # Reading
 //
 // [Read] and [ReadDir] parse recorded files; files are input from
-// outside the process, so every line is validated (lengths, sizes, field
-// ranges) and a bad line is an error naming it.
+// outside the process, so every line is validated (its size, field
+// ranges) and a bad line is an error naming it, except a last line cut
+// short by a crash, which is skipped. The writer clamps each entry into
+// the ranges the reader accepts, so whatever it wrote reads back.
 package record

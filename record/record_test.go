@@ -178,7 +178,6 @@ func TestReadErrors(t *testing.T) {
 		`{"timestamp":1,"input_length":10,"cached_tokens":11}`,
 		`{"timestamp":1,"input_length":10,"output_length":-3}`,
 		`{"timestamp":1,"input_length":10,"hash_ids":[1]}`,
-		`{"timestamp":1,"input_length":16,"block_tokens":16,"hash_ids":[1,2,3]}`,
 		`{"timestamp":1,"input_length":10,"hash_ids":[1.5],"block_tokens":16}`,
 		`{"timestamp":1e20,"input_length":10}`,
 		`{"timestamp":1,"input_length":10,"replica":"` + strings.Repeat("r", 300) + `"}`,
@@ -189,13 +188,41 @@ func TestReadErrors(t *testing.T) {
 			t.Errorf("Read(%.60q): got %v; want an error naming line 2", l, err)
 		}
 	}
-	long := `{"timestamp":1,"replica":"` + strings.Repeat("x", MaxLineBytes) + `"}`
+	long := `{"timestamp":1,"replica":"` + strings.Repeat("x", MaxLineBytes) + `"}` + "\n{}\n"
 	if err := Read(strings.NewReader(long), func(Entry) error { return nil }); err == nil {
 		t.Error("Read of an over-long line: got no error")
 	}
 	stop := errors.New("stop")
 	if err := Read(strings.NewReader("{}\n{}\n"), func(Entry) error { return stop }); !errors.Is(err, stop) {
 		t.Errorf("got %v; want fn's error", err)
+	}
+}
+
+func TestReadTruncatedTail(t *testing.T) {
+	l, _ := appendLine(nil, entry(1))
+	var n int
+	count := func(Entry) error { n++; return nil }
+	if err := Read(strings.NewReader(string(l)+string(l[:len(l)/2])), count); err != nil || n != 1 {
+		t.Errorf("got %d entries, %v; want the cut-short last line skipped", n, err)
+	}
+	n = 0
+	if err := Read(strings.NewReader(string(l)+string(l[:len(l)-1])), count); err != nil || n != 2 {
+		t.Errorf("got %d entries, %v; want a last line without its newline read", n, err)
+	}
+	if err := Read(strings.NewReader(string(l[:len(l)/2])+"\n"+string(l)), count); err == nil {
+		t.Error("got no error for a bad line that is not the last")
+	}
+}
+
+func TestWriteClamps(t *testing.T) {
+	odd := Entry{Tenant: "t", PromptTokens: 10, CachedTokens: 12, OutputTokens: -1}
+	_, got := record(t, Config{Dir: t.TempDir(), Queue: 4}, []Entry{odd})
+	if len(got) != 1 || got[0].CachedTokens != 10 || got[0].OutputTokens != 0 || got[0].Time.UnixMilli() != 0 {
+		t.Errorf("got %+v; want one entry clamped into range", got)
+	}
+	r, _ := record(t, Config{Dir: t.TempDir(), Queue: 4}, []Entry{{Blocks: []uint64{1}}})
+	if r.Failed() != 1 || r.Written() != 0 {
+		t.Errorf("got %d failed, %d written; want blocks without a block size refused", r.Failed(), r.Written())
 	}
 }
 
@@ -229,4 +256,3 @@ func FuzzRead(f *testing.F) {
 		})
 	})
 }
-

@@ -204,13 +204,22 @@ type line struct {
 	CachedTokens int     `json:"cached_tokens"`
 }
 
-// appendLine appends e as one JSON line.
+// appendLine appends e as one JSON line, clamped into the ranges Read
+// accepts (a zero Time is the epoch; negative lengths are 0; cached
+// tokens are at most the prompt's) so that every written line can be
+// read back. It fails for what cannot be clamped: block hashes without
+// a block size, or an id longer than 256 bytes.
 func appendLine(b []byte, e Entry) ([]byte, error) {
-	l := line{Timestamp: e.Time.UnixMilli(), Tenant: e.Tenant, Session: e.Session, BlockTokens: e.BlockTokens,
-		HashIDs: make([]int64, len(e.Blocks)), InputLength: e.PromptTokens, OutputLength: e.OutputTokens,
-		Replica: e.Replica, CachedTokens: e.CachedTokens}
+	l := line{Timestamp: min(max(0, e.Time.UnixMilli()), maxTimestamp), Tenant: e.Tenant, Session: e.Session,
+		BlockTokens: min(max(0, e.BlockTokens), maxTokens), HashIDs: make([]int64, len(e.Blocks)),
+		InputLength: min(max(0, e.PromptTokens), maxTokens), OutputLength: min(max(0, e.OutputTokens), maxTokens),
+		Replica: e.Replica}
+	l.CachedTokens = min(max(0, e.CachedTokens), l.InputLength)
 	for i, k := range e.Blocks {
 		l.HashIDs[i] = int64(k)
+	}
+	if err := l.validate(); err != nil {
+		return b, fmt.Errorf("record: %w", err)
 	}
 	j, err := json.Marshal(l)
 	if err != nil {
