@@ -14,7 +14,9 @@
 // previous turn's [Fingerprint]: per part its kind, role, length and
 // hash, each tool's hash, the chained hash of every granule of the
 // rendering (16 bytes by default), and optionally the token block
-// hashes of the prefix index. [Locate] compares a turn with it and
+// hashes of the prefix index ([Fingerprint.MarshalBinary] encodes it for
+// a shared store; [Fingerprint.UnmarshalBinary] checks what it reads
+// back). [Locate] compares a turn with it and
 // returns a [Diff]: [KindExtends] when the turn starts with the whole
 // previous prompt (no break; the new content is the tail),
 // [KindPrefix] for a retry or a shorter prompt, and [KindBreak] with
