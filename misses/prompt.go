@@ -68,8 +68,12 @@ type Prompt struct {
 // messages array.
 var ErrNotChat = errors.New("misses: not a chat body: want an object with a messages array")
 
-// ParseChat builds the Prompt of a chat-completions request body.
+// ParseChat builds the Prompt of a chat-completions request body, which
+// it first checks is valid JSON (NewPrompt trusts its caller for that).
 func ParseChat(body []byte) (*Prompt, error) {
+	if !gjson.ValidBytes(body) {
+		return nil, ErrNotChat
+	}
 	root := gjson.ParseBytes(body)
 	if !root.IsObject() {
 		return nil, ErrNotChat
@@ -79,7 +83,7 @@ func ParseChat(body []byte) (*Prompt, error) {
 
 // NewPrompt builds a Prompt from a chat request's messages and tools
 // (tools may be absent or null), as gjson views such as the gateway's
-// parsed request holds.
+// parsed request holds; they must come from valid JSON.
 func NewPrompt(messages, tools gjson.Result) (*Prompt, error) {
 	if !messages.IsArray() {
 		return nil, ErrNotChat
