@@ -89,7 +89,7 @@ type decoder struct {
 	err bool
 }
 
-func (d *decoder) byte() byte { return byte(d.u64n(1)) }
+func (d *decoder) byte() byte  { return byte(d.u64n(1)) }
 func (d *decoder) u64() uint64 { return d.u64n(8) }
 
 // u64n reads a little-endian unsigned integer of n bytes.

@@ -3,7 +3,8 @@
 // each tenant's breaks have in common (hints), and why each uncached
 // prompt token was uncached (the cause split). It is pure computation
 // over values the gateway already has per request; it owns no goroutines,
-// reads no clock and keeps no prompt text.
+// reads no clock and keeps no prompt text (only [Diff.Excerpt], when
+// asked for, holds some).
 //
 // # Break locator
 //
@@ -14,8 +15,9 @@
 // previous turn's [Fingerprint]: per part its kind, role, length and
 // hash, each tool's hash, the chained hash of every granule of the
 // rendering (16 bytes by default), and optionally the token block
-// hashes of the prefix index ([Fingerprint.MarshalBinary] encodes it for
-// a shared store; [Fingerprint.UnmarshalBinary] checks what it reads
+// hashes of the prefix index ([Previous] keeps them in process memory
+// within a byte budget; [Fingerprint.MarshalBinary] encodes one for a
+// shared store and [Fingerprint.UnmarshalBinary] checks what it reads
 // back). [Locate] compares a turn with it and
 // returns a [Diff]: [KindExtends] when the turn starts with the whole
 // previous prompt (no break; the new content is the tail),
