@@ -18,7 +18,8 @@
 // hashes of the prefix index ([Previous] keeps them in process memory
 // within a byte budget; [Fingerprint.MarshalBinary] encodes one for a
 // shared store and [Fingerprint.UnmarshalBinary] checks what it reads
-// back). [Locate] compares a turn with it and
+// back; [Recent] finds a turn's previous turn by content when its session
+// key changed with the break, as a key hashing the opening does). [Locate] compares a turn with it and
 // returns a [Diff]: [KindExtends] when the turn starts with the whole
 // previous prompt (no break; the new content is the tail),
 // [KindPrefix] for a retry or a shorter prompt, and [KindBreak] with
