@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -117,7 +118,7 @@ func (h *Hints) Observe(tenant string, at time.Time, d Diff) {
 			h.dropOldest()
 		}
 		r = &ring{}
-		h.tenants[tenant] = r
+		h.tenants[strings.Clone(tenant)] = r // the caller's string may alias a request body
 	}
 	r.last = h.seq
 	r.compared++

@@ -1,6 +1,7 @@
 package misses
 
 import (
+	"strings"
 	"sync"
 
 	"github.com/warmpath/warmpath/internal/lru"
@@ -53,6 +54,8 @@ func (p *Previous) Put(session string, f *Fingerprint) {
 	defer p.mu.Unlock()
 	if old := p.byKey[session]; old != nil {
 		p.used -= old.Size()
+	} else {
+		session = strings.Clone(session) // the caller's string may alias a request body
 	}
 	p.byKey[session] = f
 	p.used += f.Size()

@@ -2,6 +2,7 @@ package misses
 
 import (
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/warmpath/warmpath/internal/lru"
@@ -94,6 +95,8 @@ func (r *Recent) Add(tenant, family string, fp *Fingerprint) {
 			h = chain(h, p.Hash)
 		}
 	}
+	// Clones: the caller's strings may alias a request body.
+	tenant, family = strings.Clone(tenant), strings.Clone(family)
 	last := fp.Parts[len(fp.Parts)-1]
 	m := &remembered{family: family, fp: fp, keys: [2]anchor{
 		{tenant: tenant, strong: true, hash: h}, {tenant: tenant, index: last.Index, hash: last.Hash}}}
