@@ -88,12 +88,13 @@ func NewPrompt(messages, tools gjson.Result) (*Prompt, error) {
 	if !messages.IsArray() {
 		return nil, ErrNotChat
 	}
-	p := &Prompt{text: make([]byte, 0, len(messages.Raw)+len(tools.Raw)+64)}
 	var msgs []message
 	messages.ForEach(func(_, m gjson.Result) bool {
 		msgs = append(msgs, fieldsOf(m))
 		return true
 	})
+	// The rendering is no longer than the JSON plus a header a part.
+	p := &Prompt{text: make([]byte, 0, len(messages.Raw)+len(tools.Raw)+32*(len(msgs)+1))}
 	lead := 0
 	for lead < len(msgs) && isSystem(msgs[lead].role.Str) {
 		lead++
