@@ -112,7 +112,7 @@ func (g *Gateway) gather(ctx context.Context, r *turn) ([]*fleet.Replica, *scori
 		RefreshAfter: g.cfg.Routing.SessionTTL / 8, Continues: true, BoundHolds: true,
 		Cost: g.cal.Cost(r.Model()), Backlog: g.waiting.of(r.Model()),
 	}
-	g.keepReserve(r, reps, in.Endpoints)
+	g.capacity().KeepReserve(r.Class(), reps, in.Endpoints)
 	var bind session.Binding
 	if !g.policy.Binds(in.SessionKey) {
 		return reps, in, bind, nil
@@ -418,7 +418,7 @@ func (g *Gateway) newBinding(r *turn, p *scoring.Plan, bind session.Binding, key
 // (this gateway's next lookup prefers it) and written to Redis in a batch
 // (bindingFlusher): the response's last bytes do not wait for Redis. A
 // full backlog writes inline rather than lose the update.
-func (g *Gateway) rememberCompleted(rt *route, replica string, u Usage) {
+func (g *Gateway) rememberCompleted(rt *route, replica string, u request.Usage) {
 	if rt.session == "" {
 		return
 	}
@@ -443,7 +443,7 @@ func (g *Gateway) publishBinding(rt *route) {
 
 // updateCompleted updates the session's binding in process memory with
 // what the turn left cached on replica, and reports whether it changed it.
-func (g *Gateway) updateCompleted(rt *route, replica string, u Usage) bool {
+func (g *Gateway) updateCompleted(rt *route, replica string, u request.Usage) bool {
 	if rt.binding.Replica != replica || u.PromptTokens == 0 {
 		return false
 	}
