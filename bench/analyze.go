@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/warmpath/warmpath/gateway"
+	"github.com/warmpath/warmpath/gateway/request"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/scoring/blockindex"
 	"github.com/warmpath/warmpath/session"
@@ -482,7 +483,7 @@ func sessionKey(format string, r *TraceRequest) string {
 		}
 		return "m:" + strconv.FormatUint(r.Blocks[max(1, r.Opening)-1], 16)
 	}
-	req, err := gateway.ParseRequest(gateway.APIChat, http.Header{}, r.Body, nil)
+	req, err := request.Parse(request.Chat, http.Header{}, r.Body, nil)
 	if err != nil {
 		return ""
 	}

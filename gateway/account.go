@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/warmpath/warmpath/gateway/request"
 )
 
 // account attaches the stream filter and the accounting to a replica's
@@ -30,7 +32,7 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 		return g.upstreamError(x, resp)
 	}
 	var (
-		got  Usage
+		got  request.Usage
 		have bool
 	)
 	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
@@ -45,14 +47,14 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 				// on: one write, not two, and none later than before.
 				g.publishBinding(x.route)
 			}
-			if x.req.stream {
+			if x.req.Stream() {
 				since := time.Since(x.start)
-				g.m.ttft.WithLabelValues(x.req.model).Observe(since.Seconds())
+				g.m.ttft.WithLabelValues(x.req.Model()).Observe(since.Seconds())
 				firstToken(x.span, since)
 			}
 			g.checkEstimate(x)
 		},
-		usage: func(u Usage) { got, have = u, true },
+		usage: func(u request.Usage) { got, have = u, true },
 		done: func(err error) {
 			x.flight.Done()
 			if err != nil && !errors.Is(err, context.Canceled) && x.ctx.Err() == nil {
@@ -60,20 +62,20 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 			}
 			g.finish(x, got, have)
 			if g.log.Enabled(context.Background(), slog.LevelDebug) {
-				g.logFor(x).DebugContext(x.ctx, "request", "model", x.req.model, "status", resp.StatusCode, "stream", stream,
+				g.logFor(x).DebugContext(x.ctx, "request", "model", x.req.Model(), "status", resp.StatusCode, "stream", stream,
 					"prompt_tokens", got.PromptTokens, "cached_tokens", got.CachedTokens, "predicted_cached", x.predicted,
 					"attempts", x.attempts, "duration_ms", time.Since(x.start).Milliseconds(), "err", err)
 			}
 			completed := got
 			if !have || err != nil {
-				completed = Usage{}
+				completed = request.Usage{}
 			}
 			g.rememberCompleted(x.route, x.replica.Spec.Name, completed)
 			if have {
-				g.m.account(g.tenant(x), x.req.model, got, x.predicted, g.cfg.Routing.BlockSize)
+				g.m.account(g.tenant(x), x.req.Model(), got, x.predicted, g.cfg.Routing.BlockSize)
 				g.activity.served(time.Now(), g.tenant(x), got)
-				if !x.req.tokenIDs {
-					g.ratios.observe(x.req.model, x.req.textBytes, got.PromptTokens)
+				if !x.req.TokenIDs() {
+					g.ratios.observe(x.req.Model(), x.req.TextBytes(), got.PromptTokens)
 				}
 			}
 			if err != nil && !errors.Is(err, context.Canceled) && x.ctx.Err() == nil {
@@ -90,7 +92,7 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 		},
 	}
 	if stream {
-		resp.Body = newSSEFilter(resp.Body, x.req.stream && !x.req.wantUsage, obs)
+		resp.Body = newSSEFilter(resp.Body, x.req.Stream() && !x.req.WantUsage(), obs)
 		resp.Header.Del("Content-Length")
 		resp.ContentLength = -1
 	} else {
@@ -110,7 +112,7 @@ func (g *Gateway) checkEstimate(x *exchange) {
 	}
 	observed := time.Since(x.route.at).Seconds()
 	g.m.ttftError.WithLabelValues(x.replica.Spec.Name).Observe(e.TTFT - observed)
-	g.cal.Observe(x.req.model, e, observed)
+	g.cal.Observe(x.req.Model(), e, observed)
 }
 
 // upstreamError reads a replica's error answer (bounded) and rewrites it
@@ -119,7 +121,7 @@ func (g *Gateway) upstreamError(x *exchange, resp *http.Response) (*http.Respons
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	resp.Body.Close()
 	x.flight.Done()
-	g.finish(x, Usage{}, false)
+	g.finish(x, request.Usage{}, false)
 	if err != nil {
 		return nil, fmt.Errorf("gateway: read upstream error: %w", err)
 	}
@@ -136,7 +138,7 @@ func (g *Gateway) upstreamError(x *exchange, resp *http.Response) (*http.Respons
 // tenant labels accounting metrics: the sender's tenant name while it is
 // among the busiest (tenancy.Labeler), "other" beyond them.
 func (g *Gateway) tenant(x *exchange) string {
-	if p := x.req.principal; p != nil {
+	if p := x.req.Principal(); p != nil {
 		return g.tenants.labels.Label(p.TenantName)
 	}
 	return "default"

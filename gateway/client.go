@@ -4,12 +4,13 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/warmpath/warmpath/gateway/admission"
 	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/gateway/request"
 	"github.com/warmpath/warmpath/tenancy"
 )
 
@@ -19,12 +20,12 @@ import (
 // response path.
 type exchange struct {
 	ctx     context.Context // the caller's
-	req     *Request
+	req     *turn
 	start   time.Time
 	body    []byte // upstream body
 	route   *route
-	release func(Usage)    // the Admitter's
-	lease   *tenancy.Lease // the sender's limits; nil without them
+	release func(request.Usage) // admission's
+	lease   *tenancy.Lease      // the sender's limits; nil without them
 	// finished is set by finish; only the goroutine that owns the
 	// exchange's current step touches it.
 	finished bool
@@ -39,14 +40,9 @@ type exchange struct {
 	span trace.Span
 
 	// pending counts the request among its class's requests not started
-	// on the replica routed to, until its first byte (queue.go).
-	pending      *atomic.Int64
-	pendingDone  atomic.Bool
-	pendingTimer atomic.Pointer[time.Timer] // ends a non-streaming request's count (startPending)
-	// pendingLoad is the routed replica's bookkeeping; startedAt the
-	// scrape under which its first byte was counted there (noteStarted).
-	pendingLoad *replicaLoad
-	startedAt   time.Time
+	// on the replica routed to, until its first byte (startPending); nil
+	// without a queue.
+	pending *admission.Pending
 
 	// prepared, admitted, routed and answered are when routing's I/O
 	// before admission ended, admission let the request go, routing was
@@ -63,21 +59,18 @@ type exchange struct {
 // when the body has been read to its end or closed, so the caller must
 // close it. Errors before any response are *apierror.Error values (or
 // ctx's error). Do is the routed client every API surface uses.
-func (g *Gateway) Do(ctx context.Context, r *Request) (*http.Response, error) {
+func (g *Gateway) Do(ctx context.Context, req *request.R) (*http.Response, error) {
+	r := &turn{R: req, bytesPerToken: g.ratios.get(req.Model())}
 	x := &exchange{ctx: ctx, req: r, start: time.Now()}
-	r.bytesPerToken = g.ratios.get(r.model)
 	var err error
-	if x.body, err = r.upstreamBody(); err != nil {
-		return nil, fmt.Errorf("gateway: build upstream body: %w", err)
-	}
-	if x.body, err = g.classBody(x.body, r); err != nil {
+	if x.body, err = r.UpstreamBody(g.cfg.Queue.VLLMPriority); err != nil {
 		return nil, fmt.Errorf("gateway: build upstream body: %w", err)
 	}
 	if err = g.admitExchange(ctx, x); err != nil {
 		return nil, err
 	}
 	if x.route, err = g.route(ctx, r); err != nil {
-		g.finish(x, Usage{}, false)
+		g.finish(x, request.Usage{}, false)
 		return nil, err
 	}
 	x.routed = time.Now()
@@ -87,7 +80,7 @@ func (g *Gateway) Do(ctx context.Context, r *Request) (*http.Response, error) {
 	resp, err := g.forward(ctx, x)
 	x.route.joinSpeculation()
 	if err != nil {
-		g.finish(x, Usage{}, false)
+		g.finish(x, request.Usage{}, false)
 		return nil, err
 	}
 	return g.account(x, resp)

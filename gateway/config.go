@@ -15,6 +15,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/warmpath/warmpath/gateway/admission"
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/kvevents"
 	"github.com/warmpath/warmpath/scoring"
@@ -54,8 +55,8 @@ type Config struct {
 	// Upstream bounds every call to a replica.
 	Upstream UpstreamConfig `yaml:"upstream"`
 	// Queue configures the admission queue: per-tenant fair queues in
-	// front of a saturated fleet (see QueueConfig).
-	Queue QueueConfig `yaml:"queue"`
+	// front of a saturated fleet (see admission.Config).
+	Queue admission.Config `yaml:"queue"`
 	// Responses tunes the Responses and Conversations API.
 	Responses ResponsesConfig `yaml:"responses"`
 	// MaxBodyBytes bounds request bodies; default 32 MiB.
@@ -413,7 +414,7 @@ func (c Config) withDefaults() Config {
 	def(&u.FirstByteTimeout, 10*time.Minute)
 	def(&u.IdleTimeout, 2*time.Minute)
 	def(&u.TokenizeTimeout, 2*time.Second)
-	c.Queue = c.Queue.withDefaults()
+	c.Queue = c.Queue.WithDefaults()
 	if c.Sim.Replicas == 0 {
 		c.Sim.Replicas = 4
 	}
@@ -615,7 +616,7 @@ func (c *Config) validate() error {
 			bad(d.field, "%v is negative", d.v)
 		}
 	}
-	errs = append(errs, c.Queue.validate()...)
+	errs = append(errs, c.Queue.Validate()...)
 	errs = append(errs, c.Tracing.validate()...)
 	if c.Server.MaxHeaderBytes < 4096 {
 		bad("server.max_header_bytes", "%d is below 4096", c.Server.MaxHeaderBytes)

@@ -9,16 +9,17 @@
 //
 //	handler   routes.go    chi router ─▶ requestID ─▶ auth ─▶ inference:
 //	                       reads the body once (size-limited)
-//	parse     request.go   ParseRequest: the routing fields with gjson,
-//	                       the session key (package session)
-//	admit     admission.go Admitter.Admit: the tenant's limits, then the
-//	          queue.go     fair queue (tenancy/fairq): at once while a
-//	                       replica has room, else wait in per-tenant queues
-//	                       (class from priority.go); queue.disabled or
-//	                       Options.Admitter replace it
+//	parse     request/     request.Parse: the routing fields with gjson,
+//	                       the session key (package session), the class
+//	admit     admission.go the tenant's limits, routing's I/O (placement.go),
+//	          admission/   then the fair queue (package admission over
+//	                       tenancy/fairq): at once while a replica has
+//	                       room (admission.Capacity), else wait in
+//	                       per-tenant queues (class from request.Parse);
+//	                       queue.disabled admits every request at once
 //	route     route.go     gather (fleet snapshot ─▶ scoring.Endpoint,
 //	                       session binding from Redis; a background request
-//	                       does not see the replicas queue.go reserves for
+//	                       does not see the replicas admission reserves for
 //	                       interactive turns) ─▶ scoring.Decide
 //	                       ─▶ I/O: tokenize (replica /tokenize, cached) and
 //	                       match the prefix index when the plan asks, then
@@ -32,7 +33,8 @@
 //	                       session's cached tokens, admission release
 //
 // Gateway.Do runs admit → route → forward → account for one parsed
-// Request and returns the upstream response as a stream: the routed
+// request (package request, the leaf every stage reads; the gateway
+// wraps it in a turn with what admission and routing learn) and returns the upstream response as a stream: the routed
 // client. The chat and completions handlers are thin users of it (parse,
 // Do, copy the response); the Responses API (responses.go, package
 // responses) and the Anthropic Messages API (messages.go, package

@@ -2,11 +2,6 @@ package gateway
 
 import "sync"
 
-// defaultBytesPerToken is the prompt-length estimate before a model's
-// ratio is learned: about four bytes a token for English under BPE
-// tokenizers.
-const defaultBytesPerToken = 4
-
 // Learning the ratio: each completed response's usage.prompt_tokens moves
 // the model's bytes-per-token ratio a ratioWeight of the way to the
 // response's own (the first one sets it); at most ratioModels models are

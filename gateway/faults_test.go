@@ -21,6 +21,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/warmpath/warmpath/gateway/request"
 	"github.com/warmpath/warmpath/internal/apierror"
 	"github.com/warmpath/warmpath/internal/redistest"
 	"github.com/warmpath/warmpath/internal/testrun"
@@ -77,11 +78,11 @@ func (g *testGateway) sessionKeyFor(t *testing.T, c *conversation) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := ParseRequest(APIChat, http.Header{}, body, p)
+	r, err := request.Parse(request.Chat, http.Header{}, body, p)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return r.session.Value
+	return r.Session().Value
 }
 
 // A replica restart (empty cache, event sequence back to 0) clears its

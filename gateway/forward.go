@@ -204,8 +204,8 @@ func (w *watchdog) Close() error {
 // client's headers minus hop-by-hop ones and its credentials, the
 // upstream body, and the client's context, so a disconnect cancels it.
 func (g *Gateway) upstreamRequest(ctx context.Context, x *exchange, base string) *http.Request {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+x.req.api.path(), bytes.NewReader(x.body))
-	h := upstreamHeader(x.req.header)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+x.req.API().Path(), bytes.NewReader(x.body))
+	h := upstreamHeader(x.req.Header())
 	h.Set("Content-Type", "application/json")
 	if g.upstreamKey != "" {
 		h.Set("Authorization", "Bearer "+g.upstreamKey)

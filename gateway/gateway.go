@@ -20,6 +20,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/warmpath/warmpath/anthropic"
+	"github.com/warmpath/warmpath/gateway/admission"
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/kvevents"
 	"github.com/warmpath/warmpath/responses"
@@ -41,9 +42,6 @@ type Options struct {
 	// UpstreamAPIKey is sent to replicas as a bearer token (vLLM's
 	// --api-key); empty sends none.
 	UpstreamAPIKey string
-	// Admitter decides when each request may be routed (a fair queue);
-	// nil admits every request at once.
-	Admitter Admitter
 	// Resolver resolves the discovery names (Config.Discovery); nil means
 	// net.DefaultResolver.
 	Resolver fleet.Resolver
@@ -89,9 +87,9 @@ type Gateway struct {
 	flusher     *bindingFlusher    // write completed turns' bindings to Redis in batches
 	responses   *responses.Service // nil without Redis
 	messages    *anthropic.Service
-	admit       Admitter
+	admit       admitFunc
 	waiting     backlog               // requests waiting in admit, by model
-	queue       *queueAdmitter        // nil: no fair queue (disabled, or Options.Admitter)
+	queue       *admission.Queue      // nil: no fair queue (queue.disabled)
 	shareQueue  *backlogSync          // shares waiting with the other gateways; nil without a queue or Redis
 	claims      *prefixClaims         // where the other gateways just sent long prefills; nil without shareQueue
 	tracking    *session.Tracking     // keeps sticky lookups off Redis; nil without a single Redis server
@@ -205,13 +203,14 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	if lt != nil {
 		g.tok.localTok = newLocalTokens(lt, cfg.Routing.TokenizerVerifyEvery)
 	}
-	g.admit = o.Admitter
-	if g.admit == nil && !cfg.Queue.Disabled {
-		if g.queue, err = newQueueAdmitter(&cfg, g.fleet, g.rdb, g.tenants.labels, wrapped, log); err != nil {
+	g.admit = admitAll
+	if !cfg.Queue.Disabled {
+		if g.queue, err = admission.New(cfg.Queue, g.fleet, admission.Options{KeyPrefix: cfg.Redis.KeyPrefix, Redis: g.rdb,
+			Labels: g.tenants.labels, Registerer: wrapped, Logger: log}); err != nil {
 			g.close()
 			return nil, err
 		}
-		g.admit = g.queue
+		g.admit = admitFunc(g.admitQueued)
 		if g.rdb != nil {
 			g.shareQueue = &backlogSync{b: &g.waiting, rdb: g.rdb, key: cfg.Redis.KeyPrefix + backlogHash, id: rand.Text(),
 				every: cfg.Queue.SyncInterval, limit: cfg.Redis.Timeout, log: log.With("component", "backlog"),
@@ -221,9 +220,6 @@ func New(cfg Config, o Options) (*Gateway, error) {
 					timeout: cfg.Redis.Timeout, min: rc.ClaimMinTokens, peers: g.waiting.peers}
 			}
 		}
-	}
-	if g.admit == nil {
-		g.admit = admitAll{}
 	}
 	if g.responses, err = g.newResponses(); err != nil {
 		g.close()

@@ -19,9 +19,11 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/gateway/request"
 	"github.com/warmpath/warmpath/internal/redistest"
 	"github.com/warmpath/warmpath/internal/testrun"
 	"github.com/warmpath/warmpath/tenancy"
+	"github.com/warmpath/warmpath/tenancy/fairq"
 	"github.com/warmpath/warmpath/vllmsim"
 )
 
@@ -142,7 +144,7 @@ type chatResult struct {
 	Header  http.Header
 	Body    []byte
 	Content string
-	Usage   Usage
+	Usage   request.Usage
 }
 
 func (r chatResult) replica() string { return r.Header.Get("X-Warmpath-Replica") }
@@ -180,7 +182,7 @@ func chat(t *testing.T, url string, body map[string]any, header map[string]strin
 		if len(parsed.Choices) > 0 {
 			res.Content = parsed.Choices[0].Message.Content
 		}
-		res.Usage = Usage{PromptTokens: parsed.Usage.PromptTokens, CompletionTokens: parsed.Usage.CompletionTokens, CachedTokens: parsed.Usage.PromptTokensDetails.CachedTokens}
+		res.Usage = request.Usage{PromptTokens: parsed.Usage.PromptTokens, CompletionTokens: parsed.Usage.CompletionTokens, CachedTokens: parsed.Usage.PromptTokensDetails.CachedTokens}
 	}
 	return res
 }
@@ -295,4 +297,16 @@ type tWriter struct{ t testing.TB }
 func (w tWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
+}
+
+// testTurn is a parsed one-message chat request for model, of class c, as
+// the gateway holds it.
+func testTurn(t testing.TB, model string, c fairq.Class) *turn {
+	t.Helper()
+	h := http.Header{fairq.HeaderPriority: {c.String()}}
+	r, err := request.Parse(request.Chat, h, []byte(`{"model":"`+model+`","messages":[{"role":"user","content":"hi"}]}`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &turn{R: r}
 }

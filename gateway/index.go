@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/warmpath/warmpath/gateway/request"
 	"github.com/warmpath/warmpath/kvevents"
 	"github.com/warmpath/warmpath/scoring/blockindex"
 )
@@ -239,11 +240,11 @@ func (a *approxIndex) keys(text []byte, model, salt string) []uint64 {
 }
 
 // matchTokens estimates cached tokens from matched chunks at
-// bytesPerToken (0: defaultBytesPerToken), the same estimate the request's
+// bytesPerToken (0: request.DefaultBytesPerToken), the same estimate the request's
 // prompt length uses.
 func (a *approxIndex) matchTokens(keys []uint64, names []string, promptTokens int, bytesPerToken float64) []int {
 	if bytesPerToken <= 0 {
-		bytesPerToken = defaultBytesPerToken
+		bytesPerToken = request.DefaultBytesPerToken
 	}
 	hits := a.a.Match(keys, names, nil)
 	out := make([]int, len(names))

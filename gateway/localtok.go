@@ -10,6 +10,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/gateway/request"
 	"github.com/warmpath/warmpath/tokenizer/hftok"
 	"github.com/warmpath/warmpath/tokenizer/simtok"
 )
@@ -25,18 +26,14 @@ const (
 )
 
 // localTokenizer tokenizes in process, giving the ids a replica's
-// /tokenize would for the body the gateway would send it (tokenizeBody).
-// It takes the parts of the request ParseRequest validated, not that body:
+// /tokenize would for the body the gateway would send it
+// (request.R.TokenizeBody). It takes the parts of the request
+// request.Parse validated, not that body:
 // building and parsing a copy of a 16k-token prompt cost about a tenth
 // more time and twice the allocation (BenchmarkLocalTokens, 833e6ee: 0.88
 // against 0.98 ms, 305 against 641 KiB). A check sends the replica the body.
 type localTokenizer interface {
-	// Chat tokenizes a chat prompt of model with add_generation_prompt:
-	// messages and tools are the request's JSON arrays (tools "" when
-	// absent).
-	Chat(model, messages, tools string) ([]uint32, error)
-	// Prompt tokenizes a completions prompt's text.
-	Prompt(model, text string) ([]uint32, error)
+	request.Tokenizer
 	// Serves reports whether it tokenizes model's prompts at all.
 	Serves(model string) bool
 }
@@ -162,22 +159,22 @@ func (t *tokenizer) localFor(model string) bool {
 // for its model, queueing a check when one is due. ok is false when the
 // replicas are to be asked: no local tokenizer, the model's turned off,
 // or it refused the prompt.
-func (t *tokenizer) local(r *Request, reps []*fleet.Replica) (ids []uint32, ok bool) {
+func (t *tokenizer) local(r *request.R, reps []*fleet.Replica) (ids []uint32, ok bool) {
 	l := t.localTok
 	if l == nil {
 		return nil, false
 	}
-	lm := l.model(r.model)
+	lm := l.model(r.Model())
 	if lm.off.Load() {
 		return nil, false
 	}
-	ids, err := r.localTokens(l.impl)
+	ids, err := r.LocalTokens(l.impl)
 	if err != nil {
 		return nil, false // the replica answers it, or says why not
 	}
 	t.m.tokenizer.WithLabelValues("local").Inc()
 	if check, first := l.wantCheck(lm); check && len(reps) > 0 {
-		t.checkLater(r.model, lm, first, r.tokenizeBody(), ids, reps)
+		t.checkLater(r.Model(), lm, first, r.TokenizeBody(), ids, reps)
 	} else if first {
 		lm.pending.Store(false)
 	}

@@ -13,11 +13,11 @@ import (
 // the session key (never the key itself: it may be a client's identifier),
 // and, once routed, the decision's reason and the replica tried.
 func (g *Gateway) logFor(x *exchange) *slog.Logger {
-	attrs := []any{"request_id", x.req.id}
-	if p := x.req.principal; p != nil {
+	attrs := []any{"request_id", x.req.ID()}
+	if p := x.req.Principal(); p != nil {
 		attrs = append(attrs, "tenant", p.TenantID)
 	}
-	if k := x.req.session.Value; k != "" {
+	if k := x.req.Session().Value; k != "" {
 		sum := xxhash.Sum64String(k)
 		attrs = append(attrs, "session", hex.EncodeToString([]byte{byte(sum >> 56), byte(sum >> 48), byte(sum >> 40), byte(sum >> 32), byte(sum >> 24), byte(sum >> 16), byte(sum >> 8), byte(sum)}))
 	}

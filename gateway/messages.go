@@ -5,6 +5,7 @@ import (
 	"net/http"
 
 	"github.com/warmpath/warmpath/anthropic"
+	"github.com/warmpath/warmpath/gateway/request"
 	"github.com/warmpath/warmpath/tenancy"
 )
 
@@ -45,7 +46,7 @@ var _ anthropic.Chat = messagesChat{}
 // into its own).
 func (c messagesChat) Complete(ctx context.Context, t anthropic.Turn) (*http.Response, error) {
 	p, _ := tenancy.FromContext(ctx)
-	req, err := ParseRequest(APIChat, t.Header, t.Body, p)
+	req, err := request.Parse(request.Chat, t.Header, t.Body, p)
 	if err != nil {
 		return errorResponse(ctx, err)
 	}

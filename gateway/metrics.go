@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/warmpath/warmpath/gateway/request"
 	"github.com/warmpath/warmpath/session"
 )
 
@@ -208,7 +209,7 @@ func (m *metrics) observePhases(x *exchange) {
 }
 
 // account records one completed request's prompt and cache figures.
-func (m *metrics) account(tenant, model string, u Usage, predicted, blockSize int) {
+func (m *metrics) account(tenant, model string, u request.Usage, predicted, blockSize int) {
 	m.promptTokens.WithLabelValues(tenant, model).Add(float64(u.PromptTokens))
 	m.cachedTokens.WithLabelValues(tenant, model).Add(float64(u.CachedTokens))
 	m.predictedTokens.WithLabelValues(tenant, model).Add(float64(predicted))

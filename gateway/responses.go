@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/warmpath/warmpath/gateway/request"
 	"github.com/warmpath/warmpath/internal/apierror"
 	"github.com/warmpath/warmpath/responses"
 	"github.com/warmpath/warmpath/session"
@@ -87,7 +88,7 @@ func (c responsesChat) Complete(ctx context.Context, t responses.Turn) (*http.Re
 			return errorResponse(ctx, err)
 		}
 	}
-	req, err := ParseRequest(APIChat, t.Header, t.Body, p)
+	req, err := request.Parse(request.Chat, t.Header, t.Body, p)
 	if err != nil {
 		return errorResponse(ctx, err)
 	}
@@ -125,11 +126,11 @@ func errorResponse(ctx context.Context, err error) (*http.Response, error) {
 // routing uses (POST /v1/responses/input_tokens).
 func (g *Gateway) countTokens(ctx context.Context, chatBody []byte) (int, error) {
 	p, _ := tenancy.FromContext(ctx)
-	req, err := ParseRequest(APIChat, http.Header{}, chatBody, p)
+	req, err := request.Parse(request.Chat, http.Header{}, chatBody, p)
 	if err != nil {
 		return 0, err
 	}
-	reps := g.serving(req.model)
+	reps := g.serving(req.Model())
 	ids, err := g.tokenize(ctx, req, reps, endpoints(reps, time.Now()))
 	if err != nil {
 		return 0, apierror.Unavailable(err, "no replica could count the tokens; try again shortly")

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/gateway/request"
 	"github.com/warmpath/warmpath/internal/apierror"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/session"
@@ -76,7 +77,7 @@ func (rt *route) candidate(k int) (*fleet.Replica, int) {
 // fleet as it is now (matching the prompt against the prefix index when
 // the plan needs it); then it does the decision's I/O (remember the
 // binding, speculate).
-func (g *Gateway) route(ctx context.Context, r *Request) (*route, error) {
+func (g *Gateway) route(ctx context.Context, r *turn) (*route, error) {
 	p := r.placement
 	plan, ok := p.plan, p.placed
 	if !ok {
@@ -88,7 +89,7 @@ func (g *Gateway) route(ctx context.Context, r *Request) (*route, error) {
 			plan, err = g.policy.Decide(p.in)
 		}
 		if err != nil {
-			return nil, apierror.Unavailable(err, "no healthy replica serves model %s; try again shortly", r.model)
+			return nil, apierror.Unavailable(err, "no healthy replica serves model %s; try again shortly", r.Model())
 		}
 	}
 	rt := &route{plan: plan, reps: p.reps, eps: p.in.Endpoints}
@@ -99,19 +100,19 @@ func (g *Gateway) route(ctx context.Context, r *Request) (*route, error) {
 
 // gather collects what the decision depends on: the replicas serving the
 // model with their load and availability, and the session's binding.
-func (g *Gateway) gather(ctx context.Context, r *Request) ([]*fleet.Replica, *scoring.Input, session.Binding, error) {
+func (g *Gateway) gather(ctx context.Context, r *turn) ([]*fleet.Replica, *scoring.Input, session.Binding, error) {
 	now := time.Now()
-	reps := g.serving(r.model)
+	reps := g.serving(r.Model())
 	if len(reps) == 0 {
-		return nil, nil, session.Binding{}, apierror.NotFound("model_not_found", "The model `%s` does not exist.", r.model)
+		return nil, nil, session.Binding{}, apierror.NotFound("model_not_found", "The model `%s` does not exist.", r.Model())
 	}
 	in := &scoring.Input{
-		Now: now, Model: r.model, SessionKey: r.session.Value, Endpoints: endpoints(reps, now),
-		PromptTokens: r.estimatedTokens(), TextBytes: r.textBytes, BlockSize: g.cfg.Routing.BlockSize,
+		Now: now, Model: r.Model(), SessionKey: r.Session().Value, Endpoints: endpoints(reps, now),
+		PromptTokens: r.estimatedTokens(), TextBytes: r.TextBytes(), BlockSize: g.cfg.Routing.BlockSize,
 		RefreshAfter: g.cfg.Routing.SessionTTL / 8, Continues: true, BoundHolds: true,
-		Cost: g.cal.Cost(r.model), Backlog: g.waiting.of(r.model),
+		Cost: g.cal.Cost(r.Model()), Backlog: g.waiting.of(r.Model()),
 	}
-	g.keepReserve(r, reps, in.Endpoints)
+	g.capacity().KeepReserve(r.Class(), reps, in.Endpoints)
 	var bind session.Binding
 	if !g.policy.Binds(in.SessionKey) {
 		return reps, in, bind, nil
@@ -129,20 +130,20 @@ func (g *Gateway) gather(ctx context.Context, r *Request) ([]*fleet.Replica, *sc
 		if ok {
 			turn = bind.Turns + 1
 		}
-		g.cal.ObserveTurn(r.model, turn, now.Sub(bind.Updated).Seconds())
-		st := g.cal.Sessions(r.model)
+		g.cal.ObserveTurn(r.Model(), turn, now.Sub(bind.Updated).Seconds())
+		st := g.cal.Sessions(r.Model())
 		in.Sessions = &st
 	}
 	if ok {
 		in.Binding = &bind.Binding
 		if g.policy.Sticky {
-			in.Continues = bind.Continues(r.approxText())
+			in.Continues = bind.Continues(r.ApproxText())
 		}
 		if i := slices.IndexFunc(reps, func(rep *fleet.Replica) bool { return rep.Spec.Name == bind.Replica }); i >= 0 {
 			in.BoundHolds = g.stillHolds(reps[i], bind)
 			in.Endpoints[i].PromptBlocksOnly = !g.index.cachesGenerated(bind.Replica)
 		}
-	} else if rel := r.session.Relatives(); rel != "" && err == nil {
+	} else if rel := r.Session().Relatives(); rel != "" && err == nil {
 		// A conversation's first turn: where do its relatives run?
 		if fam, ok, _ := g.sessions.Lookup(ctx, rel); ok {
 			in.Parent = fam.Replica
@@ -158,13 +159,13 @@ func (g *Gateway) gather(ctx context.Context, r *Request) ([]*fleet.Replica, *sc
 // and the first turn's binding write (SET NX) still follows another
 // gateway that bound it first. That spares a fresh prompt one of its two
 // Redis round trips.
-func (g *Gateway) lookup(ctx context.Context, r *Request) (session.Binding, bool, error) {
-	if r.api == APIChat && r.turns == 0 {
-		if _, ok := g.sessions.Local(r.session.Value); !ok {
+func (g *Gateway) lookup(ctx context.Context, r *turn) (session.Binding, bool, error) {
+	if r.API() == request.Chat && r.Turns() == 0 {
+		if _, ok := g.sessions.Local(r.Session().Value); !ok {
 			return session.Binding{}, false, nil
 		}
 	}
-	return g.sessions.Lookup(ctx, r.session.Value)
+	return g.sessions.Lookup(ctx, r.Session().Value)
 }
 
 // tokenizeEarly starts tokenizing r before its session lookup when the
@@ -174,14 +175,14 @@ func (g *Gateway) lookup(ctx context.Context, r *Request) (session.Binding, bool
 // all (another gateway's, or one from before a restart) the ids land in
 // the tokenize cache unused, or for the session's tip. Under
 // routing.skip_unseen the prompt may need no tokens, so nothing starts.
-func (g *Gateway) tokenizeEarly(ctx context.Context, r *Request, reps []*fleet.Replica, in *scoring.Input) {
+func (g *Gateway) tokenizeEarly(ctx context.Context, r *turn, reps []*fleet.Replica, in *scoring.Input) {
 	if !g.policy.UsesPrecise || g.skipUnseen(r) {
 		return
 	}
 	if _, ok := g.sessions.Local(in.SessionKey); ok {
 		return
 	}
-	r.early = g.startTokenize(ctx, r, reps, in.Endpoints)
+	r.early = g.startTokenize(ctx, r.R, reps, in.Endpoints)
 }
 
 // serving returns the fleet's replicas that serve model, healthy or not,
@@ -238,7 +239,7 @@ func endpoints(reps []*fleet.Replica, now time.Time) []scoring.Endpoint {
 // chunks for commit (the chunks also feed the precise policies' record of
 // what was sent, which spares unseen prompts the tokenizer). A failed
 // tokenization routes on load alone rather than fail the request.
-func (g *Gateway) matchPrefix(ctx context.Context, r *Request, reps []*fleet.Replica, in *scoring.Input) (keys, chunks []uint64) {
+func (g *Gateway) matchPrefix(ctx context.Context, r *turn, reps []*fleet.Replica, in *scoring.Input) (keys, chunks []uint64) {
 	names := make([]string, len(in.Endpoints))
 	for i := range in.Endpoints {
 		names[i] = in.Endpoints[i].ID
@@ -249,7 +250,7 @@ func (g *Gateway) matchPrefix(ctx context.Context, r *Request, reps []*fleet.Rep
 			// A prompt whose opening no replica was sent (as far as this
 			// gateway's record of sent text tells) has nothing to match:
 			// route it on load without the tokenizer round trip.
-			chunks = g.approx.keys(r.approxText(), r.model, r.cacheSalt)
+			chunks = g.approx.keys(r.ApproxText(), r.Model(), r.CacheSalt())
 			if len(chunks) > 0 && !g.approx.seen(chunks[0], names) {
 				g.m.tokenizeUnseen.Inc()
 				in.Matched = make([]int, len(names))
@@ -258,28 +259,28 @@ func (g *Gateway) matchPrefix(ctx context.Context, r *Request, reps []*fleet.Rep
 		}
 		call := r.early
 		if call == nil {
-			call = g.startTokenize(ctx, r, reps, in.Endpoints)
+			call = g.startTokenize(ctx, r.R, reps, in.Endpoints)
 		}
 		tokens, err := call.wait(ctx)
 		if err != nil {
 			// Tokenizers backed off were logged when they refused.
 			if !errors.Is(err, errTokenizeUnavailable) {
 				if ok, held := g.tokenizeWarn.allow(); ok {
-					g.log.WarnContext(ctx, "tokenize failed; routing without prefix information", "request_id", r.id, "err", err, "held_back", held)
+					g.log.WarnContext(ctx, "tokenize failed; routing without prefix information", "request_id", r.ID(), "err", err, "held_back", held)
 				}
 			}
 			in.Matched = make([]int, len(names))
 			return nil, nil
 		}
 		in.PromptTokens = len(tokens)
-		keys = g.index.keys(tokens, r.model, r.cacheSalt)
+		keys = g.index.keys(tokens, r.Model(), r.CacheSalt())
 		in.Matched, in.MatchedCPU = g.index.matchTiers(keys, names, len(tokens), engineBlocks(in.Endpoints))
 		if g.adoptClaims(ctx, keys, names, in.Matched, len(tokens)) {
 			in.Matched, in.MatchedCPU = g.index.matchTiers(keys, names, len(tokens), engineBlocks(in.Endpoints))
 		}
 		return keys, chunks
 	case g.policy.UsesApprox:
-		chunks = g.approx.keys(r.approxText(), r.model, r.cacheSalt)
+		chunks = g.approx.keys(r.ApproxText(), r.Model(), r.CacheSalt())
 		in.Matched = g.approx.matchTokens(chunks, names, in.PromptTokens, r.bytesPerToken)
 	}
 	return keys, chunks
@@ -287,20 +288,20 @@ func (g *Gateway) matchPrefix(ctx context.Context, r *Request, reps []*fleet.Rep
 
 // skipUnseen reports whether routing.skip_unseen applies to r: not when
 // an in-process tokenizer makes its ids cheap.
-func (g *Gateway) skipUnseen(r *Request) bool {
-	return g.cfg.Routing.SkipUnseen && !g.tok.localFor(r.model)
+func (g *Gateway) skipUnseen(r *turn) bool {
+	return g.cfg.Routing.SkipUnseen && !g.tok.localFor(r.Model())
 }
 
 // observeDemand counts r as a request sharing the longest prefix of its
 // prompt any replica holds, and gives the decision that prefix's demand
 // (Input.Sharers), which prices a second copy of it. Only policies that
 // estimate weigh it.
-func (g *Gateway) observeDemand(r *Request, in *scoring.Input, keys []uint64) {
+func (g *Gateway) observeDemand(r *turn, in *scoring.Input, keys []uint64) {
 	if !g.policy.Estimated || len(keys) == 0 {
 		return
 	}
 	if k := scoring.HeldPrefix(in.Matched, keys, in.BlockSize); k != 0 {
-		in.Sharers = g.cal.ObservePrefix(r.model, k, float64(in.Now.UnixMicro())/1e6)
+		in.Sharers = g.cal.ObservePrefix(r.Model(), k, float64(in.Now.UnixMicro())/1e6)
 	}
 }
 
@@ -318,7 +319,7 @@ func engineBlocks(eps []scoring.Endpoint) []int {
 // binding (following another gateway that bound a first turn first), and
 // counts the decision. A long prompt's speculative blocks are recorded
 // beside the upstream call (route.speculated).
-func (g *Gateway) commit(ctx context.Context, r *Request, rt *route, bind session.Binding, keys, chunks []uint64) {
+func (g *Gateway) commit(ctx context.Context, r *turn, rt *route, bind session.Binding, keys, chunks []uint64) {
 	p := &rt.plan
 	chosen := rt.eps[p.Chosen()].ID
 	if chunks != nil {
@@ -340,7 +341,7 @@ func (g *Gateway) commit(ctx context.Context, r *Request, rt *route, bind sessio
 		g.claim(chosen, keys)
 	}
 	if nb, ok := g.newBinding(r, p, bind, keys); ok {
-		rt.session, rt.binding = r.session.Value, nb
+		rt.session, rt.binding = r.Session().Value, nb
 	}
 	switch p.Bind {
 	case scoring.BindReplace:
@@ -360,7 +361,7 @@ func (g *Gateway) commit(ctx context.Context, r *Request, rt *route, bind sessio
 		g.sessions.Propose(rt.session, rt.binding)
 		rt.proposed, rt.fresh = true, p.Bind == scoring.BindNew
 	}
-	if fam := r.session.Family; fam != "" && fam != rt.session && (p.Bind == scoring.BindNew || p.Bind == scoring.BindReplace) {
+	if fam := r.Session().Family; fam != "" && fam != rt.session && (p.Bind == scoring.BindNew || p.Bind == scoring.BindReplace) {
 		// Publish where the family's conversation now runs, for its
 		// relatives' first turns (scored turns only: sticky ones stay put).
 		// It is advice, not a binding, so it goes through the write pool
@@ -390,7 +391,7 @@ func (g *Gateway) commit(ctx context.Context, r *Request, rt *route, bind sessio
 	if p.Reason == scoring.ReasonSticky {
 		g.m.tokenizeAvoided.Inc()
 	}
-	g.activity.decided(decision{Time: time.Now(), RequestID: r.id, Tenant: r.tenantID(), Replica: rt.eps[p.Chosen()].ID,
+	g.activity.decided(decision{Time: time.Now(), RequestID: r.ID(), Tenant: r.TenantID(), Replica: rt.eps[p.Chosen()].ID,
 		Reason: p.Reason, Rebind: p.Rebind, Prompt: p.PromptTokens, Predicted: p.Predicted[0], Scores: scoreSummary(rt.eps, p)})
 }
 
@@ -398,10 +399,10 @@ func (g *Gateway) commit(ctx context.Context, r *Request, rt *route, bind sessio
 // the plan's, plus what only the gateway knows (the deepest block key,
 // the text fingerprint); false when the plan leaves none. A sticky turn
 // keeps the looked-up binding's.
-func (g *Gateway) newBinding(r *Request, p *scoring.Plan, bind session.Binding, keys []uint64) (session.Binding, bool) {
+func (g *Gateway) newBinding(r *turn, p *scoring.Plan, bind session.Binding, keys []uint64) (session.Binding, bool) {
 	nb, ok := session.After(p, bind, keys)
 	if ok && p.Reason != scoring.ReasonSticky && g.policy.Sticky {
-		nb.Fingerprint(r.approxText())
+		nb.Fingerprint(r.ApproxText())
 	}
 	return nb, ok
 }
@@ -417,7 +418,7 @@ func (g *Gateway) newBinding(r *Request, p *scoring.Plan, bind session.Binding, 
 // (this gateway's next lookup prefers it) and written to Redis in a batch
 // (bindingFlusher): the response's last bytes do not wait for Redis. A
 // full backlog writes inline rather than lose the update.
-func (g *Gateway) rememberCompleted(rt *route, replica string, u Usage) {
+func (g *Gateway) rememberCompleted(rt *route, replica string, u request.Usage) {
 	if rt.session == "" {
 		return
 	}
@@ -442,7 +443,7 @@ func (g *Gateway) publishBinding(rt *route) {
 
 // updateCompleted updates the session's binding in process memory with
 // what the turn left cached on replica, and reports whether it changed it.
-func (g *Gateway) updateCompleted(rt *route, replica string, u Usage) bool {
+func (g *Gateway) updateCompleted(rt *route, replica string, u request.Usage) bool {
 	if rt.binding.Replica != replica || u.PromptTokens == 0 {
 		return false
 	}
@@ -461,12 +462,12 @@ func (g *Gateway) stillHolds(rep *fleet.Replica, b session.Binding) bool {
 }
 
 // tokenize gets r's token ids from the available replicas.
-func (g *Gateway) tokenize(ctx context.Context, r *Request, reps []*fleet.Replica, eps []scoring.Endpoint) ([]uint32, error) {
+func (g *Gateway) tokenize(ctx context.Context, r *request.R, reps []*fleet.Replica, eps []scoring.Endpoint) ([]uint32, error) {
 	return g.startTokenize(ctx, r, reps, eps).wait(ctx)
 }
 
 // startTokenize starts tokenize's work without waiting for the answer.
-func (g *Gateway) startTokenize(ctx context.Context, r *Request, reps []*fleet.Replica, eps []scoring.Endpoint) *tokenCall {
+func (g *Gateway) startTokenize(ctx context.Context, r *request.R, reps []*fleet.Replica, eps []scoring.Endpoint) *tokenCall {
 	up := make([]*fleet.Replica, 0, len(reps))
 	for i, rep := range reps {
 		if !eps[i].Unhealthy {
@@ -482,7 +483,7 @@ func (g *Gateway) debugHeaders(h interface{ Set(string, string) }, x *exchange) 
 	p := &x.route.plan
 	h.Set("X-Warmpath-Replica", x.replica.Spec.Name)
 	h.Set("X-Warmpath-Reason", p.Reason)
-	h.Set("X-Warmpath-Session", x.req.session.Source)
+	h.Set("X-Warmpath-Session", x.req.Session().Source)
 	h.Set("X-Warmpath-Prompt-Tokens", fmt.Sprint(p.PromptTokens))
 	h.Set("X-Warmpath-Predicted-Cached", fmt.Sprint(x.predicted))
 	h.Set("X-Warmpath-Attempts", fmt.Sprint(x.attempts))

@@ -13,6 +13,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/warmpath/warmpath/gateway/request"
 	"github.com/warmpath/warmpath/internal/apierror"
 	"github.com/warmpath/warmpath/tenancy"
 )
@@ -121,8 +122,8 @@ func (g *Gateway) routes() http.Handler {
 	r.Handle("/v1/messages/*", messages)
 	r.Group(func(r chi.Router) {
 		r.Use(g.tenants.auth.MiddlewareWith(g.trace.authenticate(g.tenants.auth.Authenticate)))
-		r.Post("/v1/chat/completions", g.serve("chat_completions", g.inference(APIChat)))
-		r.Post("/v1/completions", g.serve("completions", g.inference(APICompletions)))
+		r.Post("/v1/chat/completions", g.serve("chat_completions", g.inference(request.Chat)))
+		r.Post("/v1/completions", g.serve("completions", g.inference(request.Completions)))
 		if g.responses != nil {
 			h := g.trace.front(g.responses.Handler(), responsesOp, responsesID)
 			for _, p := range []string{"/v1/responses", "/v1/responses/*", "/v1/conversations", "/v1/conversations/*"} {
@@ -154,7 +155,7 @@ func requestID(next http.Handler) http.Handler {
 // inference handles POST /v1/chat/completions and /v1/completions: read
 // the body once (size-limited), parse it, send it through the routed
 // client (Do) and stream the answer back.
-func (g *Gateway) inference(api API) handler {
+func (g *Gateway) inference(api request.API) handler {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		body, err := readBody(w, r, g.cfg.MaxBodyBytes)
 		if err != nil {
@@ -165,7 +166,7 @@ func (g *Gateway) inference(api API) handler {
 		// The Content-Type is not checked: a bare `curl -d` sends form
 		// encoding, and the body either parses as JSON or is rejected.
 		p, _ := tenancy.FromContext(r.Context())
-		req, err := ParseRequest(api, h, body, p)
+		req, err := request.Parse(api, h, body, p)
 		if err != nil {
 			return err
 		}

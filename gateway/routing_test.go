@@ -17,6 +17,7 @@ import (
 	"github.com/warmpath/warmpath/internal/testrun"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/session"
+	"github.com/warmpath/warmpath/tenancy/fairq"
 	"github.com/warmpath/warmpath/vllmsim"
 )
 
@@ -611,7 +612,7 @@ func TestObserveDemand(t *testing.T) {
 					matched = []int{2 * bs, bs}
 				}
 				in := &scoring.Input{Now: now, Matched: matched, BlockSize: bs}
-				gw.observeDemand(&Request{model: model}, in, keys)
+				gw.observeDemand(testTurn(t, model, fairq.Interactive), in, keys)
 				got = append(got, in.Sharers)
 			}
 			want := []float64{0, 1, 0}

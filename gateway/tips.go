@@ -24,7 +24,7 @@ import (
 
 // tipJob is one routed request whose tip is wanted.
 type tipJob struct {
-	req     *Request
+	req     *turn
 	reps    []*fleet.Replica
 	eps     []scoring.Endpoint
 	replica string
@@ -62,12 +62,12 @@ func (g *Gateway) tipLater(j tipJob) {
 func (g *Gateway) tip(ctx context.Context, j tipJob) {
 	tctx, cancel := context.WithTimeout(ctx, g.cfg.Upstream.TokenizeTimeout+time.Second)
 	defer cancel()
-	tokens, err := g.tokenize(tctx, j.req, j.reps, j.eps)
+	tokens, err := g.tokenize(tctx, j.req.R, j.reps, j.eps)
 	if err != nil {
 		g.m.tips.WithLabelValues("failed").Inc()
 		return
 	}
-	keys := g.index.keys(tokens, j.req.model, j.req.cacheSalt)
+	keys := g.index.keys(tokens, j.req.Model(), j.req.CacheSalt())
 	if len(keys) == 0 {
 		g.m.tips.WithLabelValues("stale").Inc() // shorter than a block: nothing to watch
 		return

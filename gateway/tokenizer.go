@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/gateway/request"
 	"github.com/warmpath/warmpath/internal/backoff"
 )
 
@@ -78,7 +79,7 @@ const failMemory = 30 * time.Second
 
 // tokens returns r's prompt token ids, asking up to two of reps (healthy
 // replicas serving r's model) when they are not cached.
-func (t *tokenizer) tokens(ctx context.Context, r *Request, reps []*fleet.Replica) ([]uint32, error) {
+func (t *tokenizer) tokens(ctx context.Context, r *request.R, reps []*fleet.Replica) ([]uint32, error) {
 	return t.start(ctx, r, reps).wait(ctx)
 }
 
@@ -111,14 +112,14 @@ func (c *tokenCall) wait(ctx context.Context) ([]uint32, error) {
 }
 
 // start begins tokens' work without waiting for the replica's answer.
-func (t *tokenizer) start(ctx context.Context, r *Request, reps []*fleet.Replica) *tokenCall {
-	if ids, ok := r.promptTokenIDs(); ok {
+func (t *tokenizer) start(ctx context.Context, r *request.R, reps []*fleet.Replica) *tokenCall {
+	if ids, ok := r.PromptTokenIDs(); ok {
 		return &tokenCall{ids: ids}
 	}
 	if ids, ok := t.local(r, reps); ok {
 		return &tokenCall{ids: ids} // not cached: tokenizing again costs less than the memory
 	}
-	body := r.tokenizeBody()
+	body := r.TokenizeBody()
 	if body == nil {
 		return &tokenCall{err: fmt.Errorf("gateway: prompt cannot be tokenized")}
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/gateway/request"
 )
 
 type roundTripFunc func(*http.Request) (*http.Response, error)
@@ -37,7 +38,7 @@ func TestTokenizerSharesConcurrentCalls(t *testing.T) {
 		})}
 		tok := newTokenizer(client, 1<<20, newMetrics(prometheus.NewRegistry()))
 		reps := testReplicas(t, "http://r:8000")
-		req, err := ParseRequest(APIChat, http.Header{}, []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`), nil)
+		req, err := request.Parse(request.Chat, http.Header{}, []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -138,7 +139,7 @@ func TestTokenizerAvoidsFailingReplicas(t *testing.T) {
 	reps := testReplicas(t, "http://bad:8000", "http://good:8000", "http://no:8000")
 	for i := range 12 {
 		body := fmt.Appendf(nil, `{"model":"m","messages":[{"role":"user","content":"p%d"}]}`, i)
-		req, _ := ParseRequest(APIChat, http.Header{}, body, nil)
+		req, _ := request.Parse(request.Chat, http.Header{}, body, nil)
 		if _, err := tok.tokens(context.Background(), req, reps); err != nil && !errors.Is(err, errTokenizeRefused) {
 			t.Fatalf("prompt %d: %v", i, err)
 		}
@@ -187,7 +188,7 @@ func TestTokenizerBacksOff(t *testing.T) {
 		i := 0
 		ask := func() error {
 			i++
-			req, _ := ParseRequest(APIChat, http.Header{}, fmt.Appendf(nil, `{"model":"m","messages":[{"role":"user","content":"p%d"}]}`, i), nil)
+			req, _ := request.Parse(request.Chat, http.Header{}, fmt.Appendf(nil, `{"model":"m","messages":[{"role":"user","content":"p%d"}]}`, i), nil)
 			_, err := tok.tokens(context.Background(), req, reps)
 			return err
 		}

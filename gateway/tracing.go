@@ -88,6 +88,8 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/warmpath/warmpath/gateway/request"
 )
 
 // untraced are the paths the tracing middleware passes through untouched.
@@ -311,20 +313,12 @@ func (t *tracing) middleware(next http.Handler) http.Handler {
 	})
 }
 
-// GenAI operation names of the upstream APIs.
-func (k API) operation() string {
-	if k == APICompletions {
-		return "text_completion"
-	}
-	return "chat"
-}
-
 // startAttempt starts the span of an upstream attempt (the n-th, from 1)
 // on replica.
 func (t *tracing) startAttempt(ctx context.Context, x *exchange, replica, host string, n int) (context.Context, trace.Span) {
-	op := x.req.api.operation()
-	return t.tracer.Start(ctx, op+" "+x.req.model, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(
-		semconv.GenAIOperationNameKey.String(op), semconv.GenAIRequestModel(x.req.model),
+	op := x.req.API().Operation()
+	return t.tracer.Start(ctx, op+" "+x.req.Model(), trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(
+		semconv.GenAIOperationNameKey.String(op), semconv.GenAIRequestModel(x.req.Model()),
 		attribute.String("warmpath.replica", replica), attribute.Int("warmpath.attempt", n),
 		semconv.ServerAddress(host)))
 }
@@ -362,7 +356,7 @@ func answered(span trace.Span, resp *http.Response) trace.Span {
 
 // endAnswered ends the span of the attempt that answered, once its body
 // is done, with the usage the replica reported.
-func endAnswered(span trace.Span, u Usage, have bool) {
+func endAnswered(span trace.Span, u request.Usage, have bool) {
 	if span == nil {
 		return
 	}
@@ -380,10 +374,10 @@ func (t *tracing) recordPhases(ctx context.Context, x *exchange, policy string) 
 	if !t.on() || !trace.SpanFromContext(ctx).IsRecording() {
 		return
 	}
-	who := requestAttrs(x.req)
+	who := requestAttrs(x.req.R)
 	if !x.prepared.IsZero() && !x.admitted.IsZero() {
 		_, s := t.tracer.Start(ctx, "warmpath.queue", trace.WithTimestamp(x.prepared),
-			trace.WithAttributes(append(who, semconv.GenAIRequestModel(x.req.model),
+			trace.WithAttributes(append(who, semconv.GenAIRequestModel(x.req.Model()),
 				attribute.Float64("warmpath.queue.wait", x.admitted.Sub(x.prepared).Seconds()))...))
 		s.End(trace.WithTimestamp(x.admitted))
 	}
@@ -410,13 +404,13 @@ func (t *tracing) recordPhases(ctx context.Context, x *exchange, policy string) 
 // requestAttrs are who sent a request and which conversation it
 // continues: the tenant, the key id, the priority class and the session
 // key hashed (xxhash, hex), never the key itself.
-func requestAttrs(r *Request) []attribute.KeyValue {
-	attrs := []attribute.KeyValue{attribute.String("warmpath.class", r.class.String())}
-	if p := r.principal; p != nil {
+func requestAttrs(r *request.R) []attribute.KeyValue {
+	attrs := []attribute.KeyValue{attribute.String("warmpath.class", r.Class().String())}
+	if p := r.Principal(); p != nil {
 		attrs = append(attrs, attribute.String("warmpath.tenant", p.TenantID), attribute.String("warmpath.key_id", p.KeyID))
 	}
-	if r.session.Value != "" {
-		attrs = append(attrs, attribute.String("warmpath.session", strconv.FormatUint(xxhash.Sum64String(r.session.Value), 16)))
+	if r.Session().Value != "" {
+		attrs = append(attrs, attribute.String("warmpath.session", strconv.FormatUint(xxhash.Sum64String(r.Session().Value), 16)))
 	}
 	return attrs
 }

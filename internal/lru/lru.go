@@ -5,9 +5,10 @@
 // the set's memory is a few slices rather than a node object per key.
 //
 // It is the one copy shared by the approximate prefix index's per-replica
-// chunk LRUs (scoring/blockindex) and the simulator's CPU offload tier
-// (vllmsim). The set has no capacity of its own: callers evict with
-// RemoveOldest, after whatever bookkeeping their eviction needs.
+// chunk LRUs (scoring/blockindex), the simulator's CPU offload tier
+// (vllmsim) and the sessions' last prompt fingerprints (misses.Previous).
+// The set has no capacity of its own: callers evict with RemoveOldest,
+// after whatever bookkeeping their eviction needs.
 //
 // A Set is not safe for concurrent use.
 package lru

@@ -1,4 +1,11 @@
-package gateway
+// Package request is the per-request value every stage of the gateway
+// reads: an inference request parsed once (the original body plus the
+// fields admission, routing and accounting need, located with gjson so a
+// large conversation is never unmarshalled into Go values), its sender,
+// session key and scheduling class, and the bodies derived from it (the
+// upstream body, the /tokenize body, the rendered text). It is a leaf:
+// it imports no stage, and holds no routing or admission state.
+package request
 
 import (
 	"bytes"
@@ -6,7 +13,6 @@ import (
 	"errors"
 	"net/http"
 	"strings"
-	"time"
 	"unsafe"
 
 	"github.com/tidwall/gjson"
@@ -21,24 +27,38 @@ import (
 // API says which OpenAI endpoint a request came in on.
 type API int
 
-// The inference APIs the routed client forwards.
+// The inference APIs the gateway forwards.
 const (
-	APIChat        API = iota // POST /v1/chat/completions
-	APICompletions            // POST /v1/completions
+	Chat        API = iota // POST /v1/chat/completions
+	Completions            // POST /v1/completions
 )
 
-func (k API) path() string {
-	if k == APICompletions {
+// Path is the API's path on the replica.
+func (k API) Path() string {
+	if k == Completions {
 		return "/v1/completions"
 	}
 	return "/v1/chat/completions"
 }
 
-// Request is an inference request parsed once: the original body plus the
-// fields routing and accounting need, located with gjson so large
-// conversations are never unmarshalled into Go values. Build one with
-// ParseRequest and send it with Gateway.Do.
-type Request struct {
+// Operation is the API's gen_ai.operation.name (OpenTelemetry GenAI
+// semantic conventions).
+func (k API) Operation() string {
+	if k == Completions {
+		return "text_completion"
+	}
+	return "chat"
+}
+
+// DefaultBytesPerToken is the prompt-length estimate before a model's
+// ratio is learned: about four bytes a token for English under BPE
+// tokenizers. A prompt of token ids counts this many bytes per id.
+const DefaultBytesPerToken = 4
+
+// R is an inference request parsed once. Build one with Parse; it is
+// read-only afterwards but for SetSession and SetBackground, which its
+// front calls before sending it.
+type R struct {
 	api    API
 	body   []byte
 	header http.Header // the client's headers, forwarded upstream
@@ -52,58 +72,71 @@ type Request struct {
 	// messages, tools (chat) and prompt (completions) are views into body.
 	messages, tools, prompt gjson.Result
 	// textBytes is the size of the prompt text, for estimating tokens
-	// before (or instead of) tokenizing; four bytes a token for prompts
-	// of token ids (tokenIDs).
+	// before (or instead of) tokenizing; DefaultBytesPerToken a token
+	// for prompts of token ids (tokenIDs).
 	textBytes int
 	tokenIDs  bool
 	cacheSalt string
 	maxTokens int    // max_completion_tokens or max_tokens, 0 when unset
-	text      []byte // approxText: rendered by scanMessages (chat), else once on first use
+	text      []byte // ApproxText: rendered by scanMessages (chat), else once on first use
 	// clientSalt is the body's own cache_salt ("" when none), top which
 	// top-level fields the body carries that the upstream body rewrites.
 	clientSalt string
 	top        topSeen
-	// early is the tokenization route started before the session lookup
-	// (tokenizeEarly), nil when it did not.
-	early *tokenCall
-	// placement is the request's routing, prepared before admission
-	// (placement.go); nil until then.
-	placement *placement
 
-	// Admission (priority.go, queue.go): the class and what chose it
-	// (background marks a Responses background turn, background: true,
-	// set through SetBackground); the conversation's turns so far
-	// (assistant messages) and the prompt bytes up to the last of them,
-	// which the replica serving the session is expected to hold cached;
-	// and the time spent in the queue.
+	// Admission (class.go): the class and what chose it (background
+	// marks a Responses background turn, background: true, set through
+	// SetBackground); the conversation's turns so far (assistant
+	// messages) and the prompt bytes up to the last of them, which the
+	// replica serving the session is expected to hold cached.
 	class       fairq.Class
 	serviceTier string
 	background  bool
 	turns       int
 	priorBytes  int
-	queueWait   time.Duration
-
-	// bytesPerToken is the model's learned ratio (see tokenRatios), 0
-	// while unknown; the gateway sets it before routing.
-	bytesPerToken float64
 }
 
-// estimatedTokens guesses the prompt's token count from its text, at the
-// model's learned bytes per token (defaultBytesPerToken until one is
-// learned); a prompt of token ids is counted exactly.
-func (r *Request) estimatedTokens() int {
-	bpt := r.bytesPerToken
+// Usage is what a replica reported for one request.
+type Usage struct {
+	PromptTokens     int
+	CompletionTokens int
+	CachedTokens     int
+}
+
+// EstimatedTokens guesses the prompt's token count from its text, at
+// bytesPerToken (the model's learned ratio; DefaultBytesPerToken when 0);
+// a prompt of token ids is counted exactly.
+func (r *R) EstimatedTokens(bytesPerToken float64) int {
+	bpt := bytesPerToken
 	if bpt <= 0 || r.tokenIDs {
-		bpt = defaultBytesPerToken
+		bpt = DefaultBytesPerToken
 	}
 	return max(1, int(float64(r.textBytes)/bpt))
 }
 
-// Model returns the requested model.
-func (r *Request) Model() string { return r.model }
+// API returns the endpoint the request came in on.
+func (r *R) API() API { return r.api }
 
-// tenantID is the sender's tenant, "" when unknown.
-func (r *Request) tenantID() string {
+// Header returns the client's headers.
+func (r *R) Header() http.Header { return r.header }
+
+// ID returns the request's X-Request-Id ("" when none).
+func (r *R) ID() string { return r.id }
+
+// Model returns the requested model.
+func (r *R) Model() string { return r.model }
+
+// Stream reports whether the client asked for a stream.
+func (r *R) Stream() bool { return r.stream }
+
+// WantUsage reports whether a streaming client asked for the usage chunk.
+func (r *R) WantUsage() bool { return r.wantUsage }
+
+// Principal returns who sent the request, nil without tenancy.
+func (r *R) Principal() *tenancy.Principal { return r.principal }
+
+// TenantID is the sender's tenant, "" when unknown.
+func (r *R) TenantID() string {
 	if r.principal == nil {
 		return ""
 	}
@@ -111,20 +144,51 @@ func (r *Request) tenantID() string {
 }
 
 // Session returns the request's session key.
-func (r *Request) Session() session.Key { return r.session }
+func (r *R) Session() session.Key { return r.session }
 
 // SetSession overrides the session key derived from the request (the
 // Responses API keys a chained run by its root).
-func (r *Request) SetSession(k session.Key) { r.session = k }
+func (r *R) SetSession(k session.Key) { r.session = k }
 
-// ParseRequest validates and parses a chat or completions body sent with
+// TextBytes is the size of the prompt's text (DefaultBytesPerToken per
+// id for a prompt of token ids).
+func (r *R) TextBytes() int { return r.textBytes }
+
+// TokenIDs reports whether the prompt is token ids.
+func (r *R) TokenIDs() bool { return r.tokenIDs }
+
+// CacheSalt is the salt the replica caches the prompt under: the
+// client's, joined with an isolated tenant's.
+func (r *R) CacheSalt() string { return r.cacheSalt }
+
+// MaxTokens is max_completion_tokens or max_tokens, 0 when unset.
+func (r *R) MaxTokens() int { return r.maxTokens }
+
+// Turns is the number of assistant turns in a chat conversation so far.
+func (r *R) Turns() int { return r.turns }
+
+// HeldBytes is the prompt's bytes that the replica serving the session is
+// expected to hold cached: the tools and the conversation up to its last
+// assistant turn (0 on a first turn).
+func (r *R) HeldBytes() int {
+	if r.turns == 0 {
+		return 0
+	}
+	held := r.priorBytes
+	if r.tools.IsArray() {
+		held += len(r.tools.Raw)
+	}
+	return held
+}
+
+// Parse validates and parses a chat or completions body sent with
 // headers h by p (nil when nobody authenticated it, as in the offline
 // analyzer). The tenant scopes the session key, so one tenant can neither
 // steer nor read another's session; a model outside p's allow-list is a
 // 403; an isolated tenant's cache salt joins the client's own. Its other
 // errors are 400s naming the offending parameter. The Request refers to
 // body, which the caller must not modify afterwards.
-func ParseRequest(api API, h http.Header, body []byte, p *tenancy.Principal) (*Request, error) {
+func Parse(api API, h http.Header, body []byte, p *tenancy.Principal) (*R, error) {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return nil, apierror.BadRequest("", "request body is empty; expected a JSON object")
 	}
@@ -155,9 +219,9 @@ func validate(body []byte) func() bool {
 	return func() bool { return <-done }
 }
 
-// parseFields is ParseRequest's parse of a body that may not be valid
-// JSON (ParseRequest drops its result then).
-func parseFields(api API, h http.Header, body []byte, p *tenancy.Principal) (*Request, error) {
+// parseFields is Parse's parse of a body that may not be valid
+// JSON (Parse drops its result then).
+func parseFields(api API, h http.Header, body []byte, p *tenancy.Principal) (*R, error) {
 	root := parseBody(body)
 	if !root.IsObject() {
 		return nil, apierror.BadRequest("", "request body must be a JSON object")
@@ -166,7 +230,7 @@ func parseFields(api API, h http.Header, body []byte, p *tenancy.Principal) (*Re
 	if err != nil {
 		return nil, err
 	}
-	r := &Request{api: api, body: body, header: h, principal: p, id: h.Get("X-Request-Id"), top: f.seen}
+	r := &R{api: api, body: body, header: h, principal: p, id: h.Get("X-Request-Id"), top: f.seen}
 	if f.model.Type != gjson.String || f.model.String() == "" {
 		return nil, apierror.BadRequest("model", "you must provide a model parameter")
 	}
@@ -206,7 +270,7 @@ func parseFields(api API, h http.Header, body []byte, p *tenancy.Principal) (*Re
 	}
 	var opening []byte
 	switch api {
-	case APIChat:
+	case Chat:
 		r.messages = f.messages
 		if !r.messages.IsArray() {
 			return nil, apierror.BadRequest("messages", "messages must be a non-empty array")
@@ -218,7 +282,7 @@ func parseFields(api API, h http.Header, body []byte, p *tenancy.Principal) (*Re
 		if opening, err = r.scanMessages(); err != nil {
 			return nil, err
 		}
-	case APICompletions:
+	case Completions:
 		r.prompt = f.prompt
 		switch {
 		case r.prompt.Type == gjson.String:
@@ -229,9 +293,9 @@ func parseFields(api API, h http.Header, body []byte, p *tenancy.Principal) (*Re
 			case first.Type == gjson.String:
 				r.textBytes = len(first.String())
 			case first.Type == gjson.Number:
-				r.textBytes, r.tokenIDs = defaultBytesPerToken*len(r.prompt.Array()), true
+				r.textBytes, r.tokenIDs = DefaultBytesPerToken*len(r.prompt.Array()), true
 			case first.IsArray():
-				r.textBytes, r.tokenIDs = defaultBytesPerToken*len(first.Array()), true
+				r.textBytes, r.tokenIDs = DefaultBytesPerToken*len(first.Array()), true
 			default:
 				return nil, apierror.BadRequest("prompt", "prompt must be a string, an array of strings, or token ids")
 			}
@@ -243,7 +307,7 @@ func parseFields(api API, h http.Header, body []byte, p *tenancy.Principal) (*Re
 		// that shares a system prompt into one session. They are sessions
 		// only when the client names one; prefix routing still applies.
 	}
-	r.session = session.Identify(r.tenantID(), h, session.Body{
+	r.session = session.Identify(r.TenantID(), h, session.Body{
 		SessionID:        f.sessionID.String(),
 		PromptCacheKey:   f.promptCacheKey.String(),
 		User:             f.user.String(),
@@ -272,7 +336,7 @@ type topFields struct {
 }
 
 // topSeen records which top-level fields the client sent that the
-// upstream body rewrites (upstreamBody, classBody).
+// upstream body rewrites (UpstreamBody).
 type topSeen struct {
 	sessionID, priority, streamOptions, cacheSalt bool
 }
@@ -334,10 +398,10 @@ func scanTop(root gjson.Result) (topFields, error) {
 }
 
 // scanMessages checks each message's shape, sums the prompt text,
-// renders it for approxText, and returns the conversation's opening:
+// renders it for ApproxText, and returns the conversation's opening:
 // system and developer messages, the tools, and the first user message.
 // Each message is read in one pass over its fields.
-func (r *Request) scanMessages() ([]byte, error) {
+func (r *R) scanMessages() ([]byte, error) {
 	var open openingParts
 	var bad error
 	i := 0
@@ -438,7 +502,7 @@ func messageFields(msg gjson.Result) (role, content, toolCalls gjson.Result) {
 	return role, content, toolCalls
 }
 
-// appendMessageText appends one message as approxText renders it: its
+// appendMessageText appends one message as ApproxText renders it: its
 // role, its text (a string, or the text of its parts), its tool calls.
 func appendMessageText(b []byte, role, content, toolCalls gjson.Result) []byte {
 	b = append(b, role.String()...)
@@ -457,12 +521,22 @@ func appendMessageText(b []byte, role, content, toolCalls gjson.Result) []byte {
 	return append(b, 0)
 }
 
-// upstreamBody is the body sent to the replica: the client's, with
+// UpstreamBody is the body sent to the replica: the client's, with
 // stream_options.include_usage forced on for streams (the gateway meters
 // every request; the extra chunk is removed again for clients that did not
 // ask), the session key passed on as vLLM's session_id so the engine tags
-// the blocks it stores with it, and an isolated tenant's cache_salt.
-func (r *Request) upstreamBody() ([]byte, error) {
+// the blocks it stores with it, an isolated tenant's cache_salt, and the
+// class applied (classBody; vllmPriority is queue.vllm_priority).
+func (r *R) UpstreamBody(vllmPriority bool) ([]byte, error) {
+	body, err := r.upstreamFields()
+	if err != nil {
+		return nil, err
+	}
+	return r.classBody(body, vllmPriority)
+}
+
+// upstreamFields is UpstreamBody before the class is applied.
+func (r *R) upstreamFields() ([]byte, error) {
 	body := r.body
 	var add []byte // fields the body lacks, appended without a scan of it
 	var err error
@@ -518,16 +592,16 @@ func appendFields(obj, fields []byte) []byte {
 	return append(out, '}')
 }
 
-// tokenizeBody is the body for vLLM's POST /tokenize that yields the token
+// TokenizeBody is the body for vLLM's POST /tokenize that yields the token
 // ids the engine will see: the chat form applies the chat template.
-// It returns nil when the prompt is already token ids (see promptTokenIDs).
-func (r *Request) tokenizeBody() []byte {
+// It returns nil when the prompt is already token ids (see PromptTokenIDs).
+func (r *R) TokenizeBody() []byte {
 	var b bytes.Buffer
 	b.WriteString(`{"model":`)
 	mb, _ := json.Marshal(r.model)
 	b.Write(mb)
 	switch r.api {
-	case APIChat:
+	case Chat:
 		b.WriteString(`,"messages":`)
 		b.WriteString(r.messages.Raw)
 		if r.tools.IsArray() {
@@ -535,7 +609,7 @@ func (r *Request) tokenizeBody() []byte {
 			b.WriteString(r.tools.Raw)
 		}
 		b.WriteString(`,"add_generation_prompt":true}`)
-	case APICompletions:
+	case Completions:
 		p := r.prompt
 		if p.IsArray() {
 			p = p.Array()[0]
@@ -550,10 +624,20 @@ func (r *Request) tokenizeBody() []byte {
 	return b.Bytes()
 }
 
-// localTokens tokenizes r's prompt with tok, as tokenizeBody's body
-// would be; r's prompt is text (promptTokenIDs covers ids).
-func (r *Request) localTokens(tok localTokenizer) ([]uint32, error) {
-	if r.api == APIChat {
+// Tokenizer tokenizes prompts in process, as a replica's /tokenize would.
+type Tokenizer interface {
+	// Chat tokenizes a chat prompt of model with add_generation_prompt:
+	// messages and tools are the request's JSON arrays (tools "" when
+	// absent).
+	Chat(model, messages, tools string) ([]uint32, error)
+	// Prompt tokenizes a completions prompt's text.
+	Prompt(model, text string) ([]uint32, error)
+}
+
+// LocalTokens tokenizes r's prompt with tok, as TokenizeBody's body
+// would be; r's prompt is text (PromptTokenIDs covers ids).
+func (r *R) LocalTokens(tok Tokenizer) ([]uint32, error) {
+	if r.api == Chat {
 		var tools string
 		if r.tools.IsArray() {
 			tools = r.tools.Raw
@@ -565,15 +649,15 @@ func (r *Request) localTokens(tok localTokenizer) ([]uint32, error) {
 		p = p.Array()[0]
 	}
 	if p.Type != gjson.String {
-		return nil, errors.New("gateway: prompt is not text")
+		return nil, errors.New("request: prompt is not text")
 	}
 	return tok.Prompt(r.model, p.String())
 }
 
-// promptTokenIDs returns the prompt's token ids when a completions request
+// PromptTokenIDs returns the prompt's token ids when a completions request
 // sends them directly, so no tokenizer is needed.
-func (r *Request) promptTokenIDs() ([]uint32, bool) {
-	if r.api != APICompletions || !r.prompt.IsArray() {
+func (r *R) PromptTokenIDs() ([]uint32, bool) {
+	if r.api != Completions || !r.prompt.IsArray() {
 		return nil, false
 	}
 	arr := r.prompt.Array()
@@ -590,11 +674,11 @@ func (r *Request) promptTokenIDs() ([]uint32, bool) {
 	return out, len(out) > 0
 }
 
-// approxText renders the conversation for the approximate index and the
+// ApproxText renders the conversation for the approximate index and the
 // session fingerprint: each message's role and text, in order, so a
 // conversation's turns render as prefixes of each other whatever JSON
 // formatting the client uses. It is rendered once per request.
-func (r *Request) approxText() []byte {
+func (r *R) ApproxText() []byte {
 	if r.text == nil {
 		r.text = r.renderText()
 	}
@@ -603,8 +687,8 @@ func (r *Request) approxText() []byte {
 
 // renderText renders a completions prompt (a chat request's text is
 // rendered by scanMessages).
-func (r *Request) renderText() []byte {
-	if r.api != APICompletions {
+func (r *R) renderText() []byte {
+	if r.api != Completions {
 		return []byte{}
 	}
 	p := r.prompt
