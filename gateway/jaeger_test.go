@@ -139,6 +139,11 @@ func TestTracingJaeger(t *testing.T) {
 				t.Errorf("turn %d: route span has no warmpath.routing.reason: %v", turn, route.Tags)
 			}
 			wantTags(t, jaegerChild(t, tr, "warmpath.queue", server), map[string]any{"gen_ai.request.model": "qwen3-32b"})
+			if route.Tag("warmpath.key_id") == nil {
+				t.Errorf("turn %d: route span has no warmpath.key_id: %v", turn, route.Tags)
+			}
+			wantTags(t, jaegerChild(t, tr, "warmpath.auth", server), map[string]any{"warmpath.tenant": route.Tag("warmpath.tenant"),
+				"warmpath.key_id": route.Tag("warmpath.key_id")})
 			var got string
 			for _, rep := range sim.Replicas() {
 				if rep.Info().Name == replica {
