@@ -491,44 +491,60 @@ func (r *reader) printValue(sb *strings.Builder, depth int) error {
 	if depth > maxDepth {
 		return errTooDeep
 	}
-	start := r.off
-	c, err := r.peek()
-	if err != nil {
-		return err
-	}
 	if n, ok, err := r.arrayLen(); err != nil {
 		return err
 	} else if ok {
-		sb.WriteByte('[')
-		for i := range n {
-			if i > 0 {
-				sb.WriteString(", ")
-			}
-			if err := r.printValue(sb, depth+1); err != nil {
-				return err
-			}
-		}
-		sb.WriteByte(']')
-		return nil
+		return r.printArray(sb, n, depth)
 	}
 	if n, ok, err := r.mapLen(); err != nil {
 		return err
 	} else if ok {
-		sb.WriteByte('{')
-		for i := range n {
-			if i > 0 {
-				sb.WriteString(", ")
-			}
-			if err := r.printValue(sb, depth+1); err != nil {
-				return err
-			}
-			sb.WriteString(": ")
-			if err := r.printValue(sb, depth+1); err != nil {
-				return err
-			}
+		return r.printMap(sb, n, depth)
+	}
+	return r.printScalar(sb, depth)
+}
+
+// printArray prints the n elements of an array whose header was read.
+func (r *reader) printArray(sb *strings.Builder, n, depth int) error {
+	sb.WriteByte('[')
+	for i := range n {
+		if i > 0 {
+			sb.WriteString(", ")
 		}
-		sb.WriteByte('}')
-		return nil
+		if err := r.printValue(sb, depth+1); err != nil {
+			return err
+		}
+	}
+	sb.WriteByte(']')
+	return nil
+}
+
+// printMap prints the n entries of a map whose header was read.
+func (r *reader) printMap(sb *strings.Builder, n, depth int) error {
+	sb.WriteByte('{')
+	for i := range n {
+		if i > 0 {
+			sb.WriteString(", ")
+		}
+		if err := r.printValue(sb, depth+1); err != nil {
+			return err
+		}
+		sb.WriteString(": ")
+		if err := r.printValue(sb, depth+1); err != nil {
+			return err
+		}
+	}
+	sb.WriteByte('}')
+	return nil
+}
+
+// printScalar prints a value that is not a container, an extension type
+// as "ext:" and its encoding in hex.
+func (r *reader) printScalar(sb *strings.Builder, depth int) error {
+	start := r.off
+	c, err := r.peek()
+	if err != nil {
+		return err
 	}
 	if p, kind, err := r.strOrBin(); err != nil {
 		return err
