@@ -88,12 +88,37 @@ func (d *decoder) unknownEvent(n int) error {
 }
 
 // mapEvent decodes an event of n entries in the map layout (vLLM ≥ 0.26),
-// its tag under "type".
+// its tag under "type". msgspec writes "type" first, but a map may hold it
+// anywhere: mapEvent finds it, then decodes the fields from the start, or,
+// when it came first, from the field after it. A map without "type" is an
+// unknown event.
 func (d *decoder) mapEvent(n int) (Event, error) {
-	tag, n, err := d.mapTag(n)
-	if err != nil {
-		return nil, err
+	start := d.r.off
+	var tag []byte
+	for i := range n {
+		key, err := d.key()
+		if err != nil {
+			return nil, err
+		}
+		if string(key) == "type" {
+			p, kind, err := d.r.strOrBin()
+			if err != nil {
+				return nil, err
+			}
+			if kind != rawStr {
+				return nil, d.r.typeErr("event type", "string")
+			}
+			tag = p
+			if i == 0 {
+				start, n = d.r.off, n-1
+			}
+			break
+		}
+		if err := d.r.skip(1); err != nil {
+			return nil, err
+		}
 	}
+	d.r.off = start
 	switch string(tag) {
 	case TypeBlockStored:
 		return d.mapStored(n)
@@ -103,40 +128,6 @@ func (d *decoder) mapEvent(n int) (Event, error) {
 		return d.mapCleared(n)
 	}
 	return nil, d.unknownEvent(2 * n)
-}
-
-// mapTag finds the "type" of a map event of n entries. msgspec writes it
-// first, but a map may hold it anywhere: mapTag leaves the reader at the
-// first entry, or, when "type" came first, at the entry after it, and
-// returns how many entries are left from there. A map without "type"
-// gives a nil tag.
-func (d *decoder) mapTag(n int) (tag []byte, left int, err error) {
-	start := d.r.off
-	for i := range n {
-		key, err := d.key()
-		if err != nil {
-			return nil, 0, err
-		}
-		if string(key) == "type" {
-			p, kind, err := d.r.strOrBin()
-			if err != nil {
-				return nil, 0, err
-			}
-			if kind != rawStr {
-				return nil, 0, d.r.typeErr("event type", "string")
-			}
-			tag = p
-			if i == 0 {
-				start, n = d.r.off, n-1
-			}
-			break
-		}
-		if err := d.r.skip(1); err != nil {
-			return nil, 0, err
-		}
-	}
-	d.r.off = start
-	return tag, n, nil
 }
 
 // mapStored decodes the n entries of a BlockStored map.
