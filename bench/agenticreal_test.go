@@ -1,8 +1,11 @@
 package bench
 
 import (
+	"bytes"
 	"slices"
 	"testing"
+
+	"github.com/warmpath/warmpath/scoring"
 )
 
 // harnessStats are the statistics the published Claude Code trace reports,
@@ -113,5 +116,41 @@ func TestConversationBlocks(t *testing.T) {
 	got := ConversationBlocks(tr, []float64{0.1, 0.5, 2})
 	if want := []int{1, 1, 4}; !slices.Equal(got, want) {
 		t.Errorf("ConversationBlocks = %v; want %v", got, want)
+	}
+}
+
+// Turns partitions the requests and their cached tokens; on one replica
+// nothing moves, and round-robin over four moves most later turns.
+func TestAnalyzeTurns(t *testing.T) {
+	var b bytes.Buffer
+	if err := WriteHarnessTrace(&b, HarnessTraceConfig{Runs: 6, Active: 3}); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := ReadTrace(&b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, replicas := range []int{1, 4} {
+		rep, err := Analyze(t.Context(), AnalyzeConfig{Trace: tr, Replicas: replicas, CacheBlocks: []int{600},
+			Policies: []string{scoring.PolicyRoundRobin}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res := rep.Results[0]
+		var n, cached int64
+		for _, ts := range res.Turns {
+			n += ts.Requests
+			cached += ts.CachedTokens
+		}
+		if n != int64(rep.Requests) || cached != res.CachedTokens {
+			t.Errorf("%d replicas: turns add up to %d requests, %d cached; want %d, %d", replicas, n, cached, rep.Requests, res.CachedTokens)
+		}
+		moved, later := res.Turns["moved"].Requests, res.Turns["moved"].Requests+res.Turns["stayed"].Requests
+		if replicas == 1 && moved != 0 || replicas == 4 && moved < later/2 {
+			t.Errorf("%d replicas: %d of %d later turns moved", replicas, moved, later)
+		}
+		if res.Turns["first"].Requests == 0 {
+			t.Errorf("%d replicas: no first turns", replicas)
+		}
 	}
 }

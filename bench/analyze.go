@@ -171,6 +171,22 @@ type AnalyzeResult struct {
 	// tier, and CPUFraction its share of prompt tokens (0 without a tier).
 	CPUCachedTokens int64   `json:"cpu_cached_tokens,omitempty"`
 	CPUFraction     float64 `json:"cpu_fraction,omitempty"`
+	// Turns splits the requests by where they went relative to their
+	// session's previous turn (see TurnStat), keyed "first", "stayed" and
+	// "moved".
+	Turns map[string]TurnStat `json:"turns,omitempty"`
+}
+
+// TurnStat counts the requests of one kind of turn and what they found
+// cached. A session's first request (or one without a session) is
+// "first": where a new conversation was placed. A later one is "stayed"
+// when routed to the replica that served the session's previous request,
+// so what it misses was evicted during the pause, and "moved" otherwise,
+// so what it misses is the cost of the move.
+type TurnStat struct {
+	Requests     int64 `json:"requests"`
+	PromptTokens int64 `json:"prompt_tokens"`
+	CachedTokens int64 `json:"cached_tokens"`
 }
 
 // Prediction is one routing decision's estimated and simulated time to

@@ -71,6 +71,8 @@ type simRun struct {
 	// pending holds the estimates whose first token is not due yet.
 	pending  observationHeap
 	bindings map[string]binding
+	// last holds the replica each session's previous request went to.
+	last map[string]int
 	// eps, matched, matchedCPU and hits are scratch, reused per request.
 	eps                 []scoring.Endpoint
 	matched, matchedCPU []int
@@ -98,6 +100,7 @@ func newSimRun(pol *scoring.Policy, cacheBlocks int, in *simInput, fl *simFleet,
 		sat:        scoring.Saturation{}.WithDefaults(),
 		cal:        scoring.NewCalibrator(analyzeCost(fl.reps[0].rate)),
 		bindings:   map[string]binding{},
+		last:       map[string]int{},
 		eps:        make([]scoring.Endpoint, n),
 		matched:    make([]int, n),
 		matchedCPU: make([]int, n),
@@ -244,9 +247,33 @@ func (s *simRun) serve(i int, plan *scoring.Plan, chosen, predicted int, now flo
 	s.res.CachedTokens += int64(cached)
 	s.res.CPUCachedTokens += int64(cpu)
 	s.res.PredictedTokens += int64(predicted)
+	s.countTurn(s.in.sessions[i], chosen, r.InputTokens, cached)
 	if plan.Estimates != nil {
 		s.estimated(i, plan, chosen, cached, now)
 	}
+}
+
+// countTurn adds a request of session key, routed to replica chosen,
+// with prompt tokens of which cached were cached, to the result's Turns.
+func (s *simRun) countTurn(key string, chosen, prompt, cached int) {
+	kind := "first"
+	if prev, ok := s.last[key]; ok && key != "" {
+		kind = "moved"
+		if prev == chosen {
+			kind = "stayed"
+		}
+	}
+	if key != "" {
+		s.last[key] = chosen
+	}
+	if s.res.Turns == nil {
+		s.res.Turns = map[string]TurnStat{}
+	}
+	t := s.res.Turns[kind]
+	t.Requests++
+	t.PromptTokens += int64(prompt)
+	t.CachedTokens += int64(cached)
+	s.res.Turns[kind] = t
 }
 
 // estimated queues the plan's estimate for request i for the calibrator,
