@@ -154,3 +154,34 @@ func TestAnalyzeTurns(t *testing.T) {
 		}
 	}
 }
+
+// RebindCost accounts for every rebind, by reason, and a replica the
+// session was moved off held no more than the request's prompt.
+func TestAnalyzeRebindCost(t *testing.T) {
+	var b bytes.Buffer
+	if err := WriteHarnessTrace(&b, HarnessTraceConfig{Runs: 12, Active: 6}); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := ReadTrace(&b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Analyze(t.Context(), AnalyzeConfig{Trace: tr, Replicas: 4, CacheBlocks: []int{40},
+		Policies: []string{scoring.PolicyWarmpath}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := rep.Results[0]
+	if len(res.Rebinds) == 0 {
+		t.Fatal("no rebinds to account for")
+	}
+	for reason, n := range res.Rebinds {
+		c := res.RebindCost[reason]
+		if c.Rebinds != n || c.Moved > c.Rebinds || c.HeldTokens < 0 || c.HeldTokens > rep.PromptTokens {
+			t.Errorf("%s: %+v for %d rebinds", reason, c, n)
+		}
+	}
+	if len(res.RebindCost) != len(res.Rebinds) {
+		t.Errorf("RebindCost has %d reasons, Rebinds %d", len(res.RebindCost), len(res.Rebinds))
+	}
+}

@@ -175,6 +175,22 @@ type AnalyzeResult struct {
 	// session's previous turn (see TurnStat), keyed "first", "stayed" and
 	// "moved".
 	Turns map[string]TurnStat `json:"turns,omitempty"`
+	// RebindCost describes the Rebinds by reason: what the bound replica
+	// still held of each rebound request and what it found where it went.
+	RebindCost map[string]RebindStat `json:"rebind_cost,omitempty"`
+}
+
+// RebindStat sums the rebinds of one reason. HeldTokens is what the
+// replica the session was bound to still held of each request (both
+// tiers) when it was rebound, CachedTokens what the request found cached
+// on the replica it was routed to, and Moved how many went to another
+// replica: HeldTokens − CachedTokens is the cache the rebinds gave up
+// (negative when they found more elsewhere).
+type RebindStat struct {
+	Rebinds      int64 `json:"rebinds"`
+	Moved        int64 `json:"moved"`
+	HeldTokens   int64 `json:"held_tokens"`
+	CachedTokens int64 `json:"cached_tokens"`
 }
 
 // TurnStat counts the requests of one kind of turn and what they found

@@ -134,8 +134,27 @@ func (s *simRun) step(i int) error {
 	}
 	chosen, predicted := plan.Chosen(), plan.Predicted[0]
 	s.record(i, &plan, chosen, *b, din.Now, now)
-	s.serve(i, &plan, chosen, predicted, now)
+	bound, held := s.boundHeld(i, &plan, b)
+	cached := s.serve(i, &plan, chosen, predicted, now)
+	if bound >= 0 {
+		s.res.addRebindCost(plan.Rebind, bound != chosen, held, cached)
+	}
 	return nil
+}
+
+// boundHeld returns, for a plan that rebinds the session off its bound
+// replica, that replica's index and the tokens of request i it still
+// holds (both tiers), before the request is served; -1 and 0 otherwise.
+func (s *simRun) boundHeld(i int, plan *scoring.Plan, b *binding) (int, int) {
+	if plan.Rebind == "" || b.Replica == "" {
+		return -1, 0
+	}
+	j := slices.Index(s.names, b.Replica)
+	if j < 0 {
+		return -1, 0
+	}
+	held, _ := s.fl.reps[j].hit(s.in.ids[i], s.in.reqs[i].InputTokens, s.in.blockTokens)
+	return j, held
 }
 
 // observeDue hands the calibrator every estimate whose first token is due
@@ -233,8 +252,9 @@ func (s *simRun) record(i int, plan *scoring.Plan, chosen int, b binding, at tim
 
 // serve simulates request i at now on the chosen replica, which the
 // router believed held predicted tokens of it: its cache hit, its wait
-// and prefill, and, when the plan carried one, its estimate's error.
-func (s *simRun) serve(i int, plan *scoring.Plan, chosen, predicted int, now float64) {
+// and prefill, and, when the plan carried one, its estimate's error. It
+// returns the tokens found cached.
+func (s *simRun) serve(i int, plan *scoring.Plan, chosen, predicted int, now float64) (cached int) {
 	r, ids, bt := &s.in.reqs[i], s.in.ids[i], s.in.blockTokens
 	rp := s.fl.reps[chosen]
 	cached, cpu := rp.hit(ids, r.InputTokens, bt)
@@ -251,6 +271,7 @@ func (s *simRun) serve(i int, plan *scoring.Plan, chosen, predicted int, now flo
 	if plan.Estimates != nil {
 		s.estimated(i, plan, chosen, cached, now)
 	}
+	return cached
 }
 
 // countTurn adds a request of session key, routed to replica chosen,
@@ -393,6 +414,23 @@ func remember(bindings map[string]binding, key string, plan *scoring.Plan, b bin
 		nb.Updated = now
 	}
 	bindings[key] = binding{Binding: nb, done: done}
+}
+
+// addRebindCost counts a rebind for reason: whether it moved the session
+// off its bound replica, the tokens that replica still held and those
+// found cached where the request went.
+func (r *AnalyzeResult) addRebindCost(reason string, moved bool, held, cached int) {
+	if r.RebindCost == nil {
+		r.RebindCost = map[string]RebindStat{}
+	}
+	c := r.RebindCost[reason]
+	c.Rebinds++
+	if moved {
+		c.Moved++
+	}
+	c.HeldTokens += int64(held)
+	c.CachedTokens += int64(cached)
+	r.RebindCost[reason] = c
 }
 
 func (r *AnalyzeResult) addRebind(reason string) {
