@@ -74,17 +74,12 @@ func analyze(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if convs != nil || *cpuConvs != 0 {
-		median := bench.MedianPrompt(tr)
-		if convs != nil {
-			sizes = bench.ConversationBlocks(tr, convs)
-			fmt.Fprintf(stdout, "cache per replica: %s conversations of the median prompt (%d tokens) = %s blocks\n",
-				*cacheConvs, median, strings.Trim(fmt.Sprint(sizes), "[]"))
-		}
-		if *cpuConvs != 0 {
-			*cpuBlocks = bench.ConversationBlocks(tr, []float64{*cpuConvs})[0]
-			fmt.Fprintf(stdout, "CPU tier per replica: %g conversations of the median prompt = %d blocks\n", *cpuConvs, *cpuBlocks)
-		}
+	if convs != nil {
+		sizes = analyzeConversations(stdout, tr, *cacheConvs, convs)
+	}
+	if *cpuConvs != 0 {
+		*cpuBlocks = bench.ConversationBlocks(tr, []float64{*cpuConvs})[0]
+		fmt.Fprintf(stdout, "CPU tier per replica: %g conversations of the median prompt = %d blocks\n", *cpuConvs, *cpuBlocks)
 	}
 	rep, err := bench.Analyze(ctx, bench.AnalyzeConfig{
 		Trace: tr, Window: window, Replicas: *replicas, CacheBlocks: sizes, Policies: analyzeList(*policies),
@@ -153,6 +148,15 @@ func analyzeList(s string) []string {
 		}
 	}
 	return out
+}
+
+// analyzeConversations converts cache sizes in conversations (convs, as
+// given in text) to blocks of tr and says so on w.
+func analyzeConversations(w io.Writer, tr *bench.Trace, text string, convs []float64) []int {
+	sizes := bench.ConversationBlocks(tr, convs)
+	fmt.Fprintf(w, "cache per replica: %s conversations of the median prompt (%d tokens) = %s blocks\n",
+		text, bench.MedianPrompt(tr), strings.Trim(fmt.Sprint(sizes), "[]"))
+	return sizes
 }
 
 // analyzeFloats parses a comma-separated list of positive numbers; ""
