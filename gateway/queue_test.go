@@ -264,6 +264,9 @@ func TestQueue429OnOverflowAndTimeout(t *testing.T) {
 
 	first := asyncChat(t.Context(), g.URL, chatBody("first", 0, 4), nil)
 	testrun.Eventually(t, 10*time.Second, func() bool { return queued(t, g, nil) == 1 }, "first queued")
+	if w := statusQueue(t, g); w["interactive"] != 1 || w["background"] != 0 {
+		t.Errorf("the status page's queue = %v; want one interactive request waiting", w)
+	}
 	// The queue is full: refused at once (first is still waiting; it is
 	// refused only when its timeout passes).
 	wantQueue429(t, <-asyncChat(t.Context(), g.URL, chatBody("second", 0, 4), nil))
@@ -982,4 +985,12 @@ func (r *boundHead) finish(t *testing.T) {
 			t.Errorf("%s went to %s; want %s", name, res.replica(), want)
 		}
 	}
+}
+
+// statusQueue is the queue table of the status page's JSON: requests
+// waiting, by class.
+func statusQueue(t *testing.T, g *testGateway) map[string]int {
+	t.Helper()
+	q, _ := g.statusReport(time.Now())["queue"].(map[string]int)
+	return q
 }

@@ -135,7 +135,11 @@ func (g *Gateway) status(w http.ResponseWriter, r *http.Request) error {
 	if err := g.adminOnly(r); err != nil {
 		return err
 	}
-	now := time.Now()
+	return writeJSON(w, http.StatusOK, g.statusReport(time.Now()))
+}
+
+// statusReport is the status page's JSON at now.
+func (g *Gateway) statusReport(now time.Time) map[string]any {
 	stats := g.index.ix.Stats()
 	var reps []uiReplica
 	for _, rep := range g.fleet.Snapshot().Replicas {
@@ -154,11 +158,11 @@ func (g *Gateway) status(w http.ResponseWriter, r *http.Request) error {
 	if g.queue != nil {
 		queue = g.queue.Waiting()
 	}
-	return writeJSON(w, http.StatusOK, map[string]any{
+	return map[string]any{
 		"policy": g.policy.Name, "draining": g.draining.Load(), "replicas": reps,
 		"cached_fraction": map[string]any{"step_seconds": statusStep.Seconds(), "by_tenant": frac},
 		"queue":           queue, "decisions": recent, "time": now,
-	})
+	}
 }
 
 // adminOnly checks the admin key (auth.admin_key), as the admin API does.
