@@ -91,7 +91,6 @@ type Gateway struct {
 	waiting     backlog               // requests waiting in admit, by model
 	queue       *admission.Queue      // nil: no fair queue (queue.disabled)
 	shareQueue  *backlogSync          // shares waiting with the other gateways; nil without a queue or Redis
-	claims      *prefixClaims         // where the other gateways just sent long prefills; nil without shareQueue
 	tracking    *session.Tracking     // keeps sticky lookups off Redis; nil without a single Redis server
 	wrapped     prometheus.Registerer // reg with the policy label
 	upstream    *http.Transport
@@ -120,6 +119,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	}
 	cfg = cfg.withDefaults()
 	cfg.devAuth(log)
+	cfg.warnDeprecated(log)
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -215,10 +215,6 @@ func New(cfg Config, o Options) (*Gateway, error) {
 			g.shareQueue = &backlogSync{b: &g.waiting, rdb: g.rdb, key: cfg.Redis.KeyPrefix + backlogHash, id: rand.Text(),
 				every: cfg.Queue.SyncInterval, limit: cfg.Redis.Timeout, log: log.With("component", "backlog"),
 				failed: func() { g.m.redisErrors.WithLabelValues("backlog").Inc() }}
-			if rc := cfg.Routing; rc.ClaimMinTokens >= 0 && rc.SpeculativeTTL > 0 {
-				g.claims = &prefixClaims{rdb: g.rdb, prefix: cfg.Redis.KeyPrefix + claimPrefix, ttl: rc.SpeculativeTTL,
-					timeout: cfg.Redis.Timeout, min: rc.ClaimMinTokens, peers: g.waiting.peers}
-			}
 		}
 	}
 	if g.responses, err = g.newResponses(); err != nil {

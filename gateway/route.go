@@ -275,9 +275,6 @@ func (g *Gateway) matchPrefix(ctx context.Context, r *turn, reps []*fleet.Replic
 		in.PromptTokens = len(tokens)
 		keys = g.index.keys(tokens, r.Model(), r.CacheSalt())
 		in.Matched, in.MatchedCPU = g.index.matchTiers(keys, names, len(tokens), engineBlocks(in.Endpoints))
-		if g.adoptClaims(ctx, keys, names, in.Matched, len(tokens)) {
-			in.Matched, in.MatchedCPU = g.index.matchTiers(keys, names, len(tokens), engineBlocks(in.Endpoints))
-		}
 		return keys, chunks
 	case g.policy.UsesApprox:
 		chunks = g.approx.keys(r.ApproxText(), r.Model(), r.CacheSalt())
@@ -336,9 +333,6 @@ func (g *Gateway) commit(ctx context.Context, r *turn, rt *route, bind session.B
 			}()
 			rt.speculated = done
 		}
-	}
-	if keys != nil && len(p.Predicted) > 0 && g.claims.active(p.PromptTokens-p.Predicted[0]) {
-		g.claim(chosen, keys)
 	}
 	if nb, ok := g.newBinding(r, p, bind, keys); ok {
 		rt.session, rt.binding = r.Session().Value, nb
