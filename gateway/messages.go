@@ -60,9 +60,5 @@ func (c messagesChat) Complete(ctx context.Context, t anthropic.Turn) (*http.Res
 // messagesHandler mounts the Messages API under the gateway's request
 // metrics.
 func (g *Gateway) messagesHandler() http.HandlerFunc {
-	h := g.trace.front(g.messages.Handler(), messagesOp, noID)
-	return g.serve("messages", func(w http.ResponseWriter, r *http.Request) error {
-		h.ServeHTTP(w, r)
-		return nil
-	})
+	return g.serveFront("messages", g.trace.front(g.messages.Handler(), messagesOp, noID))
 }

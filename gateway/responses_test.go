@@ -55,6 +55,9 @@ func TestResponsesChainedRunThroughGateway(t *testing.T) {
 	if cached/prompt < 0.9 {
 		t.Errorf("cached-prefix fraction %.3f; want above 0.9", cached/prompt)
 	}
+	if n := counter(t, gw.reg, "warmpath_requests_total", map[string]string{"route": "responses", "code": "200"}); n != turns {
+		t.Errorf("warmpath_requests_total{route=responses,code=200} = %v; want %d", n, turns)
+	}
 	b := client(newTenant(t, gw.URL, "intruder", ""))
 	_, err := b.Responses.New(ctx, responses.ResponseNewParams{Model: vllmsim.DefaultModel, PreviousResponseID: openai.String(prev),
 		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("let me in")}})
