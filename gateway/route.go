@@ -262,6 +262,7 @@ func (g *Gateway) matchPrefix(ctx context.Context, r *turn, reps []*fleet.Replic
 			call = g.startTokenize(ctx, r.R, reps, in.Endpoints)
 		}
 		tokens, err := call.wait(ctx)
+		r.tokenized = tokenized{start: call.started, end: time.Now(), source: call.source, tokens: len(tokens), err: err}
 		if err != nil {
 			// Tokenizers backed off were logged when they refused.
 			if !errors.Is(err, errTokenizeUnavailable) {

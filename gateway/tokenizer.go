@@ -90,6 +90,11 @@ type tokenCall struct {
 	ids []uint32
 	err error
 	ch  <-chan singleflight.Result
+	// source is where the ids come from (ids: the prompt is token ids;
+	// local: the in-process tokenizer; cache; replica: a /tokenize call),
+	// started when the call began: the trace's warmpath.tokenize span.
+	source  string
+	started time.Time
 }
 
 // wait returns the call's ids, waiting for them as long as ctx allows.
@@ -113,25 +118,33 @@ func (c *tokenCall) wait(ctx context.Context) ([]uint32, error) {
 
 // start begins tokens' work without waiting for the replica's answer.
 func (t *tokenizer) start(ctx context.Context, r *request.R, reps []*fleet.Replica) *tokenCall {
+	started := time.Now()
+	c := t.begin(ctx, r, reps)
+	c.started = started
+	return c
+}
+
+// begin is start's work.
+func (t *tokenizer) begin(ctx context.Context, r *request.R, reps []*fleet.Replica) *tokenCall {
 	if ids, ok := r.PromptTokenIDs(); ok {
-		return &tokenCall{ids: ids}
+		return &tokenCall{ids: ids, source: "ids"}
 	}
 	if ids, ok := t.local(r, reps); ok {
-		return &tokenCall{ids: ids} // not cached: tokenizing again costs less than the memory
+		return &tokenCall{ids: ids, source: "local"} // not cached: tokenizing again costs less than the memory
 	}
 	body := r.TokenizeBody()
 	if body == nil {
-		return &tokenCall{err: fmt.Errorf("gateway: prompt cannot be tokenized")}
+		return &tokenCall{err: fmt.Errorf("gateway: prompt cannot be tokenized"), source: "none"}
 	}
 	key := xxhash.Sum64(body)
 	if ids, ok := t.cache.get(key); ok {
 		t.m.tokenizer.WithLabelValues("cached").Inc()
-		return &tokenCall{ids: ids}
+		return &tokenCall{ids: ids, source: "cache"}
 	}
 	order := t.order(reps)
 	if len(order) == 0 {
 		t.m.tokenizer.WithLabelValues("unavailable").Inc()
-		return &tokenCall{err: errTokenizeUnavailable}
+		return &tokenCall{err: errTokenizeUnavailable, source: "unavailable"}
 	}
 	// The shared call outlives any one caller's cancellation (the client's
 	// timeout still bounds it); each caller waits only as long as its own
@@ -146,7 +159,7 @@ func (t *tokenizer) start(ctx context.Context, r *request.R, reps []*fleet.Repli
 		t.cache.add(key, ids)
 		return ids, nil
 	})
-	return &tokenCall{ch: ch}
+	return &tokenCall{ch: ch, source: "replica"}
 }
 
 // errTokenizeUnavailable: every target is backed off (none has a usable

@@ -375,6 +375,14 @@ func (t *tracing) recordPhases(ctx context.Context, x *exchange, policy string) 
 		return
 	}
 	who := requestAttrs(x.req.R)
+	tok := x.req.tokenized
+	if !x.prepared.IsZero() {
+		pctx, s := t.tracer.Start(ctx, "warmpath.prepare", trace.WithTimestamp(x.start), trace.WithAttributes(who...))
+		if !tok.start.IsZero() && tok.start.Before(x.prepared) {
+			t.recordTokenize(pctx, tok)
+		}
+		s.End(trace.WithTimestamp(x.prepared))
+	}
 	if !x.prepared.IsZero() && !x.admitted.IsZero() {
 		_, s := t.tracer.Start(ctx, "warmpath.queue", trace.WithTimestamp(x.prepared),
 			trace.WithAttributes(append(who, semconv.GenAIRequestModel(x.req.Model()),
@@ -397,8 +405,24 @@ func (t *tracing) recordPhases(ctx context.Context, x *exchange, policy string) 
 			attrs = append(attrs, attribute.Float64("warmpath.ttft_estimate", plan.Estimates[0].TTFT))
 		}
 	}
-	_, s := t.tracer.Start(ctx, "warmpath.route", trace.WithTimestamp(x.admitted), trace.WithAttributes(attrs...))
+	rctx, s := t.tracer.Start(ctx, "warmpath.route", trace.WithTimestamp(x.admitted), trace.WithAttributes(attrs...))
+	if !tok.start.IsZero() && !tok.start.Before(x.admitted) {
+		t.recordTokenize(rctx, tok)
+	}
 	s.End(trace.WithTimestamp(x.routed))
+}
+
+// recordTokenize records the tokenizer call routing waited for as a
+// warmpath.tokenize span under the phase that waited (prepare or route):
+// where the ids came from (warmpath.tokenize.source: ids, local, cache,
+// replica) and how many.
+func (t *tracing) recordTokenize(ctx context.Context, tok tokenized) {
+	_, s := t.tracer.Start(ctx, "warmpath.tokenize", trace.WithTimestamp(tok.start), trace.WithAttributes(
+		attribute.String("warmpath.tokenize.source", tok.source), attribute.Int("warmpath.prompt_tokens", tok.tokens)))
+	if tok.err != nil {
+		s.SetStatus(codes.Error, tok.err.Error())
+	}
+	s.End(trace.WithTimestamp(tok.end))
 }
 
 // requestAttrs are who sent a request and which conversation it

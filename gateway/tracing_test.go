@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/warmpath/warmpath/internal/testrun"
+	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/vllmsim"
 )
 
@@ -423,5 +424,52 @@ func TestTracingMessagesAndErrors(t *testing.T) {
 	}
 	if len(attempts) != 1 || attempts[0].Status.Code != codes.Error {
 		t.Errorf("attempt spans %v; want one, with an error status", attempts)
+	}
+}
+
+// Routing's I/O is traced: the prepare phase (before the queue) as a
+// span, and the tokenizer call a precise policy waits for as a
+// warmpath.tokenize span under the phase that waited, saying where the
+// ids came from and how many.
+func TestTracingTokenize(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{Replicas: 2})
+	cfg := fleetConfig(sim)
+	cfg.Routing.Policy = scoring.PolicyPrecisePrefix
+	exp := tracetest.NewInMemoryExporter()
+	gw := startTracedGateway(t, cfg, nil, exp, &syncBuffer{})
+	tp, tid, _ := clientTrace(1)
+	r := chat(t, gw.URL, map[string]any{"model": "qwen3-32b", "max_tokens": 4, "messages": []msg{{"user", words("tok", 300)}}},
+		map[string]string{"traceparent": tp})
+	if r.Status != http.StatusOK {
+		t.Fatalf("status %d: %s", r.Status, r.Body)
+	}
+	server, _, all := traceSpans(t, exp, tid)
+	byID := map[trace.SpanID]tracetest.SpanStub{}
+	for _, s := range all {
+		byID[s.SpanContext.SpanID()] = s
+	}
+	var prepare, tok *tracetest.SpanStub
+	for i, s := range all {
+		switch s.Name {
+		case "warmpath.prepare":
+			prepare = &all[i]
+		case "warmpath.tokenize":
+			tok = &all[i]
+		}
+	}
+	if prepare == nil || prepare.Parent.SpanID() != server.SpanContext.SpanID() {
+		t.Fatalf("no warmpath.prepare span under the server span in %v", names(all))
+	}
+	if tok == nil {
+		t.Fatalf("no warmpath.tokenize span in %v", names(all))
+	}
+	if p := byID[tok.Parent.SpanID()].Name; p != "warmpath.prepare" && p != "warmpath.route" {
+		t.Errorf("tokenize span under %q; want warmpath.prepare or warmpath.route", p)
+	}
+	if src := attr(*tok, "warmpath.tokenize.source").AsString(); src != "replica" && src != "local" && src != "cache" {
+		t.Errorf("warmpath.tokenize.source = %q; want replica, local or cache", src)
+	}
+	if n := attr(*tok, "warmpath.prompt_tokens").AsInt64(); n < 300 {
+		t.Errorf("warmpath.prompt_tokens = %d; want the prompt's (300 words and more)", n)
 	}
 }

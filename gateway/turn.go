@@ -21,6 +21,17 @@ type turn struct {
 	placement *placement
 	// queueWait is the time spent in the fair queue.
 	queueWait time.Duration
+	// tokenized is the tokenizer call routing waited for, for the trace;
+	// zero when it waited for none.
+	tokenized tokenized
+}
+
+// tokenized is one tokenizer call as routing waited for it.
+type tokenized struct {
+	start, end time.Time
+	source     string // tokenCall.source
+	tokens     int
+	err        error
 }
 
 // estimatedTokens guesses the prompt's token count from its text, at the
