@@ -78,6 +78,7 @@ type Gateway struct {
 	ratios      *tokenRatios // bytes per prompt token, by model
 	tenants     *tenants
 	activity    *activity          // what the status page shows
+	miss        *missTracker       // miss attribution and prefix-break diagnostics (misses.go)
 	tips        *workers           // fill session tips off the request path (tips.go)
 	tipPending  sync.Map           // sessions with a tip job queued or running
 	writes      *workers           // Redis writes off the request path (family placements)
@@ -136,6 +137,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 
 	g.drainCtx, g.cutStreams = context.WithCancel(context.Background())
 	g.activity = newActivity()
+	g.miss = newMissTracker(cfg.Routing.BlockSize, wrapped)
 	g.ratios = newTokenRatios()
 	g.tips = newWorkers(tipWorkers, tipBacklog, 0)
 	g.writes = newWorkers(writeWorkers, writeBacklog, time.Second)

@@ -160,7 +160,7 @@ func (g *Gateway) status(w http.ResponseWriter, r *http.Request) error {
 	return writeJSON(w, http.StatusOK, map[string]any{
 		"policy": g.policy.Name, "draining": g.draining.Load(), "replicas": reps,
 		"cached_fraction": map[string]any{"step_seconds": statusStep.Seconds(), "by_tenant": frac},
-		"queue":           queue, "decisions": recent, "time": now,
+		"queue":           queue, "decisions": recent, "time": now, "misses": g.missStatus(),
 	})
 }
 
