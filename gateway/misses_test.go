@@ -8,6 +8,7 @@ import (
 
 	"github.com/warmpath/warmpath/internal/testrun"
 	"github.com/warmpath/warmpath/misses"
+	"github.com/warmpath/warmpath/record"
 	"github.com/warmpath/warmpath/tenancy"
 	"github.com/warmpath/warmpath/vllmsim"
 )
@@ -144,5 +145,42 @@ func checkPrefixBreaks(t *testing.T, gw *testGateway, tenant string, broke bool)
 	}
 	if h := pb.Hints[0]; h.Part != "system" || h.Share < 0.99 {
 		t.Errorf("%s: first hint %+v; want the system prompt on every turn", tenant, h)
+	}
+}
+
+// TestRecordWritesAnsweredRequests: with record.dir set, each answered
+// request is one line with the usage its replica reported, the replica
+// that answered, its block keys, and its tenant and session hashed.
+func TestRecordWritesAnsweredRequests(t *testing.T) {
+	sim := startSim(t, vllmsim.Config{Replicas: 2})
+	cfg := fleetConfig(sim)
+	cfg.Debug = true
+	cfg.Routing.Tokenizer = TokenizerSimulator
+	cfg.Record.Dir = t.TempDir()
+	gw := startGateway(t, cfg, nil)
+	c := newConversation(words("recorded", 120), words("hello", 20))
+	var got []chatResult
+	for turn := range 3 {
+		got = append(got, c.turn(t, gw.URL, words(fmt.Sprint("next", turn), 10)))
+	}
+	testrun.Eventually(t, 5*time.Second, func() bool { return gw.rec.Written() == 3 }, "three entries written")
+	var entries []record.Entry
+	if err := record.ReadDir(cfg.Record.Dir, func(e record.Entry) error { entries = append(entries, e); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 3 {
+		t.Fatalf("%d entries read back; want 3", len(entries))
+	}
+	for i, e := range entries {
+		r := got[i]
+		if e.PromptTokens != r.Usage.PromptTokens || e.CachedTokens != r.Usage.CachedTokens || e.OutputTokens != r.Usage.CompletionTokens || e.Replica != r.replica() {
+			t.Errorf("entry %d = %+v; want the usage %+v from %s", i, e, r.Usage, r.replica())
+		}
+		if len(e.Session) != 16 || e.BlockTokens != gw.cfg.Routing.BlockSize {
+			t.Errorf("entry %d: session %q, block tokens %d; want a 16-digit hash and %d", i, e.Session, e.BlockTokens, gw.cfg.Routing.BlockSize)
+		}
+	}
+	if n := len(entries[0].Blocks); n == 0 || n > entries[0].PromptTokens/gw.cfg.Routing.BlockSize+1 {
+		t.Errorf("first entry: %d block keys for %d prompt tokens", n, entries[0].PromptTokens)
 	}
 }
