@@ -10,6 +10,7 @@ import (
 	"github.com/warmpath/warmpath/gateway/request"
 	"github.com/warmpath/warmpath/internal/lru"
 	"github.com/warmpath/warmpath/misses"
+	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/tenancy"
 )
 
@@ -95,7 +96,7 @@ func (g *Gateway) missed(x *exchange, u Usage) {
 	fresh, seq := t.observe(x.replica, g.fleet, prev)
 	turn := misses.Turn{
 		Prompt: u.PromptTokens, Cached: u.CachedTokens, Previous: d.Previous, Matched: d.Matched,
-		Predicted: x.predicted, BestOther: x.route.bestOther(x.replica.Spec.Name), Fresh: fresh,
+		Predicted: t.predicted(x, d), BestOther: x.route.bestOther(x.replica.Spec.Name), Fresh: fresh,
 		Route: misses.RouteOf(x.route.plan.Rebind), BlockTokens: t.blockTokens,
 	}
 	causes := misses.Split(turn)
@@ -115,6 +116,24 @@ func (g *Gateway) missed(x *exchange, u Usage) {
 		t.prev.Put(s, fp)
 	}
 	t.recent.Add(tenant, r.Session().Family, fp)
+}
+
+// predicted is the prefix routing predicted cached on the replica that
+// answered. A sticky turn's prediction is not the index's: it is the
+// session's previous prompt, on the assumption that the turn extends it
+// (session.Binding); when the client broke the prefix, what lies past the
+// break was the client's doing, not a stale index, so the prediction is
+// cut at the break's block.
+func (t *missTracker) predicted(x *exchange, d misses.Diff) int {
+	p := x.predicted
+	if !d.Broke() || x.route.plan.Reason != scoring.ReasonSticky {
+		return p
+	}
+	m := d.Matched
+	if t.blockTokens > 0 {
+		m -= m % t.blockTokens
+	}
+	return min(p, m)
 }
 
 // missTenant is the tenant id the diagnostics are kept under: "default"

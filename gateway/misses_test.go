@@ -13,13 +13,17 @@ import (
 	"github.com/warmpath/warmpath/vllmsim"
 )
 
-// uncachedBy reads warmpath_uncached_tokens_total for a tenant label, by
-// cause.
+// uncachedBy reads warmpath_uncached_tokens_total for a tenant label
+// (every tenant: ""), by cause.
 func uncachedBy(t *testing.T, g *testGateway, tenant string) [misses.NumCauses]float64 {
 	t.Helper()
 	var out [misses.NumCauses]float64
 	for c := range misses.NumCauses {
-		out[c] = counter(t, g.reg, "warmpath_uncached_tokens_total", map[string]string{"tenant": tenant, "cause": misses.Cause(c).String()})
+		labels := map[string]string{"cause": misses.Cause(c).String()}
+		if tenant != "" {
+			labels["tenant"] = tenant
+		}
+		out[c] = counter(t, g.reg, "warmpath_uncached_tokens_total", labels)
 	}
 	return out
 }
