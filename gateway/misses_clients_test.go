@@ -153,3 +153,46 @@ func TestReplicaRestartIsColdReplica(t *testing.T) {
 			cold, broke, miss, before, after)
 	}
 }
+
+// TestSmallCacheIsEvicted: a replica whose cache is too small for the
+// traffic drops a session's prefix between two of its turns; the next
+// turn's misses go to evicted, none to the client or to routing.
+func TestSmallCacheIsEvicted(t *testing.T) {
+	// 300 blocks of 16 tokens: the conversation fits, a flood evicts it.
+	sim := startSim(t, vllmsim.Config{Replicas: 1, KVBlocks: 300})
+	cfg := fleetConfig(sim)
+	cfg.Routing.SpeculativeTTL = -1 // judge the index by events alone
+	gw := startGateway(t, cfg, nil)
+	system := words("handbook", 2000)
+	c := newConversation(system, words("myquestion", 100))
+	for turn := range 2 {
+		c.turn(t, gw.URL, words(fmt.Sprint("next", turn), 10))
+	}
+	rep := sim.Replicas()[0]
+	for i := range 6 {
+		body := fmt.Sprintf(`{"model":"qwen3-32b","max_tokens":1,"messages":[{"role":"user","content":%q}]}`, words(fmt.Sprintf("flood%d", i), 1500))
+		resp, err := http.Post(rep.Info().URL+"/v1/chat/completions", "application/json", stringsReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	name := rep.Info().Name
+	testrun.Eventually(t, 5*time.Second, func() bool {
+		keys := gw.index.keys(vllmsim.TokenizeChat([]vllmsim.Message{{Role: "system", Content: system}}, nil, false), "qwen3-32b", "")
+		return gw.index.matchTokens(keys, []string{name}, 1<<20, nil)[0] < 16*10
+	}, "the eviction's BlockRemoved events to reach the index")
+	before := uncachedBy(t, gw, "")
+	r := c.turn(t, gw.URL, "after the flood")
+	miss := float64(r.Usage.PromptTokens - r.Usage.CachedTokens)
+	var after [misses.NumCauses]float64
+	testrun.Eventually(t, 5*time.Second, func() bool {
+		after = uncachedBy(t, gw, "")
+		return sum(after)-sum(before) == miss
+	}, "the turn after the flood attributed")
+	delta := func(c misses.Cause) float64 { return after[c] - before[c] }
+	if delta(misses.CauseEvicted) < 1500 || delta(misses.CauseClientBreak) != 0 || delta(misses.CauseRoutedAway) != 0 || delta(misses.CauseStaleIndex) != 0 {
+		t.Errorf("after the flood: %v → %v of %v uncached tokens; want most of the previous prompt evicted, nothing broken, routed away or stale", before, after, miss)
+	}
+	t.Logf("after the flood: %v uncached tokens, %v evicted", miss, delta(misses.CauseEvicted))
+}
