@@ -13,7 +13,9 @@ import (
 // replay (warmpath analyze): one JSON line per answered request with its
 // time, keyed hashes of its tenant and session, its prompt's block keys at
 // routing.block_size, its prompt, output and cached tokens and the
-// replica that answered; never any text (package record). Off unless Dir
+// replica that answered; never any text (package record). A turn routed
+// without tokenizing gets its block keys from the in-process tokenizer
+// (routing.tokenizer), or has none without one. Off unless Dir
 // is set. Tenant and session ids are hashed with HMAC-SHA-256 under
 // auth.salt_secret when one is configured.
 type RecordConfig struct {
@@ -62,6 +64,9 @@ func (g *Gateway) recordExchange(x *exchange, u Usage) {
 		return
 	}
 	r := x.req
+	if x.route.keys == nil {
+		x.route.keys = g.localKeys(r)
+	}
 	tenant := ""
 	if p := r.Principal(); p != nil {
 		tenant = p.TenantID
@@ -72,4 +77,19 @@ func (g *Gateway) recordExchange(x *exchange, u Usage) {
 		PromptTokens: u.PromptTokens, OutputTokens: u.CompletionTokens,
 		Replica: x.replica.Spec.Name, CachedTokens: u.CachedTokens,
 	})
+}
+
+// localKeys returns the block keys of r's prompt from the in-process
+// tokenizer, nil when its model has none: a recorded turn routed without
+// tokenizing (a sticky turn) still gets its block keys, which replay
+// needs; the miss attribution then places its break exactly too.
+func (g *Gateway) localKeys(r *turn) []uint64 {
+	if !g.tok.localFor(r.Model()) {
+		return nil
+	}
+	ids, err := r.LocalTokens(g.tok.localTok.impl)
+	if err != nil {
+		return nil
+	}
+	return g.index.keys(ids, r.Model(), r.CacheSalt())
 }
