@@ -3,7 +3,6 @@ package anthropic
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 
@@ -81,52 +80,6 @@ func writeError(w http.ResponseWriter, err error, requestID string) *apierror.Er
 	w.WriteHeader(he.Status)
 	_, _ = w.Write(append(marshalError(he.Status, he.Msg, requestID), '\n'))
 	return he
-}
-
-// maxErrorBody bounds an upstream error body read for its message.
-const maxErrorBody = 1 << 20
-
-// responseError turns a failed Chat response (status >= 400, an OpenAI or
-// vLLM error envelope, or plain text) into an *apierror.Error with the
-// same status, message and retry headers. It closes the body.
-func responseError(resp *http.Response) *apierror.Error {
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
-	msg := upstreamMessage(body)
-	if msg == "" {
-		msg = http.StatusText(resp.StatusCode)
-	}
-	he := &apierror.Error{Status: resp.StatusCode, Msg: msg}
-	for k, v := range resp.Header {
-		switch http.CanonicalHeaderKey(k) {
-		case "Content-Type", "Content-Length", "Transfer-Encoding", "Connection":
-		default:
-			if he.Header == nil {
-				he.Header = http.Header{}
-			}
-			he.Header[k] = v
-		}
-	}
-	return he
-}
-
-// upstreamMessage is the message of an error body: OpenAI's
-// {"error":{"message"}}, vLLM's older {"object":"error","message"}, or the
-// text itself (cut to 512 bytes).
-func upstreamMessage(body []byte) string {
-	if gjson.ValidBytes(body) {
-		root := gjson.ParseBytes(body)
-		if m := root.Get("error.message"); m.Type == gjson.String {
-			return m.String()
-		}
-		if m := root.Get("message"); m.Type == gjson.String {
-			return m.String()
-		}
-	}
-	if len(body) > 512 {
-		body = body[:512]
-	}
-	return string(body)
 }
 
 // codeStatus maps the gateway's string error codes to their statuses.

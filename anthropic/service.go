@@ -23,11 +23,13 @@ import (
 //
 // Contract: the response is the upstream's (status, headers, a body that
 // streams as text/event-stream of chat.completion.chunk, with usage in the
-// last chunk). Routing, admission, auth-limit and upstream failures come
-// back as a *http.Response with status >= 400 and an OpenAI error envelope
-// body (its Retry-After and x-ratelimit-* headers are passed on), never as
-// a Go error; a Go error means the context ended or the request could not
-// be sent at all.
+// last chunk) when the upstream answered with a success. Every refusal
+// (routing, admission, auth-limit, and the upstream's own error
+// responses) is an error value, an *apierror.Error with the status, the
+// envelope's fields and the retry headers (Retry-After, x-ratelimit-*,
+// passed on); any other error means the context ended or the request
+// could not be sent at all. A response with status >= 400 is never
+// returned.
 type Chat interface {
 	Complete(ctx context.Context, t Turn) (*http.Response, error)
 }
@@ -223,9 +225,6 @@ func (s *Service) messages(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if resp.StatusCode >= 400 {
-		return responseError(resp)
-	}
 	defer resp.Body.Close()
 	if req.Stream != nil && *req.Stream {
 		return s.stream(w, req, resp)
@@ -355,9 +354,6 @@ func (s *Service) countByCompletion(ctx context.Context, h http.Header, req *req
 	resp, err := s.chat.Complete(ctx, Turn{Body: chatBody, Header: turnHeader(h, req)})
 	if err != nil {
 		return 0, err
-	}
-	if resp.StatusCode >= 400 {
-		return 0, responseError(resp)
 	}
 	defer resp.Body.Close()
 	acc := &accumulator{}

@@ -199,13 +199,12 @@ func TestMessagesErrors(t *testing.T) {
 	var chat ChatFunc = func(ctx context.Context, tn Turn) (*http.Response, error) {
 		switch gjson.GetBytes(tn.Body, "model").String() {
 		case "limited":
-			return &http.Response{StatusCode: 429, Header: http.Header{"Retry-After": {"7"}, "X-Ratelimit-Remaining-Requests": {"0"}},
-				Body: io.NopCloser(strings.NewReader(`{"error":{"message":"Rate limit reached","type":"rate_limit_error","param":null,"code":"rate_limit_exceeded"}}`))}, nil
+			return nil, &apierror.Error{Status: 429, Type: apierror.TypeRateLimit, Code: "rate_limit_exceeded", Msg: "Rate limit reached",
+				Header: http.Header{"Retry-After": {"7"}, "X-Ratelimit-Remaining-Requests": {"0"}}}
 		case "gone":
-			return &http.Response{StatusCode: 404, Header: http.Header{},
-				Body: io.NopCloser(strings.NewReader(`{"error":{"message":"The model gone does not exist.","type":"invalid_request_error","param":null,"code":"model_not_found"}}`))}, nil
+			return nil, apierror.NotFound("model_not_found", "The model gone does not exist.")
 		case "down":
-			return &http.Response{StatusCode: 503, Header: http.Header{}, Body: io.NopCloser(strings.NewReader(`upstream connect error`))}, nil
+			return nil, &apierror.Error{Status: 503, Type: apierror.TypeServer, Msg: "upstream connect error"}
 		case "slow":
 			<-ctx.Done()
 			return nil, ctx.Err()

@@ -30,6 +30,10 @@ type HarnessTraceConfig struct {
 	// Epoch is the first timestamp, in milliseconds: a real log carries
 	// epoch milliseconds; default 1,750,000,000,000 (June 2025).
 	Epoch float64
+	// Sizes, when not nil, draws the first messages, replies and tool
+	// results from its distributions instead of Harness's uniform ranges
+	// (see RealSizeHarnessTrace).
+	Sizes *HarnessSizes
 }
 
 // harnessRecord is one line of the log.
@@ -38,6 +42,8 @@ type harnessRecord struct {
 	input  int
 	output int
 	ids    []int64
+	conv   uint64  // the conversation's id
+	pause  float64 // seconds since the conversation's previous turn ended, 0 on its first
 }
 
 // WriteHarnessTrace writes a synthetic Mooncake-format trace of coding-
@@ -51,31 +57,7 @@ type harnessRecord struct {
 // Runs arrive as a Poisson process sized for Active runs at once; a turn
 // takes 15 ms per output token after a second of prefill and queueing.
 func WriteHarnessTrace(w io.Writer, cfg HarnessTraceConfig) error {
-	if cfg.Runs == 0 {
-		cfg.Runs = 120
-	}
-	if cfg.Active == 0 {
-		cfg.Active = 60
-	}
-	if cfg.Seed == 0 {
-		cfg.Seed = 1
-	}
-	if cfg.Epoch == 0 {
-		cfg.Epoch = 1_750_000_000_000
-	}
-	a := cfg.Harness.withDefaults()
-	env := Env{Seed: cfg.Seed, Scale: 1}
-	sz := a.sizing(8, 307328)
-	mean := sz.runLength.Seconds() / float64(cfg.Active)
-	arrivals := workloadRand(cfg.Seed, "harness-trace/arrivals")
-	var recs []harnessRecord
-	t := 0.0
-	for i := range cfg.Runs {
-		t += arrivals.ExpFloat64() * mean
-		g := &convGen{a: a, env: env, id: uint64(i) + 1, recs: &recs}
-		g.run(t, uint64(i))
-	}
-	slices.SortStableFunc(recs, func(x, y harnessRecord) int { return cmp.Compare(x.at, y.at) })
+	recs := harnessRecords(cfg)
 	bw := bufio.NewWriter(w)
 	for _, r := range recs {
 		line, err := json.Marshal(struct {
@@ -83,7 +65,7 @@ func WriteHarnessTrace(w io.Writer, cfg HarnessTraceConfig) error {
 			InputLength  int     `json:"input_length"`
 			OutputLength int     `json:"output_length"`
 			HashIDs      []int64 `json:"hash_ids"`
-		}{math.Round(cfg.Epoch + 1000*r.at), r.input, r.output, r.ids})
+		}{math.Round(cfg.epoch() + 1000*r.at), r.input, r.output, r.ids})
 		if err != nil {
 			return fmt.Errorf("bench: harness trace: %w", err)
 		}
@@ -96,13 +78,51 @@ func WriteHarnessTrace(w io.Writer, cfg HarnessTraceConfig) error {
 	return nil
 }
 
+func (cfg HarnessTraceConfig) epoch() float64 {
+	if cfg.Epoch == 0 {
+		return 1_750_000_000_000
+	}
+	return cfg.Epoch
+}
+
+// harnessRecords generates the log's records in time order.
+func harnessRecords(cfg HarnessTraceConfig) []harnessRecord {
+	if cfg.Runs == 0 {
+		cfg.Runs = 120
+	}
+	if cfg.Active == 0 {
+		cfg.Active = 60
+	}
+	if cfg.Seed == 0 {
+		cfg.Seed = 1
+	}
+	a := cfg.Harness.withDefaults()
+	env := Env{Seed: cfg.Seed, Scale: 1}
+	runLength := a.sizing(8, 307328).runLength.Seconds()
+	if cfg.Sizes != nil {
+		runLength = cfg.Sizes.runLength(a)
+	}
+	mean := runLength / float64(cfg.Active)
+	arrivals := workloadRand(cfg.Seed, "harness-trace/arrivals")
+	var recs []harnessRecord
+	t := 0.0
+	for i := range cfg.Runs {
+		t += arrivals.ExpFloat64() * mean
+		g := &convGen{a: a, sizes: cfg.Sizes, env: env, id: uint64(i) + 1, recs: &recs}
+		g.run(t, uint64(i))
+	}
+	slices.SortStableFunc(recs, func(x, y harnessRecord) int { return cmp.Compare(x.at, y.at) })
+	return recs
+}
+
 // convGen generates one run's records (and its sub-agents').
 type convGen struct {
-	a    AgenticHarness
-	env  Env
-	id   uint64 // conversation ids: runs 1…, sub-agents above 1<<32
-	subs uint64
-	recs *[]harnessRecord
+	a     AgenticHarness
+	sizes *HarnessSizes // nil: a's uniform ranges
+	env   Env
+	id    uint64 // conversation ids: runs 1…, sub-agents above 1<<32
+	subs  uint64
+	recs  *[]harnessRecord
 }
 
 // run plays a main agent starting at t; it returns when its last turn
@@ -126,14 +146,16 @@ func (g *convGen) sub(t float64, id uint64) float64 {
 // last turn ends.
 func (g *convGen) play(t float64, id uint64, rng *rand.Rand, meanTurns, first int, fanOut bool) float64 {
 	turns := uniformInt(rng, max(1, meanTurns/2), meanTurns*3/2)
-	length := g.a.HarnessTokens + first
+	length := g.a.HarnessTokens + g.first(rng, first, fanOut)
+	pause := 0.0
 	for turn := range turns {
 		if turn > 0 {
-			length += uniformInt(rng, g.a.ToolMin, g.a.ToolMax)
-			t += ClaudePause(rng).Seconds()
+			length += g.tool(rng)
+			pause = ClaudePause(rng).Seconds()
+			t += pause
 		}
-		out := uniformInt(rng, g.a.ReplyMin, g.a.ReplyMax)
-		g.emit(id, t, length, out)
+		out := g.reply(rng)
+		g.emit(id, t, length, out, pause)
 		t += 1 + 0.015*float64(out)
 		length += out
 		if fanOut && turn+1 < turns && rng.Float64() < g.a.FanOutProb {
@@ -148,10 +170,10 @@ func (g *convGen) play(t float64, id uint64, rng *rand.Rand, meanTurns, first in
 	return t
 }
 
-// emit records a request of conversation conv at t with an input of
-// length tokens: harness blocks keep shared ids, the conversation's full
+// emit records a request of conversation conv at t, pause seconds after
+// its previous turn ended, with an input of length tokens: harness blocks keep shared ids, the conversation's full
 // blocks ids of their own, and a partial last block an id for this length.
-func (g *convGen) emit(conv uint64, t float64, length, out int) {
+func (g *convGen) emit(conv uint64, t float64, length, out int, pause float64) {
 	n := (length + MooncakeBlockTokens - 1) / MooncakeBlockTokens
 	ids := make([]int64, n)
 	for j := range ids {
@@ -165,7 +187,7 @@ func (g *convGen) emit(conv uint64, t float64, length, out int) {
 			ids[j] = blockID(conv, j, length)
 		}
 	}
-	*g.recs = append(*g.recs, harnessRecord{at: t, input: length, output: out, ids: ids})
+	*g.recs = append(*g.recs, harnessRecord{at: t, input: length, output: out, ids: ids, conv: conv, pause: pause})
 }
 
 // blockID names block j of conversation conv (and, for a partial block,

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/warmpath/warmpath/gateway"
+	"github.com/warmpath/warmpath/gateway/admission"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/tenancy/fairq"
 	"github.com/warmpath/warmpath/vllmsim"
@@ -155,7 +156,7 @@ type TenantShare struct {
 type mixedPart struct {
 	name     string
 	chatOnly bool
-	queue    gateway.QueueConfig
+	queue    admission.Config
 }
 
 // runMixed runs mixed-tenants: its four parts and the shares part, each
@@ -167,11 +168,11 @@ func runMixed(ctx context.Context, cfg Config, mt *MixedTenants, env Env, profil
 	if len(cfg.Policies) == 1 {
 		policy = cfg.Policies[0]
 	}
-	fair := gateway.QueueConfig{Policy: fairq.PolicyFair, VLLMPriority: true}
-	strict := gateway.QueueConfig{Policy: fairq.PolicyStrict, VLLMPriority: true}
+	fair := admission.Config{Policy: fairq.PolicyFair, VLLMPriority: true}
+	strict := admission.Config{Policy: fairq.PolicyStrict, VLLMPriority: true}
 	parts := []mixedPart{
 		{name: partNoBurst, chatOnly: true, queue: fair},
-		{name: partFIFO, queue: gateway.QueueConfig{Disabled: true}},
+		{name: partFIFO, queue: admission.Config{Disabled: true}},
 		{name: partStrict, queue: strict},
 		{name: partFair, queue: fair},
 	}
@@ -239,7 +240,7 @@ func runPart(ctx context.Context, cfg Config, p mixedPart, policy string, profil
 		q.Timeout = wall(fairq.DefaultTimeout)
 		q.SyncInterval = wall(fairq.DefaultSyncInterval)
 		q.RecheckInterval = wall(fairq.DefaultRecheckInterval)
-		q.Saturation.ReserveIdle = wall(gateway.DefaultReserveIdle)
+		q.Saturation.ReserveIdle = wall(admission.DefaultReserveIdle)
 		q.AgeCredit = fairq.DefaultAgeCredit * scale * speed
 		gc.Queue = q
 		if cfg.tweak != nil {
@@ -313,8 +314,8 @@ func mixedResult(res *Result, maxSeqs int, scale float64) MixedResult {
 	if bgFirst >= 0 && bgLast > bgFirst {
 		r.BackgroundOutputTokensPerS = float64(bgTokens) / scale / (bgLast - bgFirst).Seconds()
 	}
-	r.LongestIdleWaitMs = msOf(longestIdleWait(res.samples, res.Load, res.loadNames, maxSeqs, gateway.DefaultReserveIdle, false))
-	r.LongestOwnIdleWaitMs = msOf(longestIdleWait(res.samples, res.Load, res.loadNames, maxSeqs, gateway.DefaultReserveIdle, true))
+	r.LongestIdleWaitMs = msOf(longestIdleWait(res.samples, res.Load, res.loadNames, maxSeqs, admission.DefaultReserveIdle, false))
+	r.LongestOwnIdleWaitMs = msOf(longestIdleWait(res.samples, res.Load, res.loadNames, maxSeqs, admission.DefaultReserveIdle, true))
 	return r
 }
 
@@ -429,7 +430,7 @@ func covers(spans []span, t float64) bool {
 // reserveIdle after the last one.
 func reserveSpans(samples []sample, index map[string]int, reserveIdle time.Duration) [][]span {
 	out := make([][]span, len(index))
-	limit := min(gateway.DefaultInteractiveReserve, len(index)-1)
+	limit := min(admission.DefaultInteractiveReserve, len(index)-1)
 	var inter []*sample
 	for i := range samples {
 		if s := &samples[i]; s.class == classInteractive && s.ok() {

@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/warmpath/warmpath/gateway/request"
 )
 
 // account attaches the stream filter and the accounting to a replica's
@@ -30,7 +32,7 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 		return g.upstreamError(x, resp)
 	}
 	var (
-		got  Usage
+		got  request.Usage
 		have bool
 	)
 	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
@@ -50,7 +52,7 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 			}
 			g.checkEstimate(x)
 		},
-		usage: func(u Usage) { got, have = u, true },
+		usage: func(u request.Usage) { got, have = u, true },
 		done: func(err error) {
 			x.flight.Done()
 			g.finish(x, got, have)
@@ -61,7 +63,7 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 			}
 			completed := got
 			if !have || err != nil {
-				completed = Usage{}
+				completed = request.Usage{}
 			}
 			g.rememberCompleted(x.route, x.replica.Spec.Name, completed)
 			if have {
@@ -116,7 +118,7 @@ func (g *Gateway) upstreamError(x *exchange, resp *http.Response) (*http.Respons
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	resp.Body.Close()
 	x.flight.Done()
-	g.finish(x, Usage{}, false)
+	g.finish(x, request.Usage{}, false)
 	if err != nil {
 		return nil, fmt.Errorf("gateway: read upstream error: %w", err)
 	}

@@ -8,32 +8,26 @@ import (
 	"time"
 
 	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/gateway/request"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/tenancy"
 )
 
-// Admitter decides when a parsed request may be routed: the seam between
-// parsing and routing where a fair queue makes requests wait. Routing
-// happens only after Admit returns (late binding: a queued turn still goes
-// to whichever replica holds its prefix when it leaves the queue).
-type Admitter interface {
-	// Admit blocks until r may proceed, or returns an error (an
-	// *apierror.Error such as a 429, or ctx's error). On success the
-	// gateway calls release exactly once, when the request has ended,
-	// with what the replica reported (zero when it reported nothing).
-	Admit(ctx context.Context, r *turn) (release func(Usage), err error)
-}
+// admitFunc decides when a parsed request may be routed: the seam
+// between parsing and routing where the fair queue makes requests wait
+// (admitQueued). Routing happens only after it returns (late binding).
+// On success the gateway calls release exactly once, when the request has
+// ended, with what the replica reported (zero when it reported nothing).
+type admitFunc func(ctx context.Context, r *turn) (release func(request.Usage), err error)
 
 // admitAll is the pass-through admission: every request at once.
-type admitAll struct{}
+func admitAll(context.Context, *turn) (func(request.Usage), error) { return releaseNothing, nil }
 
-func (admitAll) Admit(context.Context, *turn) (func(Usage), error) { return releaseNothing, nil }
-
-func releaseNothing(Usage) {}
+func releaseNothing(request.Usage) {}
 
 // admitExchange is the pipeline's admission step: the sender's limits
 // (requests, tokens and concurrency per tenant and key: a 429 when over),
-// then routing's I/O (prepare), then the Admitter (which may make the
+// then routing's I/O (prepare), then the admission (g.admit) (which may make the
 // request wait, and decides where it goes as it leaves). On success the
 // exchange holds both, for finish.
 func (g *Gateway) admitExchange(ctx context.Context, x *exchange) error {
@@ -52,7 +46,7 @@ func (g *Gateway) admitExchange(ctx context.Context, x *exchange) error {
 		return err
 	}
 	x.prepared = time.Now()
-	release, err := g.waiting.wait(r, func() (func(Usage), error) { return g.admit.Admit(ctx, r) })
+	release, err := g.waiting.wait(r, func() (func(request.Usage), error) { return g.admit(ctx, r) })
 	if err != nil {
 		r.placement.unclaim()
 		if x.lease != nil {
@@ -68,16 +62,13 @@ func (g *Gateway) admitExchange(ctx context.Context, x *exchange) error {
 // admission and the limits (correcting the token estimate from what the
 // replica reported) and records the tenant's usage. u is zero and have
 // false when the replica reported nothing.
-func (g *Gateway) finish(x *exchange, u Usage, have bool) {
+func (g *Gateway) finish(x *exchange, u request.Usage, have bool) {
 	if x.finished {
 		return
 	}
 	x.finished = true
 	endAnswered(x.span, u, have)
-	x.endPending()
-	if !x.startedAt.IsZero() {
-		x.pendingLoad.unnoteStarted(x.startedAt)
-	}
+	x.pending.Finish()
 	x.req.placement.unclaim()
 	x.release(u)
 	if x.lease != nil {
@@ -93,7 +84,7 @@ func (g *Gateway) finish(x *exchange, u Usage, have bool) {
 	}
 }
 
-// backlog counts, per model, the requests waiting in the Admitter: the
+// backlog counts, per model, the requests waiting in the admission (g.admit): the
 // queue the warmpath policy prices a decision's replica time against
 // (scoring.Input.Backlog). It also keeps, for each waiting request the
 // queue has placed (placement.place), the replica its latest plan chose
@@ -106,7 +97,7 @@ type backlog struct {
 	seq    atomic.Uint64
 
 	mu sync.Mutex // guards order and plans
-	// order holds each waiting request's arrival in the Admitter (the
+	// order holds each waiting request's arrival in the admission (g.admit) (the
 	// queue's order, but for its tenant fairness and turn priority), and
 	// plans the placed ones' latest plans.
 	order map[*placement]arrival
@@ -115,7 +106,7 @@ type backlog struct {
 	remote atomic.Pointer[remoteBacklog]
 }
 
-// arrival is when a request entered the Admitter: its place in this
+// arrival is when a request entered the admission (g.admit): its place in this
 // gateway's order and the time, to order it among other gateways'.
 type arrival struct {
 	seq uint64
@@ -132,7 +123,7 @@ type planned struct {
 
 // wait runs admit for r, counting it among its model's waiting requests
 // meanwhile, and its plans while it is placed.
-func (b *backlog) wait(r *turn, admit func() (func(Usage), error)) (func(Usage), error) {
+func (b *backlog) wait(r *turn, admit func() (func(request.Usage), error)) (func(request.Usage), error) {
 	n := b.counter(r.Model())
 	n.Add(1)
 	defer n.Add(-1)
@@ -177,7 +168,7 @@ func (b *backlog) plan(p *placement, rep *fleet.Replica, plan *scoring.Plan, roo
 
 // fill sets, on eps (the endpoints of reps), the other waiting requests
 // held for each replica, this gateway's and the others': those ahead of
-// p (before it in the Admitter, while p waits there; another gateway's
+// p (before it in the admission (g.admit), while p waits there; another gateway's
 // by the time they arrived) in GatewayAhead and their uncached prefill
 // in GatewayAheadTokens, the others in GatewayBehind. Once p has left
 // the queue every one is behind it.

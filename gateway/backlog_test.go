@@ -7,19 +7,20 @@ import (
 	"time"
 
 	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/gateway/request"
 	"github.com/warmpath/warmpath/internal/redistest"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/tenancy/fairq"
 )
 
-// A request counts in its model's backlog while the Admitter holds it,
+// A request counts in its model's backlog while admission holds it,
 // and not before or after.
 func TestBacklogCountsWaiting(t *testing.T) {
 	var b backlog
 	entered, release, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
-		_, _ = b.wait(testTurn(t, "m", fairq.Interactive), func() (func(Usage), error) {
+		_, _ = b.wait(testTurn(t, "m", fairq.Interactive), func() (func(request.Usage), error) {
 			close(entered)
 			<-release
 			return releaseNothing, nil

@@ -30,14 +30,14 @@ func backlogTTL(every time.Duration) time.Duration { return max(time.Second, 10*
 // sharedBacklog is one gateway's part.
 type sharedBacklog struct {
 	At      int64          `json:"at"`      // when written, Unix milliseconds
-	Waiting map[string]int `json:"waiting"` // model → requests in the Admitter
+	Waiting map[string]int `json:"waiting"` // model → requests waiting in admission
 	Held    []heldPlan     `json:"held"`    // requests held for a replica
 }
 
 // heldPlan is a request held for a replica.
 type heldPlan struct {
 	Replica string `json:"r"` // the replica's fleet name
-	Since   int64  `json:"s"` // when it entered the Admitter, Unix nanoseconds
+	Since   int64  `json:"s"` // when it entered admission, Unix nanoseconds
 	Tokens  int64  `json:"t"` // its uncached prompt there
 }
 

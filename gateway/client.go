@@ -4,11 +4,11 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/warmpath/warmpath/gateway/admission"
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/gateway/request"
 	"github.com/warmpath/warmpath/tenancy"
@@ -24,8 +24,8 @@ type exchange struct {
 	start   time.Time
 	body    []byte // upstream body
 	route   *route
-	release func(Usage)    // the Admitter's
-	lease   *tenancy.Lease // the sender's limits; nil without them
+	release func(request.Usage) // admission's
+	lease   *tenancy.Lease      // the sender's limits; nil without them
 	// finished is set by finish; only the goroutine that owns the
 	// exchange's current step touches it.
 	finished bool
@@ -40,14 +40,9 @@ type exchange struct {
 	span trace.Span
 
 	// pending counts the request among its class's requests not started
-	// on the replica routed to, until its first byte (queue.go).
-	pending      *atomic.Int64
-	pendingDone  atomic.Bool
-	pendingTimer atomic.Pointer[time.Timer] // ends a non-streaming request's count (startPending)
-	// pendingLoad is the routed replica's bookkeeping; startedAt the
-	// scrape under which its first byte was counted there (noteStarted).
-	pendingLoad *replicaLoad
-	startedAt   time.Time
+	// on the replica routed to, until its first byte (startPending); nil
+	// without a queue.
+	pending *admission.Pending
 
 	// prepared, admitted, routed and answered are when routing's I/O
 	// before admission ended, admission let the request go, routing was
@@ -75,7 +70,7 @@ func (g *Gateway) Do(ctx context.Context, req *request.R) (*http.Response, error
 		return nil, err
 	}
 	if x.route, err = g.route(ctx, r); err != nil {
-		g.finish(x, Usage{}, false)
+		g.finish(x, request.Usage{}, false)
 		return nil, err
 	}
 	x.routed = time.Now()
@@ -85,7 +80,7 @@ func (g *Gateway) Do(ctx context.Context, req *request.R) (*http.Response, error
 	resp, err := g.forward(ctx, x)
 	x.route.joinSpeculation()
 	if err != nil {
-		g.finish(x, Usage{}, false)
+		g.finish(x, request.Usage{}, false)
 		return nil, err
 	}
 	return g.account(x, resp)

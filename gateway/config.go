@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/url"
 	"os"
@@ -15,6 +16,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/warmpath/warmpath/gateway/admission"
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/kvevents"
 	"github.com/warmpath/warmpath/scoring"
@@ -54,8 +56,8 @@ type Config struct {
 	// Upstream bounds every call to a replica.
 	Upstream UpstreamConfig `yaml:"upstream"`
 	// Queue configures the admission queue: per-tenant fair queues in
-	// front of a saturated fleet (see QueueConfig).
-	Queue QueueConfig `yaml:"queue"`
+	// front of a saturated fleet (see admission.Config).
+	Queue admission.Config `yaml:"queue"`
 	// Responses tunes the Responses and Conversations API.
 	Responses ResponsesConfig `yaml:"responses"`
 	// MaxBodyBytes bounds request bodies; default 32 MiB.
@@ -196,12 +198,12 @@ type RoutingConfig struct {
 	// long, see matchGrace); default 2s, negative disables speculative
 	// entries.
 	SpeculativeTTL time.Duration `yaml:"speculative_ttl"`
-	// ClaimMinTokens is the uncached prompt, in tokens, from which the
-	// precise policies share with the other gateways where they send it
-	// (prefix claims, claims.go: one pipelined Redis read before such a
-	// decision, one write beside it, only while other gateways are seen,
-	// through the queue's backlog exchange); default 1,024, negative
-	// disables, as do a disabled queue and a negative speculative_ttl.
+	// ClaimMinTokens is accepted and ignored. Deprecated: prefix claims
+	// between gateways were removed (2026-12-06): their benefit, +0.24
+	// points of cached prefix over eleven paired two-gateway runs, was
+	// inside the pairs' run-to-run spread (standard deviation 0.85), and
+	// they changed 8 of 159 decisions. A configuration that sets it loads
+	// with a warning.
 	ClaimMinTokens int `yaml:"claim_min_tokens"`
 	// Saturation (max_waiting, max_kv_usage, max_inflight_prefill_tokens)
 	// marks a replica saturated (reported in metrics and debug output;
@@ -351,11 +353,6 @@ func splitList(s string) []string {
 // DefaultSessionTTL is how long a session binding outlives its turn.
 const DefaultSessionTTL = 30 * time.Minute
 
-// DefaultClaimMinTokens is routing.claim_min_tokens' default: a prefill of
-// 1,024 tokens costs tens of milliseconds, a claim read one Redis round
-// trip.
-const DefaultClaimMinTokens = 1024
-
 // withDefaults returns c with every unset field at its default.
 func (c Config) withDefaults() Config {
 	def := func(p *time.Duration, d time.Duration) {
@@ -388,9 +385,6 @@ func (c Config) withDefaults() Config {
 	}
 	def(&r.SessionTTL, DefaultSessionTTL)
 	def(&r.SpeculativeTTL, 2*time.Second)
-	if r.ClaimMinTokens == 0 {
-		r.ClaimMinTokens = DefaultClaimMinTokens
-	}
 	r.Saturation = r.Saturation.WithDefaults()
 	if r.TokenizeCacheBytes == 0 {
 		r.TokenizeCacheBytes = 256 << 20
@@ -417,7 +411,7 @@ func (c Config) withDefaults() Config {
 	def(&u.FirstByteTimeout, 10*time.Minute)
 	def(&u.IdleTimeout, 2*time.Minute)
 	def(&u.TokenizeTimeout, 2*time.Second)
-	c.Queue = c.Queue.withDefaults()
+	c.Queue = c.Queue.WithDefaults()
 	if c.Sim.Replicas == 0 {
 		c.Sim.Replicas = 4
 	}
@@ -619,7 +613,7 @@ func (c *Config) validate() error {
 			bad(d.field, "%v is negative", d.v)
 		}
 	}
-	errs = append(errs, c.Queue.validate()...)
+	errs = append(errs, c.Queue.Validate()...)
 	errs = append(errs, c.Tracing.validate()...)
 	if c.Server.MaxHeaderBytes < 4096 {
 		bad("server.max_header_bytes", "%d is below 4096", c.Server.MaxHeaderBytes)
@@ -636,4 +630,11 @@ func (c *Config) validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// warnDeprecated warns about settings that are accepted and ignored.
+func (c *Config) warnDeprecated(log *slog.Logger) {
+	if c.Routing.ClaimMinTokens != 0 {
+		log.Warn("config: routing.claim_min_tokens is ignored: prefix claims between gateways were removed (their benefit was inside run-to-run noise); remove the setting")
+	}
 }

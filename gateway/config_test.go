@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"bytes"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -176,5 +178,18 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 	if _, err := New(missing, Options{}); err == nil || !strings.Contains(err.Error(), `routing.tokenizer_dirs["qwen"]`) ||
 		!strings.Contains(err.Error(), "tokenizer.json") {
 		t.Errorf("New with no tokenizer.json: err = %v; want one naming the model and the file", err)
+	}
+}
+
+// A configuration that still sets the removed prefix claims' setting
+// loads, with a warning that names it; one that does not warns nothing.
+func TestDeprecatedClaimMinTokensWarns(t *testing.T) {
+	for _, set := range []int{0, 1024} {
+		var buf bytes.Buffer
+		c := Config{Routing: RoutingConfig{ClaimMinTokens: set}}
+		c.warnDeprecated(slog.New(slog.NewTextHandler(&buf, nil)))
+		if got := strings.Contains(buf.String(), "routing.claim_min_tokens is ignored"); got != (set != 0) {
+			t.Errorf("claim_min_tokens %d: warned %v: %q", set, got, buf.String())
+		}
 	}
 }

@@ -11,14 +11,15 @@
 //	                       reads the body once (size-limited)
 //	parse     request/     request.Parse: the routing fields with gjson,
 //	                       the session key (package session), the class
-//	admit     admission.go Admitter.Admit: the tenant's limits, then the
-//	          queue.go     fair queue (tenancy/fairq): at once while a
-//	                       replica has room, else wait in per-tenant queues
-//	                       (class from request.Parse); queue.disabled or
-//	                       Options.Admitter replace it
+//	admit     admission.go the tenant's limits, routing's I/O (placement.go),
+//	          admission/   then the fair queue (package admission over
+//	                       tenancy/fairq): at once while a replica has
+//	                       room (admission.Capacity), else wait in
+//	                       per-tenant queues (class from request.Parse);
+//	                       queue.disabled admits every request at once
 //	route     route.go     gather (fleet snapshot ─▶ scoring.Endpoint,
 //	                       session binding from Redis; a background request
-//	                       does not see the replicas queue.go reserves for
+//	                       does not see the replicas admission reserves for
 //	                       interactive turns) ─▶ scoring.Decide
 //	                       ─▶ I/O: tokenize (replica /tokenize, cached) and
 //	                       match the prefix index when the plan asks, then

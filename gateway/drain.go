@@ -49,7 +49,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	eg.Go(func() error { return g.flusher.Run(ectx) })
 	eg.Go(func() error { return g.fleet.Run(ectx) })
 	if g.queue != nil {
-		eg.Go(func() error { return g.queue.q.Run(ectx) })
+		eg.Go(func() error { return g.queue.Run(ectx) })
 	}
 	if g.shareQueue != nil {
 		eg.Go(func() error { return g.shareQueue.Run(ectx) })

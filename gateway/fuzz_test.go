@@ -6,6 +6,8 @@ import (
 	"io"
 	"strings"
 	"testing"
+
+	"github.com/warmpath/warmpath/gateway/request"
 )
 
 // FuzzSSEFilter feeds arbitrary upstream streams through the SSE filter,
@@ -28,7 +30,7 @@ func FuzzSSEFilter(f *testing.F) {
 	f.Fuzz(func(t *testing.T, stream string, chunk uint8, drop bool) {
 		dones := 0
 		filter := newSSEFilter(io.NopCloser(strings.NewReader(stream)), drop, observer{
-			usage: func(Usage) {},
+			usage: func(request.Usage) {},
 			done:  func(error) { dones++ },
 		})
 		var out bytes.Buffer

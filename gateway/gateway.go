@@ -20,6 +20,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/warmpath/warmpath/anthropic"
+	"github.com/warmpath/warmpath/gateway/admission"
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/kvevents"
 	"github.com/warmpath/warmpath/record"
@@ -42,9 +43,6 @@ type Options struct {
 	// UpstreamAPIKey is sent to replicas as a bearer token (vLLM's
 	// --api-key); empty sends none.
 	UpstreamAPIKey string
-	// Admitter decides when each request may be routed (a fair queue);
-	// nil admits every request at once.
-	Admitter Admitter
 	// Resolver resolves the discovery names (Config.Discovery); nil means
 	// net.DefaultResolver.
 	Resolver fleet.Resolver
@@ -87,11 +85,10 @@ type Gateway struct {
 	flusher     *bindingFlusher    // write completed turns' bindings to Redis in batches
 	responses   *responses.Service // nil without Redis
 	messages    *anthropic.Service
-	admit       Admitter
+	admit       admitFunc
 	waiting     backlog               // requests waiting in admit, by model
-	queue       *queueAdmitter        // nil: no fair queue (disabled, or Options.Admitter)
+	queue       *admission.Queue      // nil: no fair queue (queue.disabled)
 	shareQueue  *backlogSync          // shares waiting with the other gateways; nil without a queue or Redis
-	claims      *prefixClaims         // where the other gateways just sent long prefills; nil without shareQueue
 	tracking    *session.Tracking     // keeps sticky lookups off Redis; nil without a single Redis server
 	wrapped     prometheus.Registerer // reg with the policy label
 	upstream    *http.Transport
@@ -120,6 +117,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	}
 	cfg = cfg.withDefaults()
 	cfg.devAuth(log)
+	cfg.warnDeprecated(log)
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -205,25 +203,19 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	if lt != nil {
 		g.tok.localTok = newLocalTokens(lt, cfg.Routing.TokenizerVerifyEvery)
 	}
-	g.admit = o.Admitter
-	if g.admit == nil && !cfg.Queue.Disabled {
-		if g.queue, err = newQueueAdmitter(&cfg, g.fleet, g.rdb, g.tenants.labels, wrapped, log); err != nil {
+	g.admit = admitAll
+	if !cfg.Queue.Disabled {
+		if g.queue, err = admission.New(cfg.Queue, g.fleet, admission.Options{KeyPrefix: cfg.Redis.KeyPrefix, Redis: g.rdb,
+			Labels: g.tenants.labels, Registerer: wrapped, Logger: log}); err != nil {
 			g.close()
 			return nil, err
 		}
-		g.admit = g.queue
+		g.admit = admitFunc(g.admitQueued)
 		if g.rdb != nil {
 			g.shareQueue = &backlogSync{b: &g.waiting, rdb: g.rdb, key: cfg.Redis.KeyPrefix + backlogHash, id: rand.Text(),
 				every: cfg.Queue.SyncInterval, limit: cfg.Redis.Timeout, log: log.With("component", "backlog"),
 				failed: func() { g.m.redisErrors.WithLabelValues("backlog").Inc() }}
-			if rc := cfg.Routing; rc.ClaimMinTokens >= 0 && rc.SpeculativeTTL > 0 {
-				g.claims = &prefixClaims{rdb: g.rdb, prefix: cfg.Redis.KeyPrefix + claimPrefix, ttl: rc.SpeculativeTTL,
-					timeout: cfg.Redis.Timeout, min: rc.ClaimMinTokens, peers: g.waiting.peers}
-			}
 		}
-	}
-	if g.admit == nil {
-		g.admit = admitAll{}
 	}
 	if g.responses, err = g.newResponses(); err != nil {
 		g.close()

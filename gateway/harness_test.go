@@ -144,7 +144,7 @@ type chatResult struct {
 	Header  http.Header
 	Body    []byte
 	Content string
-	Usage   Usage
+	Usage   request.Usage
 }
 
 func (r chatResult) replica() string { return r.Header.Get("X-Warmpath-Replica") }
@@ -182,7 +182,7 @@ func chat(t *testing.T, url string, body map[string]any, header map[string]strin
 		if len(parsed.Choices) > 0 {
 			res.Content = parsed.Choices[0].Message.Content
 		}
-		res.Usage = Usage{PromptTokens: parsed.Usage.PromptTokens, CompletionTokens: parsed.Usage.CompletionTokens, CachedTokens: parsed.Usage.PromptTokensDetails.CachedTokens}
+		res.Usage = request.Usage{PromptTokens: parsed.Usage.PromptTokens, CompletionTokens: parsed.Usage.CompletionTokens, CachedTokens: parsed.Usage.PromptTokensDetails.CachedTokens}
 	}
 	return res
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warmpath/warmpath/gateway/admission"
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/internal/testrun"
 	"github.com/warmpath/warmpath/tenancy"
@@ -39,7 +40,7 @@ func TestQueuedRequestFollowsMembership(t *testing.T) {
 	cfg.Debug = true
 	cfg.Discovery = []fleet.DNSSpec{{Name: "vllm.test", Port: port, Interval: 20 * time.Millisecond}}
 	cfg.Health = HealthConfig{Interval: 50 * time.Millisecond, Timeout: 500 * time.Millisecond, Failures: 2, ScrapeInterval: 50 * time.Millisecond, StaleAfter: 2 * time.Second}
-	cfg.Queue.Saturation = QueueSaturation{EngineWaiting: 1, MaxRunning: 1}
+	cfg.Queue.Saturation = admission.Saturation{EngineWaiting: 1, MaxRunning: 1}
 	cfg.Queue.RecheckInterval = 20 * time.Millisecond
 	rdb := redisFor(t, &cfg)
 	gw, err := New(cfg, Options{Redis: rdb, Logger: testLogger(t), Resolver: res})

@@ -41,28 +41,19 @@ type messagesChat struct{ g *Gateway }
 var _ anthropic.Chat = messagesChat{}
 
 // Complete implements anthropic.Chat: the turn runs as the request's
-// principal; every failure before the upstream answers comes back as an
-// error response in OpenAI's envelope (which the Messages API rewrites
-// into its own).
+// principal; a refusal is an *apierror.Error (Gateway.complete), which
+// the Messages API writes in its own envelope.
 func (c messagesChat) Complete(ctx context.Context, t anthropic.Turn) (*http.Response, error) {
 	p, _ := tenancy.FromContext(ctx)
 	req, err := request.Parse(request.Chat, t.Header, t.Body, p)
 	if err != nil {
-		return errorResponse(ctx, err)
+		return nil, err
 	}
-	resp, err := c.g.Do(ctx, req)
-	if err != nil {
-		return errorResponse(ctx, err)
-	}
-	return resp, nil
+	return c.g.complete(ctx, req)
 }
 
 // messagesHandler mounts the Messages API under the gateway's request
 // metrics.
 func (g *Gateway) messagesHandler() http.HandlerFunc {
-	h := g.messages.Handler()
-	return g.serve("messages", func(w http.ResponseWriter, r *http.Request) error {
-		h.ServeHTTP(w, r)
-		return nil
-	})
+	return g.serveFront("messages", g.messages.Handler())
 }

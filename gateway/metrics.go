@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/warmpath/warmpath/gateway/request"
 	"github.com/warmpath/warmpath/session"
 )
 
@@ -35,7 +36,6 @@ type metrics struct {
 	retries         *prometheus.CounterVec // reason
 	upstreamErrors  *prometheus.CounterVec // replica, kind
 	redisErrors     *prometheus.CounterVec // op
-	claims          *prometheus.CounterVec // result
 	streamsCut      *prometheus.CounterVec // reason
 	connsRejected   prometheus.Counter
 	replicaRestarts *prometheus.CounterVec // replica
@@ -147,9 +147,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		redisErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "warmpath_redis_errors_total", Help: "Redis operations that failed; routing went on without them.",
 		}, []string{"op"}),
-		claims: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "warmpath_prefix_claims_total", Help: "Prefix claims shared with the other gateways (routing.claim_min_tokens), by result: read (a decision read them), adopted (it found another gateway's prefill and weighed it), written, dropped (the write backlog was full).",
-		}, []string{"result"}),
 		streamsCut: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "warmpath_streams_cut_total", Help: "Streams that ended before the replica finished them, by reason (upstream_error, idle_timeout, first_byte_timeout, truncated, event_too_large); each ended with an error event.",
 		}, []string{"reason"}),
@@ -176,7 +173,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	reg.MustRegister(m.requests, m.duration, m.ttft, m.ttftError, m.promptTokens, m.cachedTokens, m.predictedTokens,
 		m.cachedFraction, m.mispredicted, m.mispredictedTok, m.decisions, m.rebinds, m.copies, m.tokenizer, m.tokBackoff,
 		m.tokChecks, m.tokMismatch,
-		m.tokenizeAvoided, m.tokenizeUnseen, m.tips, m.retries, m.upstreamErrors, m.redisErrors, m.claims, m.streamsCut, m.connsRejected,
+		m.tokenizeAvoided, m.tokenizeUnseen, m.tips, m.retries, m.upstreamErrors, m.redisErrors, m.streamsCut, m.connsRejected,
 		m.replicaRestarts, m.inflight)
 	return m
 }
@@ -208,7 +205,7 @@ func (m *metrics) observePhases(x *exchange) {
 }
 
 // account records one completed request's prompt and cache figures.
-func (m *metrics) account(tenant, model string, u Usage, predicted, blockSize int) {
+func (m *metrics) account(tenant, model string, u request.Usage, predicted, blockSize int) {
 	m.promptTokens.WithLabelValues(tenant, model).Add(float64(u.PromptTokens))
 	m.cachedTokens.WithLabelValues(tenant, model).Add(float64(u.CachedTokens))
 	m.predictedTokens.WithLabelValues(tenant, model).Add(float64(predicted))

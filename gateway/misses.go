@@ -84,7 +84,7 @@ func newMissTracker(blockTokens int, reg prometheus.Registerer) *missTracker {
 
 // missed attributes an answered exchange's uncached prompt tokens (u is
 // the usage its replica reported): the hook at the end of accounting.
-func (g *Gateway) missed(x *exchange, u Usage) {
+func (g *Gateway) missed(x *exchange, u request.Usage) {
 	t := g.miss
 	r := x.req
 	opt := misses.Options{BytesPerToken: r.bytesPerToken, BlockTokens: t.blockTokens}

@@ -3,9 +3,9 @@ package gateway
 import (
 	"context"
 	"slices"
-	"sync/atomic"
 	"time"
 
+	"github.com/warmpath/warmpath/gateway/admission"
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/internal/apierror"
 	"github.com/warmpath/warmpath/scoring"
@@ -34,11 +34,9 @@ type placement struct {
 	// plan is the decision place made, valid when placed; claim is the
 	// room it claimed for it (claimTokens its uncached prompt), given back
 	// once the request is sent (or ends before).
-	plan        scoring.Plan
-	placed      bool
-	claim       *replicaLoad
-	claimTokens int64
-	once        atomic.Bool
+	plan   scoring.Plan
+	placed bool
+	claim  *admission.Claim
 }
 
 // prepare gathers r's routing inputs and matches its prompt when the
@@ -91,10 +89,9 @@ func (p *placement) refresh(now time.Time, waiting bool) {
 	for i := range eps {
 		eps[i].PromptBlocksOnly = p.in.Endpoints[i].PromptBlocksOnly
 	}
-	p.g.keepReserve(p.r, p.reps, eps)
-	if p.g.queue != nil {
-		p.g.queue.capacity.addClaims(p.reps, eps)
-	}
+	c := p.g.capacity()
+	c.KeepReserve(p.r.Class(), p.reps, eps)
+	c.AddClaims(p.reps, eps)
 	p.g.waiting.fill(p, p.reps, eps)
 	p.in.Now, p.in.Endpoints, p.in.Backlog = now, eps, p.g.waiting.of(p.r.Model())
 }
@@ -157,13 +154,13 @@ func (p *placement) follow(waiting bool) {
 
 // place is the request's fairq.Ticket.Place: it routes the request on
 // the fleet as it is now and reports whether the replica chosen has room
-// for its class (fleetCapacity.claim). When it has, the plan is the one
+// for its class (admission.Capacity.Claim). When it has, the plan is the one
 // the request is sent with, and the room stays claimed until it is sent.
 // A plan that needs the prompt matched first (a session leaving its
 // replica, when the match was not needed on arrival) cannot be made
 // without I/O: such a request fits, and route matches it after dispatch,
 // as does one nothing can serve (route answers the 503).
-func (p *placement) place(c *fleetCapacity) bool {
+func (p *placement) place(c *admission.Capacity) bool {
 	now := time.Now()
 	p.refresh(now, true)
 	p.in.Backlog = max(0, p.in.Backlog-1) // the backlog it would delay is the others waiting
@@ -172,20 +169,20 @@ func (p *placement) place(c *fleetCapacity) bool {
 		return true
 	}
 	tokens := int64(max(0, plan.PromptTokens-plan.Predicted[0]))
-	claim, ok := c.claim(p.reps[plan.Chosen()], p.r.Class(), tokens, now)
+	claim, ok := c.Claim(p.reps[plan.Chosen()], p.r.Class(), tokens, now)
 	p.g.waiting.plan(p, p.reps[plan.Chosen()], &plan, ok)
 	if !ok {
 		return false
 	}
-	p.plan, p.placed, p.claim, p.claimTokens = plan, true, claim, tokens
+	p.plan, p.placed, p.claim = plan, true, claim
 	return true
 }
 
 // unclaim gives back the room place claimed, once: when the request has
 // been sent (the replica's in-flight count has it) or ends before.
 func (p *placement) unclaim() {
-	if p != nil && p.claim != nil && p.once.CompareAndSwap(false, true) {
-		p.claim.unclaim(p.claimTokens)
+	if p != nil {
+		p.claim.Release()
 	}
 }
 
@@ -198,6 +195,6 @@ func (p *placement) unclaim() {
 // would look again before the next scrape, finished request or recheck.
 func (g *Gateway) refill(r *turn) {
 	if g.queue != nil && r.queueWait > 0 && (r.placement == nil || !r.placement.placed) {
-		g.queue.q.Refill()
+		g.queue.Refill()
 	}
 }

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/gateway/admission"
 	"github.com/warmpath/warmpath/gateway/request"
 	"github.com/warmpath/warmpath/internal/testrun"
 	"github.com/warmpath/warmpath/scoring"
@@ -86,7 +86,7 @@ func queueSim(t *testing.T, clock vllmsim.Clock, policy string) *vllmsim.Fleet {
 func queueConfig(sim *vllmsim.Fleet) Config {
 	cfg := fleetConfig(sim)
 	cfg.Debug = true
-	cfg.Queue.Saturation = QueueSaturation{EngineWaiting: 1, MaxRunning: 1}
+	cfg.Queue.Saturation = admission.Saturation{EngineWaiting: 1, MaxRunning: 1}
 	cfg.Queue.RecheckInterval = 20 * time.Millisecond
 	return cfg
 }
@@ -130,8 +130,19 @@ func queued(t *testing.T, g *testGateway, labels map[string]string) float64 {
 
 // saturate pauses the engine and sends a blocker that stays running, then
 // waits until the gateway judges the model saturated. resume releases it.
+// The blocker is sent once every replica's metrics have been scraped:
+// before, no replica has room, and with a short queue.timeout the
+// blocker itself would time out in the queue.
 func saturate(t *testing.T, g *testGateway, clock *gatedClock) <-chan chatResult {
 	t.Helper()
+	testrun.Eventually(t, 10*time.Second, func() bool {
+		for _, rep := range g.fleet.Snapshot().Replicas {
+			if rep.State().ScrapedAt.IsZero() {
+				return false
+			}
+		}
+		return true
+	}, "every replica scraped")
 	clock.pause()
 	blocker := asyncChat(t.Context(), g.URL, chatBody("blocker", 0, 8), nil)
 	testrun.Eventually(t, 10*time.Second, func() bool {
@@ -253,6 +264,9 @@ func TestQueue429OnOverflowAndTimeout(t *testing.T) {
 
 	first := asyncChat(t.Context(), g.URL, chatBody("first", 0, 4), nil)
 	testrun.Eventually(t, 10*time.Second, func() bool { return queued(t, g, nil) == 1 }, "first queued")
+	if w := statusQueue(t, g); w["interactive"] != 1 || w["background"] != 0 {
+		t.Errorf("the status page's queue = %v; want one interactive request waiting", w)
+	}
 	// The queue is full: refused at once (first is still waiting; it is
 	// refused only when its timeout passes).
 	wantQueue429(t, <-asyncChat(t.Context(), g.URL, chatBody("second", 0, 4), nil))
@@ -399,7 +413,7 @@ func weightedTenants(t *testing.T, g *testGateway) (light, heavy string) {
 
 func sharesConfig(sim *vllmsim.Fleet) Config {
 	cfg := tenantConfig(sim)
-	cfg.Queue.Saturation = QueueSaturation{EngineWaiting: 1, MaxRunning: 2}
+	cfg.Queue.Saturation = admission.Saturation{EngineWaiting: 1, MaxRunning: 2}
 	cfg.Queue.RecheckInterval = 20 * time.Millisecond
 	cfg.Queue.SyncInterval = 20 * time.Millisecond
 	return cfg
@@ -552,33 +566,6 @@ func TestQueueSkipsUnservedModels(t *testing.T) {
 	}
 }
 
-func TestQueueConfigValidation(t *testing.T) {
-	for _, tt := range []struct {
-		name string
-		edit func(*QueueConfig)
-		want string
-	}{
-		{"policy", func(q *QueueConfig) { q.Policy = "lottery" }, "queue.policy"},
-		{"share", func(q *QueueConfig) { q.BackgroundShare = 1.5 }, "queue.background_share"},
-		{"max queued", func(q *QueueConfig) { q.MaxQueued = -1 }, "queue.max_queued"},
-		{"timeout", func(q *QueueConfig) { q.Timeout = -time.Second }, "queue.timeout"},
-		{"engine waiting", func(q *QueueConfig) { q.Saturation.EngineWaiting = -2 }, "queue.saturation.engine_waiting"},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			q := QueueConfig{}
-			tt.edit(&q)
-			q = q.withDefaults()
-			errs := q.validate()
-			if len(errs) == 0 || !strings.Contains(errs[0].Error(), tt.want) {
-				t.Errorf("errors %v; want one naming %s", errs, tt.want)
-			}
-		})
-	}
-	if d := (QueueConfig{}).withDefaults(); len(d.validate()) != 0 {
-		t.Errorf("defaults invalid: %v", d.validate())
-	}
-}
-
 // FuzzRequestClass feeds client bodies and X-Warmpath-Priority headers to
 // the parser: an accepted request has a valid class, an upstream body
 // that is JSON and carries no client priority, and a sane ticket.
@@ -613,7 +600,7 @@ func FuzzRequestClass(f *testing.F) {
 		if want := vllm && r.Class() == fairq.Background; (fields.Priority != nil) != want || (want && *fields.Priority != 1) {
 			t.Fatalf("upstream priority %v for class %v, vllm_priority %v", fields.Priority, r.Class(), vllm)
 		}
-		tk := (&turn{R: r}).ticket()
+		tk := admission.Ticket(r, r.EstimatedTokens(0))
 		if tk.Cost < 0 || tk.Attained < 0 || tk.Turn < 0 || tk.Weight != 2 {
 			t.Fatalf("ticket %+v", tk)
 		}
@@ -652,16 +639,16 @@ func BenchmarkAdmission(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	u := Usage{PromptTokens: 40, CompletionTokens: 10, CachedTokens: 32}
+	u := request.Usage{PromptTokens: 40, CompletionTokens: 10, CachedTokens: 32}
 	for _, bb := range []struct {
 		name string
-		a    Admitter
-	}{{"queue", g.queue}, {"none", admitAll{}}} {
+		a    admitFunc
+	}{{"queue", g.admitQueued}, {"none", admitAll}} {
 		b.Run(bb.name, func(b *testing.B) {
 			b.ReportAllocs()
 			ctx := context.Background()
 			for b.Loop() {
-				release, err := bb.a.Admit(ctx, &turn{R: r})
+				release, err := bb.a(ctx, &turn{R: r})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -702,50 +689,8 @@ func TestExampleQueueConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := c.Queue.withDefaults(), (QueueConfig{}).withDefaults(); got != want {
+	if got, want := c.Queue.WithDefaults(), (admission.Config{}).WithDefaults(); got != want {
 		t.Errorf("example queue block %+v; defaults %+v", got, want)
-	}
-}
-
-func TestFleetCapacityRoom(t *testing.T) {
-	sat := (QueueConfig{}).withDefaults().Saturation
-	sat.MaxRunning = 10
-	rep := &fleet.Replica{}
-	t0 := time.Unix(1_800_000_000, 0)
-	for _, tt := range []struct {
-		name     string
-		priority bool
-		st       fleet.State
-		inflight int
-		pending  int64 // interactive not started
-		class    fairq.Class
-		want     int
-		started  time.Time // the scrape under which one streaming request started, if set
-	}{
-		{"idle", false, fleet.State{}, 0, 0, fairq.Interactive, 4, time.Time{}},
-		{"queue counts", false, fleet.State{Waiting: 3}, 0, 0, fairq.Interactive, 1, time.Time{}},
-		{"sent since the scrape counts", false, fleet.State{Waiting: 1, InflightAtScrape: 5}, 7, 0, fairq.Interactive, 1, time.Time{}},
-		{"finished since the scrape give room", false, fleet.State{Waiting: 5, InflightAtScrape: 9}, 6, 0, fairq.Interactive, 2, time.Time{}},
-		{"not started count whatever the scrape", false, fleet.State{InflightAtScrape: 3}, 3, 3, fairq.Interactive, 1, time.Time{}},
-		{"batch full", false, fleet.State{Running: 9, InflightAtScrape: 3}, 4, 0, fairq.Interactive, 0, time.Time{}},
-		{"priority: only interactive ahead", true, fleet.State{Waiting: 30}, 0, 1, fairq.Interactive, 3, time.Time{}},
-		{"background: short queue", false, fleet.State{Waiting: 0, KVUsage: 0.5}, 0, 0, fairq.Background, 1, time.Time{}},
-		{"background: queue", false, fleet.State{Waiting: 1, KVUsage: 0.5}, 0, 0, fairq.Background, 0, time.Time{}},
-		{"background: headroom", true, fleet.State{KVUsage: 0.9}, 0, 0, fairq.Background, 0, time.Time{}},
-		{"background: started since the scrape", false, fleet.State{Waiting: 1, KVUsage: 0.5, ScrapedAt: t0}, 0, 0, fairq.Background, 1, t0},
-		{"background: started before the scrape", false, fleet.State{Waiting: 1, KVUsage: 0.5, ScrapedAt: t0}, 0, 0, fairq.Background, 0, t0.Add(-time.Second)},
-		{"started frees no more than waits", false, fleet.State{KVUsage: 0.5, InflightAtScrape: 2, ScrapedAt: t0}, 1, 0, fairq.Background, 2, t0},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			c := &fleetCapacity{sat: sat, priority: tt.priority}
-			c.loadFor(rep).pending[fairq.Interactive].Store(tt.pending)
-			if !tt.started.IsZero() {
-				c.loadFor(rep).noteStarted(tt.started)
-			}
-			if got := c.room(rep, &tt.st, tt.inflight, tt.class); got != tt.want {
-				t.Errorf("room = %d; want %d", got, tt.want)
-			}
-		})
 	}
 }
 
@@ -797,72 +742,6 @@ func TestQueueMetricsOnEndpoint(t *testing.T) {
 // A replica joins the interactive reserve when an interactive request is
 // sent to it, up to InteractiveReserve replicas and never all of them,
 // and leaves it ReserveIdle after its last one.
-func TestFleetCapacityReserveMembership(t *testing.T) {
-	sat := (QueueConfig{}).withDefaults().Saturation
-	sat.InteractiveReserve, sat.ReserveIdle = 2, time.Minute
-	reps := []*fleet.Replica{{}, {}, {}}
-	c := &fleetCapacity{sat: sat}
-	t0 := time.Unix(1000, 0)
-	c.noteInteractive(reps[0], reps, t0)
-	c.noteInteractive(reps[1], reps, t0.Add(time.Second))
-	c.noteInteractive(reps[2], reps, t0.Add(2*time.Second))
-	at := t0.Add(3 * time.Second)
-	if got := []bool{c.reserved(reps[0], at), c.reserved(reps[1], at), c.reserved(reps[2], at)}; !got[0] || !got[1] || got[2] {
-		t.Fatalf("reserved after three interactive starts = %v; want the first two (InteractiveReserve 2)", got)
-	}
-	// Replica 0 idles past ReserveIdle and leaves; replica 2, still
-	// sent interactive work, takes its place.
-	at = t0.Add(time.Minute + time.Second)
-	c.noteInteractive(reps[1], reps, at)
-	c.noteInteractive(reps[2], reps, at)
-	if got := []bool{c.reserved(reps[0], at), c.reserved(reps[1], at), c.reserved(reps[2], at)}; got[0] || !got[1] || !got[2] {
-		t.Fatalf("reserved after replica 0 idled = %v; want replicas 1 and 2", got)
-	}
-	// Never the whole fleet: a reserve of 2 over two replicas keeps one.
-	two := []*fleet.Replica{{}, {}}
-	c = &fleetCapacity{sat: sat}
-	c.noteInteractive(two[0], two, t0)
-	c.noteInteractive(two[1], two, t0)
-	if c.reserved(two[0], t0) == c.reserved(two[1], t0) {
-		t.Errorf("two replicas, reserve 2: reserved %v, %v; want exactly one", c.reserved(two[0], t0), c.reserved(two[1], t0))
-	}
-	// Negative disables the reserve.
-	sat.InteractiveReserve = -1
-	c = &fleetCapacity{sat: sat}
-	c.noteInteractive(reps[0], reps, t0)
-	if c.reserved(reps[0], t0) {
-		t.Error("interactive_reserve -1: a replica was reserved")
-	}
-}
-
-// keepReserve hides reserved replicas from background routing only, and
-// not when no other replica could take the request.
-func TestKeepReserve(t *testing.T) {
-	sat := (QueueConfig{}).withDefaults().Saturation
-	reps := []*fleet.Replica{{}, {}}
-	g := &Gateway{queue: &queueAdmitter{capacity: &fleetCapacity{sat: sat}}}
-	g.queue.capacity.noteInteractive(reps[0], reps, time.Now())
-	for _, tt := range []struct {
-		name      string
-		class     fairq.Class
-		unhealthy []bool // before
-		want      []bool // after
-	}{
-		{"background avoids the reserve", fairq.Background, []bool{false, false}, []bool{true, false}},
-		{"interactive sees every replica", fairq.Interactive, []bool{false, false}, []bool{false, false}},
-		{"background falls back on the reserve", fairq.Background, []bool{false, true}, []bool{false, true}},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			eps := []scoring.Endpoint{{Unhealthy: tt.unhealthy[0]}, {Unhealthy: tt.unhealthy[1]}}
-			g.keepReserve(testTurn(t, "m", tt.class), reps, eps)
-			unavailable := func(e scoring.Endpoint) bool { return e.Unhealthy || e.Reserved }
-			if got := []bool{unavailable(eps[0]), unavailable(eps[1])}; got[0] != tt.want[0] || got[1] != tt.want[1] {
-				t.Errorf("unavailable after keepReserve = %v; want %v", got, tt.want)
-			}
-		})
-	}
-}
-
 // Over HTTP on two simulated replicas: once an interactive turn has gone
 // to a replica, background requests go elsewhere, including a background
 // session bound to that replica (it is rebound), while the interactive
@@ -933,11 +812,7 @@ func TestQueueInteractiveReserve(t *testing.T) {
 // back, as if no interactive request had been sent for that long: the
 // reserve's clock moved on instead of the test waiting for it.
 func (g *testGateway) idleReserve() {
-	c := g.queue.capacity
-	past := time.Now().Add(-c.sat.ReserveIdle).UnixNano()
-	for _, rep := range g.fleet.Snapshot().Replicas {
-		c.loadFor(rep).lastInteractive.Store(past)
-	}
+	g.queue.Capacity().ReleaseReserve()
 }
 
 // Over HTTP on two simulated replicas that run one sequence each: a
@@ -1002,7 +877,7 @@ func TestQueueBackgroundRoomAtFirstToken(t *testing.T) {
 func TestQueueNonStreamingRunningLeaveRoom(t *testing.T) {
 	sim := startSim(t, vllmsim.Config{})
 	cfg := fleetConfig(sim)
-	cfg.Queue.Saturation = QueueSaturation{EngineWaiting: 2}
+	cfg.Queue.Saturation = admission.Saturation{EngineWaiting: 2}
 	cfg.Queue.RecheckInterval = 20 * time.Millisecond
 	g := startGateway(t, cfg, redisFor(t, &cfg))
 	ctx, cancel := context.WithCancel(t.Context())
@@ -1110,4 +985,12 @@ func (r *boundHead) finish(t *testing.T) {
 			t.Errorf("%s went to %s; want %s", name, res.replica(), want)
 		}
 	}
+}
+
+// statusQueue is the queue table of the status page's JSON: requests
+// waiting, by class.
+func statusQueue(t *testing.T, g *testGateway) map[string]int {
+	t.Helper()
+	q, _ := g.statusReport(time.Now())["queue"].(map[string]int)
+	return q
 }

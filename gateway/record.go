@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/warmpath/warmpath/gateway/request"
 	"github.com/warmpath/warmpath/record"
 )
 
@@ -59,7 +60,7 @@ func newRecorder(cfg RecordConfig, key string, log *slog.Logger, reg prometheus.
 
 // recordExchange hands an answered exchange to the recorder, if on; u is
 // the usage its replica reported.
-func (g *Gateway) recordExchange(x *exchange, u Usage) {
+func (g *Gateway) recordExchange(x *exchange, u request.Usage) {
 	if g.rec == nil {
 		return
 	}

@@ -1,11 +1,8 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
-	"io"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/warmpath/warmpath/gateway/request"
@@ -78,46 +75,40 @@ var _ responses.Chat = responsesChat{}
 // Complete implements responses.Chat. A turn runs as the principal of the
 // request that created it; a background turn, whose request is gone, as
 // its tenant (tenancy.Authenticator.ForTenant: the tenant's limits, not
-// its key's). Every failure before the upstream answers comes back as an
-// error response in OpenAI's envelope.
+// its key's).
 func (c responsesChat) Complete(ctx context.Context, t responses.Turn) (*http.Response, error) {
 	p, ok := tenancy.FromContext(ctx)
 	if !ok || p.TenantID != t.Tenant {
 		var err error
 		if p, err = c.g.tenants.auth.ForTenant(ctx, t.Tenant); err != nil {
-			return errorResponse(ctx, err)
+			return nil, err
 		}
 	}
 	req, err := request.Parse(request.Chat, t.Header, t.Body, p)
 	if err != nil {
-		return errorResponse(ctx, err)
+		return nil, err
 	}
 	if t.Session != "" {
 		req.SetSession(session.Chain(p.TenantID, t.Session))
 	}
 	req.SetBackground(t.Background)
-	resp, err := c.g.Do(ctx, req)
-	if err != nil {
-		return errorResponse(ctx, err)
-	}
-	return resp, nil
+	return c.g.complete(ctx, req)
 }
 
-// errorResponse turns a gateway error into the error response the
-// responses.Chat contract asks for; a caller that went away gets its
-// context's error.
-func errorResponse(ctx context.Context, err error) (*http.Response, error) {
-	he := apierror.From(err)
-	if he.Status == apierror.StatusClientClosed {
-		return nil, ctx.Err()
+// complete is Do for an API front (the Chat of packages responses and
+// anthropic): the upstream's answer when it succeeded, else an error
+// value, an *apierror.Error for every refusal (the gateway's own, or the
+// upstream's error response read once here: apierror.FromResponse), so
+// no front parses an error body.
+func (g *Gateway) complete(ctx context.Context, req *request.R) (*http.Response, error) {
+	resp, err := g.Do(ctx, req)
+	if err != nil {
+		return nil, err
 	}
-	body := he.Marshal()
-	h := http.Header{"Content-Type": {"application/json"}, "Content-Length": {strconv.Itoa(len(body))}}
-	for k, v := range he.Header {
-		h[k] = v
+	if resp.StatusCode >= 400 {
+		return nil, apierror.FromResponse(resp)
 	}
-	return &http.Response{StatusCode: he.Status, Status: strconv.Itoa(he.Status) + " " + http.StatusText(he.Status),
-		Header: h, Body: io.NopCloser(bytes.NewReader(body)), ContentLength: int64(len(body))}, nil
+	return resp, nil
 }
 
 // countTokens counts a chat body's prompt tokens with the tokenizer

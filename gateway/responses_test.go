@@ -60,6 +60,9 @@ func TestResponsesChainedRunThroughGateway(t *testing.T) {
 	if by := uncachedBy(t, gw, "chainer"); sum(by) != prompt-cached || by[misses.CauseClientBreak] != 0 {
 		t.Errorf("uncached tokens by cause %v (sum %v); want prompt − cached = %v, none a client prefix break", by, sum(by), prompt-cached)
 	}
+	if n := counter(t, gw.reg, "warmpath_requests_total", map[string]string{"route": "responses", "code": "200"}); n != turns {
+		t.Errorf("warmpath_requests_total{route=responses,code=200} = %v; want %d", n, turns)
+	}
 	b := client(newTenant(t, gw.URL, "intruder", ""))
 	_, err := b.Responses.New(ctx, responses.ResponseNewParams{Model: vllmsim.DefaultModel, PreviousResponseID: openai.String(prev),
 		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("let me in")}})

@@ -115,7 +115,7 @@ func (g *Gateway) gather(ctx context.Context, r *turn) ([]*fleet.Replica, *scori
 		RefreshAfter: g.cfg.Routing.SessionTTL / 8, Continues: true, BoundHolds: true,
 		Cost: g.cal.Cost(r.Model()), Backlog: g.waiting.of(r.Model()),
 	}
-	g.keepReserve(r, reps, in.Endpoints)
+	g.capacity().KeepReserve(r.Class(), reps, in.Endpoints)
 	var bind session.Binding
 	if !g.policy.Binds(in.SessionKey) {
 		return reps, in, bind, nil
@@ -278,9 +278,6 @@ func (g *Gateway) matchPrefix(ctx context.Context, r *turn, reps []*fleet.Replic
 		in.PromptTokens = len(tokens)
 		keys = g.index.keys(tokens, r.Model(), r.CacheSalt())
 		in.Matched, in.MatchedCPU = g.index.matchTiers(keys, names, len(tokens), engineBlocks(in.Endpoints))
-		if g.adoptClaims(ctx, keys, names, in.Matched, len(tokens)) {
-			in.Matched, in.MatchedCPU = g.index.matchTiers(keys, names, len(tokens), engineBlocks(in.Endpoints))
-		}
 		return keys, chunks
 	case g.policy.UsesApprox:
 		chunks = g.approx.keys(r.ApproxText(), r.Model(), r.CacheSalt())
@@ -340,9 +337,6 @@ func (g *Gateway) commit(ctx context.Context, r *turn, rt *route, bind session.B
 			}()
 			rt.speculated = done
 		}
-	}
-	if keys != nil && len(p.Predicted) > 0 && g.claims.active(p.PromptTokens-p.Predicted[0]) {
-		g.claim(chosen, keys)
 	}
 	if nb, ok := g.newBinding(r, p, bind, keys); ok {
 		rt.session, rt.binding = r.Session().Value, nb
@@ -422,7 +416,7 @@ func (g *Gateway) newBinding(r *turn, p *scoring.Plan, bind session.Binding, key
 // (this gateway's next lookup prefers it) and written to Redis in a batch
 // (bindingFlusher): the response's last bytes do not wait for Redis. A
 // full backlog writes inline rather than lose the update.
-func (g *Gateway) rememberCompleted(rt *route, replica string, u Usage) {
+func (g *Gateway) rememberCompleted(rt *route, replica string, u request.Usage) {
 	if rt.session == "" {
 		return
 	}
@@ -447,7 +441,7 @@ func (g *Gateway) publishBinding(rt *route) {
 
 // updateCompleted updates the session's binding in process memory with
 // what the turn left cached on replica, and reports whether it changed it.
-func (g *Gateway) updateCompleted(rt *route, replica string, u Usage) bool {
+func (g *Gateway) updateCompleted(rt *route, replica string, u request.Usage) bool {
 	if rt.binding.Replica != replica || u.PromptTokens == 0 {
 		return false
 	}

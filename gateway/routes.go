@@ -43,7 +43,13 @@ func (g *Gateway) serve(route string, h handler) http.HandlerFunc {
 			g.m.requests.WithLabelValues(route, strconv.Itoa(code)).Inc()
 			g.m.duration.WithLabelValues(route).Observe(time.Since(start).Seconds())
 		}()
-		if err := h(rec, r); err != nil {
+		err := h(rec, r)
+		if err == nil && rec.code() >= 500 {
+			// A front that writes its own errors (Responses, Messages)
+			// still leaves one line per failure.
+			g.log.WarnContext(r.Context(), "request failed", "route", route, "status", rec.code(), "request_id", w.Header().Get("X-Request-Id"))
+		}
+		if err != nil {
 			he := apierror.Write(rec, err)
 			if he.Status == apierror.StatusClientClosed {
 				rec.status = apierror.StatusClientClosed
@@ -92,6 +98,16 @@ func (s *statusRecorder) code() int {
 	return s.status
 }
 
+// serveFront serves an API front that writes its own answers and errors
+// (in its own envelope) through serve, so that its route gets the request
+// metrics and failure log every route gets.
+func (g *Gateway) serveFront(route string, h http.Handler) http.HandlerFunc {
+	return g.serve(route, func(w http.ResponseWriter, r *http.Request) error {
+		h.ServeHTTP(w, r)
+		return nil
+	})
+}
+
 // routes builds the HTTP surface.
 func (g *Gateway) routes() http.Handler {
 	r := chi.NewRouter()
@@ -127,8 +143,11 @@ func (g *Gateway) routes() http.Handler {
 		r.Post("/v1/completions", g.serve("completions", g.inference(request.Completions)))
 		if g.responses != nil {
 			h := g.responses.Handler()
-			for _, p := range []string{"/v1/responses", "/v1/responses/*", "/v1/conversations", "/v1/conversations/*"} {
-				r.Handle(p, h)
+			for _, p := range []string{"/v1/responses", "/v1/responses/*"} {
+				r.Handle(p, g.serveFront("responses", h))
+			}
+			for _, p := range []string{"/v1/conversations", "/v1/conversations/*"} {
+				r.Handle(p, g.serveFront("conversations", h))
 			}
 		}
 		r.Get("/v1/models", g.serve("models", g.listModels))

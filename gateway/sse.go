@@ -10,21 +10,15 @@ import (
 
 	"github.com/tidwall/gjson"
 
+	"github.com/warmpath/warmpath/gateway/request"
 	"github.com/warmpath/warmpath/internal/apierror"
 )
 
-// Usage is what a replica reported for one request.
-type Usage struct {
-	PromptTokens     int
-	CompletionTokens int
-	CachedTokens     int
-}
-
-func parseUsage(u gjson.Result) (Usage, bool) {
+func parseUsage(u gjson.Result) (request.Usage, bool) {
 	if !u.IsObject() {
-		return Usage{}, false
+		return request.Usage{}, false
 	}
-	return Usage{
+	return request.Usage{
 		PromptTokens:     int(u.Get("prompt_tokens").Int()),
 		CompletionTokens: int(u.Get("completion_tokens").Int()),
 		CachedTokens:     int(u.Get("prompt_tokens_details.cached_tokens").Int()),
@@ -35,7 +29,7 @@ func parseUsage(u gjson.Result) (Usage, bool) {
 // callback may be nil; done is called exactly once.
 type observer struct {
 	firstByte func()
-	usage     func(Usage)
+	usage     func(request.Usage)
 	// done reports the end of the body: err is nil after a clean EOF.
 	done func(err error)
 }

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/warmpath/warmpath/gateway/request"
 )
 
 // Events that arrived together leave in one Read (one write and flush to
@@ -70,7 +72,7 @@ func TestJSONTapEndsWithItsLastByte(t *testing.T) {
 			var events []string
 			tap := &jsonTap{src: io.NopCloser(struct{ io.Reader }{strings.NewReader(body)}), left: tc.length, obs: observer{
 				firstByte: func() { events = append(events, "first") },
-				usage: func(u Usage) {
+				usage: func(u request.Usage) {
 					events = append(events, "usage")
 					if u.PromptTokens != 3 || u.CachedTokens != 2 {
 						t.Errorf("usage %+v", u)

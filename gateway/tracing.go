@@ -336,7 +336,7 @@ func answered(span trace.Span, resp *http.Response) trace.Span {
 
 // endAnswered ends the span of the attempt that answered, once its body
 // is done, with the usage the replica reported.
-func endAnswered(span trace.Span, u Usage, have bool) {
+func endAnswered(span trace.Span, u request.Usage, have bool) {
 	if span == nil {
 		return
 	}

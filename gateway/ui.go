@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/warmpath/warmpath/gateway/request"
 	"github.com/warmpath/warmpath/internal/apierror"
 	"github.com/warmpath/warmpath/scoring"
 )
@@ -66,7 +67,7 @@ func (a *activity) decided(d decision) {
 	a.next = (a.next + 1) % recentCap
 }
 
-func (a *activity) served(now time.Time, tenant string, u Usage) {
+func (a *activity) served(now time.Time, tenant string, u request.Usage) {
 	step := now.UnixNano() / int64(statusStep)
 	i := int(step % statusBuckets)
 	a.mu.Lock()
@@ -113,10 +114,6 @@ func (a *activity) snapshot(now time.Time) (map[string][]float64, []decision) {
 	return out, d
 }
 
-// QueueDepths is what the status page asks an Admitter that queues:
-// requests waiting, by priority class.
-type queueDepths interface{ QueueDepths() map[string]int }
-
 // uiReplica is one replica on the status page.
 type uiReplica struct {
 	Name         string   `json:"name"`
@@ -138,7 +135,11 @@ func (g *Gateway) status(w http.ResponseWriter, r *http.Request) error {
 	if err := g.adminOnly(r); err != nil {
 		return err
 	}
-	now := time.Now()
+	return writeJSON(w, http.StatusOK, g.statusReport(time.Now()))
+}
+
+// statusReport is the status page's JSON at now.
+func (g *Gateway) statusReport(now time.Time) map[string]any {
 	stats := g.index.ix.Stats()
 	var reps []uiReplica
 	for _, rep := range g.fleet.Snapshot().Replicas {
@@ -154,14 +155,14 @@ func (g *Gateway) status(w http.ResponseWriter, r *http.Request) error {
 	}
 	frac, recent := g.activity.snapshot(now)
 	var queue map[string]int
-	if q, ok := g.admit.(queueDepths); ok {
-		queue = q.QueueDepths()
+	if g.queue != nil {
+		queue = g.queue.Waiting()
 	}
-	return writeJSON(w, http.StatusOK, map[string]any{
+	return map[string]any{
 		"policy": g.policy.Name, "draining": g.draining.Load(), "replicas": reps,
 		"cached_fraction": map[string]any{"step_seconds": statusStep.Seconds(), "by_tenant": frac},
 		"queue":           queue, "decisions": recent, "time": now, "misses": g.missStatus(),
-	})
+	}
 }
 
 // adminOnly checks the admin key (auth.admin_key), as the admin API does.

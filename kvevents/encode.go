@@ -195,35 +195,47 @@ func (w *writer) stored(e *BlockStored, f Format) error {
 		return err
 	}
 	if f == FormatArray {
-		last := int(fLoRAName)
-		switch {
-		case e.KVCacheSpecSlidingWindow != nil:
-			last = int(fSlidingWindow)
-		case e.KVCacheSpecKind != "":
-			last = int(fSpecKind)
-		case e.GroupIdx != nil:
-			last = int(fGroupIdx)
-		case eks != nil:
-			last = int(fExtraKeys)
-		}
-		w.arrayLen(last + 1)
-		w.tag(TypeBlockStored)
-		w.storedFields(e, false)
-		for i := int(fExtraKeys); i <= last; i++ {
-			switch sfield(i) {
-			case fExtraKeys:
-				w.extraKeys(e, eks)
-			case fGroupIdx:
-				w.optInt(e.GroupIdx)
-			case fSpecKind:
-				w.optStr(e.KVCacheSpecKind)
-			case fSlidingWindow:
-				w.optInt(e.KVCacheSpecSlidingWindow)
-			}
-		}
-		return nil
+		w.storedArray(e, eks)
+	} else {
+		w.storedMap(e, eks)
 	}
+	return nil
+}
 
+// storedArray writes e in the legacy array layout, with trailing fields
+// omitted from the last one set.
+func (w *writer) storedArray(e *BlockStored, eks [][]ExtraKey) {
+	last := int(fLoRAName)
+	switch {
+	case e.KVCacheSpecSlidingWindow != nil:
+		last = int(fSlidingWindow)
+	case e.KVCacheSpecKind != "":
+		last = int(fSpecKind)
+	case e.GroupIdx != nil:
+		last = int(fGroupIdx)
+	case eks != nil:
+		last = int(fExtraKeys)
+	}
+	w.arrayLen(last + 1)
+	w.tag(TypeBlockStored)
+	w.storedFields(e, false)
+	for i := int(fExtraKeys); i <= last; i++ {
+		switch sfield(i) {
+		case fExtraKeys:
+			w.extraKeys(e, eks)
+		case fGroupIdx:
+			w.optInt(e.GroupIdx)
+		case fSpecKind:
+			w.optStr(e.KVCacheSpecKind)
+		case fSlidingWindow:
+			w.optInt(e.KVCacheSpecSlidingWindow)
+		}
+	}
+}
+
+// storedMap writes e in the map layout, with the optional keys only when
+// set.
+func (w *writer) storedMap(e *BlockStored, eks [][]ExtraKey) {
 	n := 8
 	for _, present := range []bool{
 		eks != nil, e.EventVersion != 0, e.GroupIdx != nil, e.KVCacheSpecKind != "",
@@ -269,7 +281,6 @@ func (w *writer) stored(e *BlockStored, f Format) error {
 		w.key("session_id")
 		w.str(e.SessionID)
 	}
-	return nil
 }
 
 // storedFields writes BlockStored's seven always-encoded fields, preceded

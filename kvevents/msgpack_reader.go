@@ -2,12 +2,9 @@ package kvevents
 
 import (
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
-	"strconv"
-	"strings"
 )
 
 // msgpack format codes (https://github.com/msgpack/msgpack/blob/master/spec.md).
@@ -481,104 +478,4 @@ func (r *reader) skip(depth int) error {
 		return r.errAt("invalid msgpack code 0x%02x", c)
 	}
 	return err
-}
-
-// printValue consumes one value and appends a printed form of it to sb:
-// strings as themselves at the top level, quoted inside containers, byte
-// strings in hex, containers in brackets. It is used for extra keys whose
-// shape this package does not model, so that they survive as text.
-func (r *reader) printValue(sb *strings.Builder, depth int) error {
-	if depth > maxDepth {
-		return errTooDeep
-	}
-	start := r.off
-	c, err := r.peek()
-	if err != nil {
-		return err
-	}
-	if n, ok, err := r.arrayLen(); err != nil {
-		return err
-	} else if ok {
-		sb.WriteByte('[')
-		for i := range n {
-			if i > 0 {
-				sb.WriteString(", ")
-			}
-			if err := r.printValue(sb, depth+1); err != nil {
-				return err
-			}
-		}
-		sb.WriteByte(']')
-		return nil
-	}
-	if n, ok, err := r.mapLen(); err != nil {
-		return err
-	} else if ok {
-		sb.WriteByte('{')
-		for i := range n {
-			if i > 0 {
-				sb.WriteString(", ")
-			}
-			if err := r.printValue(sb, depth+1); err != nil {
-				return err
-			}
-			sb.WriteString(": ")
-			if err := r.printValue(sb, depth+1); err != nil {
-				return err
-			}
-		}
-		sb.WriteByte('}')
-		return nil
-	}
-	if p, kind, err := r.strOrBin(); err != nil {
-		return err
-	} else if kind == rawStr {
-		if depth == 0 {
-			sb.Write(p)
-		} else {
-			sb.WriteString(strconv.Quote(string(p)))
-		}
-		return nil
-	} else if kind == rawBin {
-		sb.WriteString("b'")
-		sb.WriteString(hex.EncodeToString(p))
-		sb.WriteByte('\'')
-		return nil
-	}
-	if v, k, err := r.integer(); err != nil {
-		return err
-	} else if k == intUnsigned {
-		sb.WriteString(strconv.FormatUint(v, 10))
-		return nil
-	} else if k == intSigned {
-		sb.WriteString(strconv.FormatInt(int64(v), 10))
-		return nil
-	}
-	switch c {
-	case cNil:
-		r.off++
-		sb.WriteString("None")
-		return nil
-	case cTrue:
-		r.off++
-		sb.WriteString("True")
-		return nil
-	case cFalse:
-		r.off++
-		sb.WriteString("False")
-		return nil
-	case cFloat, cDouble:
-		f, err := r.float("value")
-		if err != nil {
-			return err
-		}
-		sb.WriteString(strconv.FormatFloat(f, 'g', -1, 64))
-		return nil
-	}
-	if err := r.skip(depth); err != nil {
-		return err
-	}
-	sb.WriteString("ext:")
-	sb.WriteString(hex.EncodeToString(r.b[start:r.off]))
-	return nil
 }

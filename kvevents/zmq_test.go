@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -58,6 +59,9 @@ func (o op) String() string {
 type recorder struct {
 	mu  sync.Mutex
 	ops []op
+	// arrived gets a token at every call, without blocking: what
+	// publishUntil waits on. It is made by arrivals.
+	arrived chan struct{}
 }
 
 func (r *recorder) Apply(replica string, b Batch) {
@@ -67,15 +71,48 @@ func (r *recorder) Apply(replica string, b Batch) {
 			id = e.BlockHashes[0]
 		}
 	}
-	r.mu.Lock()
-	r.ops = append(r.ops, op{replica: replica, id: id})
-	r.mu.Unlock()
+	r.add(op{replica: replica, id: id})
 }
 
 func (r *recorder) Clear(replica string) {
+	r.add(op{clear: true, replica: replica})
+}
+
+// add logs o and signals its arrival.
+func (r *recorder) add(o op) {
 	r.mu.Lock()
-	r.ops = append(r.ops, op{clear: true, replica: replica})
-	r.mu.Unlock()
+	defer r.mu.Unlock()
+	r.ops = append(r.ops, o)
+	if r.arrived == nil {
+		return
+	}
+	select {
+	case r.arrived <- struct{}{}:
+	default: // a token is already waiting
+	}
+}
+
+// seen reports whether a batch with id was applied, for any replica.
+func (r *recorder) seen(id uint64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, o := range r.ops {
+		if !o.clear && o.id == id {
+			return true
+		}
+	}
+	return false
+}
+
+// arrivals returns a channel that gets a token when the handler is called
+// (one token for several calls while nobody takes it).
+func (r *recorder) arrivals() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.arrived == nil {
+		r.arrived = make(chan struct{}, 1)
+	}
+	return r.arrived
 }
 
 func (r *recorder) snapshot() []op {
@@ -135,6 +172,9 @@ type feeder struct {
 	p    *Publisher
 	next uint64
 	rank int // DPRank of the batches
+	// rec is the handler the batches reach, whose receipt publishUntil
+	// waits for; nil when they reach none (only metrics count them).
+	rec *recorder
 }
 
 // publishGone publishes n batches and waits until the publisher sent
@@ -156,18 +196,83 @@ func (f *feeder) publish(n int) {
 	}
 }
 
-// until publishes a batch every few milliseconds until cond holds. Live
-// traffic is what makes a subscriber notice it joined late, so tests keep
-// publishing instead of hoping the subscription propagated in time.
+// until publishes batches until cond holds (see publishUntil).
 func (f *feeder) until(what string, cond func() bool) {
 	f.t.Helper()
-	deadline := time.Now().Add(waitFor)
+	publishUntil(f.t, what, cond, f)
+}
+
+// settle waits until the metric name{labels} has reached want: the
+// subscriber counts what it applied just after the handler returns.
+func settle(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string, want float64) {
+	t.Helper()
+	testrun.Eventually(t, waitFor, func() bool { return metricValue(t, reg, name, labels) >= want }, name)
+}
+
+// resend is how long publishUntil waits for a probe to arrive before it
+// sends the next one.
+const resend = 20 * time.Millisecond
+
+// publishUntil is these tests' subscribe handshake: it publishes one batch
+// (a probe) from each feeder, waits until each probe has reached its
+// feeder's handler, and repeats until cond holds.
+//
+// A ZMQ SUB has no handshake that tells when its subscription took effect
+// (the slow joiner): the subscription travels to the PUB as a message after
+// the connection is up, and whatever the PUB sends before it has arrived
+// is dropped without a trace. Neither of the other signals says when that
+// is: the socket monitor's EVENT_HANDSHAKE_SUCCEEDED marks the end of the
+// ZMTP greeting, which comes before the subscription message, so a batch
+// sent right after it can still be lost; and only an XPUB sees
+// subscriptions, while Publisher is a PUB as vLLM's is. A replay does not
+// help either: the subscriber asks for one only once a live batch has
+// reached it. What is reliable is receipt itself, and live traffic is also
+// what makes a subscriber notice that it joined late, a gap or a restart.
+//
+// Waiting for each probe keeps the test in lockstep with delivery: when
+// cond holds, no batch is still on its way, so the handler calls the test
+// reads next are settled (the metrics of the last one follow just after
+// it: see settle). resend only re-sends when a probe
+// did not arrive: dropped before the subscription took effect, dropped by
+// the test on purpose, or sent by a feeder whose batches reach no handler.
+func publishUntil(t testing.TB, what string, cond func() bool, feeders ...*feeder) {
+	t.Helper()
+	deadline := time.NewTimer(waitFor)
+	defer deadline.Stop()
+	retry := time.NewTimer(resend)
+	defer retry.Stop()
 	for !cond() {
-		if time.Now().After(deadline) {
-			f.t.Fatalf("timed out after %v waiting for %s", waitFor, what)
+		retry.Reset(resend)
+		type probe struct {
+			rec *recorder
+			id  uint64
 		}
-		f.publish(1)
-		time.Sleep(3 * time.Millisecond)
+		var wait []probe
+		for _, f := range feeders {
+			if f.rec != nil {
+				wait = append(wait, probe{f.rec, f.next})
+			}
+			f.publish(1)
+		}
+	probes:
+		for _, p := range wait {
+			for !p.rec.seen(p.id) {
+				select {
+				case <-p.rec.arrivals():
+				case <-retry.C:
+					break probes
+				case <-deadline.C:
+					t.Fatalf("timed out after %v waiting for %s", waitFor, what)
+				}
+			}
+		}
+		if len(wait) == 0 {
+			select {
+			case <-retry.C:
+			case <-deadline.C:
+				t.Fatalf("timed out after %v waiting for %s", waitFor, what)
+			}
+		}
 	}
 }
 
@@ -261,7 +366,7 @@ func TestSubscriberDelivery(t *testing.T) {
 				}, func(seq uint64) bool { return int64(seq) == skip.Load() })
 				reg := prometheus.NewRegistry()
 				rec := &recorder{}
-				f := &feeder{t: t, p: p}
+				f := &feeder{t: t, p: p, rec: rec}
 
 				// Join mid-stream: these batches go out before anyone listens.
 				f.publishGone(10)
@@ -284,6 +389,8 @@ func TestSubscriberDelivery(t *testing.T) {
 				if got := metricValue(t, reg, "warmpath_kvevents_gaps_total", nil); got != 1 {
 					t.Errorf("gaps_total = %v; want 1", got)
 				}
+				// Run counts a batch just after the handler has it.
+				settle(t, reg, "warmpath_kvevents_events_total", map[string]string{"type": TypeBlockStored}, float64(len(ids)))
 				if got := metricValue(t, reg, "warmpath_kvevents_replays_total", map[string]string{"result": ReplayOK}); got != 2 {
 					t.Errorf("replays_total{result=ok} = %v; want 2 (join, gap)", got)
 				}
@@ -313,7 +420,7 @@ func TestSubscriberRestart(t *testing.T) {
 			newTestSubscriber(t, zctx, SubscriberConfig{
 				Endpoint: p.Endpoint(), ReplayEndpoint: p.ReplayEndpoint(), Handler: rec, Metrics: NewMetrics(reg),
 			})
-			f := &feeder{t: t, p: p}
+			f := &feeder{t: t, p: p, rec: rec}
 			f.until("first batches", func() bool { return rec.has("r1", 5) })
 			before := len(rec.snapshot())
 
@@ -363,7 +470,7 @@ func TestSubscriberGapWithoutReplay(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	rec := &recorder{}
 	newTestSubscriber(t, zctx, SubscriberConfig{Endpoint: p.Endpoint(), Handler: rec, Metrics: NewMetrics(reg)})
-	f := &feeder{t: t, p: p}
+	f := &feeder{t: t, p: p, rec: rec}
 	var first uint64
 	f.until("first batch", func() bool {
 		ids, _ := rec.applied("r1")
@@ -412,21 +519,25 @@ func TestSubscriberReplayBufferOverrun(t *testing.T) {
 		func(uint64) bool { return lose.Load() })
 	reg := prometheus.NewRegistry()
 	rec := &recorder{}
-	f := &feeder{t: t, p: p}
+	f := &feeder{t: t, p: p, rec: rec}
 	f.publishGone(20)
 	newTestSubscriber(t, zctx, SubscriberConfig{
 		Endpoint: p.Endpoint(), ReplayEndpoint: p.ReplayEndpoint(), Handler: rec, Metrics: NewMetrics(reg),
 	})
+	replaysOK := func() float64 {
+		return metricValue(t, reg, "warmpath_kvevents_replays_total", map[string]string{"result": ReplayOK})
+	}
+	// The replay's batches reach the handler before Run counts the replay.
 	f.until("live batches", func() bool {
 		ids, _ := rec.applied("r1")
-		return len(ids) >= 5
+		return len(ids) >= 5 && replaysOK() >= 1
 	})
 	ids, _ := rec.applied("r1")
 	if ids[0] == 0 {
 		t.Fatalf("first batch 0, but the buffer held only 5")
 	}
 	checkConsecutive(t, "delivery", ids, ids[0])
-	if got := metricValue(t, reg, "warmpath_kvevents_replays_total", map[string]string{"result": ReplayOK}); got != 1 {
+	if got := replaysOK(); got != 1 {
 		t.Errorf("replays_total{result=ok} = %v; want 1 (the join)", got)
 	}
 	if ops := rec.snapshot(); !ops[0].clear {
@@ -483,7 +594,7 @@ func TestSubscriberEmptyReplay(t *testing.T) {
 			p := newTestPublisher(t, zctx, PublisherConfig{}, nil)
 			reg := prometheus.NewRegistry()
 			rec := &recorder{}
-			f := &feeder{t: t, p: p}
+			f := &feeder{t: t, p: p, rec: rec}
 			f.publishGone(3) // lost: joining later makes the subscriber ask for a replay
 			newTestSubscriber(t, zctx, SubscriberConfig{
 				Endpoint: p.Endpoint(), ReplayEndpoint: replayEP, Handler: rec, Metrics: NewMetrics(reg),
@@ -515,7 +626,7 @@ func TestSubscriberReplayTimeout(t *testing.T) {
 	p := newTestPublisher(t, zctx, PublisherConfig{}, nil)
 	reg := prometheus.NewRegistry()
 	rec := &recorder{}
-	f := &feeder{t: t, p: p}
+	f := &feeder{t: t, p: p, rec: rec}
 	f.publishGone(3)
 	newTestSubscriber(t, zctx, SubscriberConfig{
 		Endpoint: p.Endpoint(), ReplayEndpoint: replayEP, Handler: rec, Metrics: NewMetrics(reg),
@@ -565,20 +676,13 @@ func TestCentral(t *testing.T) {
 			t.Errorf("connecting publisher Endpoint() = %q; want %q", p.Endpoint(), c.Endpoint())
 		}
 		pubs.Store(replica, p)
-		f := &feeder{t: t, p: p, next: 0}
+		f := &feeder{t: t, p: p, next: 0, rec: rec}
 		f.publish(5)
 		feeders = append(feeders, f)
 	}
-	deadline := time.Now().Add(waitFor)
-	for !rec.has("10.0.0.1:8000", 20) || !rec.has("10.0.0.2:8000", 20) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out; ops %v", rec.snapshot())
-		}
-		for _, f := range feeders {
-			f.publish(1)
-		}
-		time.Sleep(3 * time.Millisecond)
-	}
+	publishUntil(t, "batch 20 of both replicas", func() bool {
+		return rec.has("10.0.0.1:8000", 20) && rec.has("10.0.0.2:8000", 20)
+	}, feeders...)
 	for _, replica := range []string{"10.0.0.1:8000", "10.0.0.2:8000"} {
 		ids, clears := rec.applied(replica)
 		checkConsecutive(t, replica, ids, 0)
@@ -602,7 +706,7 @@ func TestCentralGapWithoutReplay(t *testing.T) {
 		func(seq uint64) bool { return int64(seq) == skip.Load() })
 	// A publisher with another topic prefix is not heard.
 	other := newTestPublisher(t, zctx, PublisherConfig{Endpoint: c.Endpoint(), Topic: "other"}, nil)
-	f := &feeder{t: t, p: p}
+	f := &feeder{t: t, p: p, rec: rec}
 	f.until("first batch", func() bool {
 		(&feeder{t: t, p: other}).publish(1)
 		ids, _ := rec.applied("a")
@@ -639,19 +743,11 @@ func TestCentralDPRanks(t *testing.T) {
 	var feeders []*feeder
 	for rank := range 2 {
 		p := newTestPublisher(t, zctx, PublisherConfig{Endpoint: c.Endpoint(), Topic: Topic("a", "m")}, nil)
-		feeders = append(feeders, &feeder{t: t, p: p, next: uint64(rank) * rank1Base, rank: rank})
+		feeders = append(feeders, &feeder{t: t, p: p, next: uint64(rank) * rank1Base, rank: rank, rec: rec})
 	}
 	publishUntil := func(what string, cond func() bool) {
-		deadline := time.Now().Add(waitFor)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s; %d ops", what, len(rec.snapshot()))
-			}
-			for _, f := range feeders {
-				f.publish(1)
-			}
-			time.Sleep(3 * time.Millisecond)
-		}
+		t.Helper()
+		publishUntil(t, what, cond, feeders...)
 	}
 	publishUntil("both ranks", func() bool {
 		return rec.countRange("a", 0, rank1Base) >= 3 && rec.countRange("a", rank1Base, restartBase) >= 3
@@ -691,10 +787,16 @@ func TestCentralDPRanks(t *testing.T) {
 	}
 }
 
-// TestSubscriberBadMessages feeds a subscriber from a raw PUB socket.
+// TestSubscriberBadMessages feeds a subscriber from a raw socket, each bad
+// message once. The socket is an XPUB, which, unlike Publisher's PUB, sees
+// the subscriber's subscription arrive: sending only after that is a real
+// handshake (see publishUntil), so nothing is lost to the slow joiner and
+// the counts are exact.
 func TestSubscriberBadMessages(t *testing.T) {
 	zctx := newZCtx(t)
-	pub, ep, err := openSocket(zctx, zmq.PUB, "tcp://127.0.0.1:*", true, nil)
+	pub, ep, err := openSocket(zctx, zmq.XPUB, "tcp://127.0.0.1:*", true, func(s *zmq.Socket) error {
+		return s.SetRcvtimeo(50 * time.Millisecond) // to notice the test's end
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -708,19 +810,37 @@ func TestSubscriberBadMessages(t *testing.T) {
 	// This goroutine owns pub from here on.
 	testrun.Start(t, "raw publisher", func(ctx context.Context) error {
 		defer pub.Close()
-		for ctx.Err() == nil {
-			pub.SendMessage("t", seqFrame(0))                       // 2 frames
-			pub.SendMessage("t", []byte{0, 0, 0, 1}, good)          // short seq
-			pub.SendMessage("t", seqFrame(0), []byte{0x93, 0xc1})   // undecodable
-			pub.SendMessage("t", seqFrame(1), good, []byte("more")) // 4 frames
-			time.Sleep(5 * time.Millisecond)
+		for { // the subscription: 1, then the prefix
+			msg, err := pub.RecvBytes(0)
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if err == nil && len(msg) > 0 && msg[0] == 1 {
+				break
+			}
+			if err != nil && zmq.AsErrno(err) != zmq.Errno(syscall.EAGAIN) {
+				return fmt.Errorf("receive the subscription: %w", err)
+			}
 		}
+		for _, m := range [][][]byte{
+			{[]byte("t"), seqFrame(0)},                       // 2 frames
+			{[]byte("t"), {0, 0, 0, 1}, good},                // short seq
+			{[]byte("t"), seqFrame(0), {0x93, 0xc1}},         // undecodable
+			{[]byte("t"), seqFrame(1), good, []byte("more")}, // 4 frames
+		} {
+			if _, err := pub.SendMessage(m); err != nil {
+				return err
+			}
+		}
+		<-ctx.Done()
 		return ctx.Err()
 	})
-	testrun.Eventually(t, waitFor, func() bool {
-		return metricValue(t, reg, "warmpath_kvevents_malformed_messages_total", nil) >= 3 &&
-			metricValue(t, reg, "warmpath_kvevents_decode_errors_total", nil) >= 1
-	}, "bad messages counted")
+	malformed := func() float64 { return metricValue(t, reg, "warmpath_kvevents_malformed_messages_total", nil) }
+	undecodable := func() float64 { return metricValue(t, reg, "warmpath_kvevents_decode_errors_total", nil) }
+	testrun.Eventually(t, waitFor, func() bool { return malformed() >= 3 && undecodable() >= 1 }, "bad messages counted")
+	if m, u := malformed(), undecodable(); m != 3 || u != 1 {
+		t.Errorf("malformed %v, undecodable %v; want 3 and 1", m, u)
+	}
 	if ops := rec.snapshot(); len(ops) != 0 {
 		t.Errorf("handler called: %v", ops)
 	}
@@ -917,7 +1037,7 @@ func TestRunExitsWithoutLeaks(t *testing.T) {
 		start(p2.Run)
 		start(s.Run)
 		start(relay.Run)
-		f1, f2 := &feeder{t: t, p: p1}, &feeder{t: t, p: p2}
+		f1, f2 := &feeder{t: t, p: p1, rec: rec}, &feeder{t: t, p: p2}
 		f1.until("both streams", func() bool {
 			f2.publish(1)
 			ida, _ := rec.applied("a")
@@ -1001,7 +1121,7 @@ func TestSubscriberFirstSeqNotZero(t *testing.T) {
 			reg := prometheus.NewRegistry()
 			rec := &recorder{}
 			logs := &logSink{}
-			f := &feeder{t: t, p: p}
+			f := &feeder{t: t, p: p, rec: rec}
 			f.publishGone(tt.before)
 			newTestSubscriber(t, zctx, SubscriberConfig{
 				Endpoint: p.Endpoint(), ReplayEndpoint: p.ReplayEndpoint(), Handler: rec, Metrics: NewMetrics(reg),
@@ -1055,9 +1175,7 @@ type rankRecorder struct {
 }
 
 func (r *rankRecorder) ClearRank(replica string, rank int) {
-	r.mu.Lock()
-	r.ops = append(r.ops, op{clear: true, replica: fmt.Sprintf("%s/%d", replica, rank)})
-	r.mu.Unlock()
+	r.add(op{clear: true, replica: fmt.Sprintf("%s/%d", replica, rank)})
 }
 
 var _ RankClearer = (*rankRecorder)(nil)
@@ -1080,20 +1198,11 @@ func TestCentralDPRanksClearApart(t *testing.T) {
 	var feeders []*feeder
 	for rank := range 2 {
 		p := newTestPublisher(t, zctx, PublisherConfig{Endpoint: c.Endpoint(), Topic: Topic("a", "m")}, nil)
-		feeders = append(feeders, &feeder{t: t, p: p, next: uint64(rank) * rank1Base, rank: rank})
+		feeders = append(feeders, &feeder{t: t, p: p, next: uint64(rank) * rank1Base, rank: rank, rec: &rec.recorder})
 	}
 	publishUntil := func(what string, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(waitFor)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s; ops %v", what, rec.snapshot())
-			}
-			for _, f := range feeders {
-				f.publish(1)
-			}
-			time.Sleep(3 * time.Millisecond)
-		}
+		publishUntil(t, what, cond, feeders...)
 	}
 	publishUntil("both ranks", func() bool {
 		return rec.countRange("a", 0, rank1Base) >= 3 && rec.countRange("a", rank1Base, restartBase) >= 3
@@ -1136,7 +1245,7 @@ func TestSubscriberRankMetricsOutliveSiblings(t *testing.T) {
 	var feeders []*feeder
 	for rank := range 2 {
 		p := newTestPublisher(t, zctx, PublisherConfig{}, nil)
-		feeders = append(feeders, &feeder{t: t, p: p, next: uint64(rank) << 20, rank: rank})
+		feeders = append(feeders, &feeder{t: t, p: p, next: uint64(rank) << 20, rank: rank, rec: &rec.recorder})
 		stops = append(stops, newTestSubscriber(t, zctx, SubscriberConfig{Endpoint: p.Endpoint(), Handler: rec, Metrics: m}))
 	}
 	seen := func(rank string) bool {

@@ -3,6 +3,7 @@ package responses
 import (
 	"context"
 	"encoding/json"
+	"net"
 	"strconv"
 	"strings"
 	"testing"
@@ -207,10 +208,16 @@ func TestRunStartsWithRedisDown(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 100 * time.Millisecond, DialerRetries: 1})
 	t.Cleanup(func() { rdb.Close() })
+	failed := make(dialFailures, 1)
+	rdb.AddHook(failed)
 	srv.Stop()
 	e := &env{rdb: rdb}
 	e.start(t, newSimChat(startSim(t, vllmsim.Config{})))
-	time.Sleep(500 * time.Millisecond) // let Run meet the outage
+	select { // Run has met the outage: only it uses Redis before the POST below
+	case <-failed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not try Redis within 10s")
+	}
 	srv.Restart(t)
 	deadline := time.Now().Add(10 * time.Second)
 	var id string
@@ -226,6 +233,29 @@ func TestRunStartsWithRedisDown(t *testing.T) {
 		}
 	}
 	waitStatus(t, e, id, StatusCompleted, 10*time.Second)
+}
+
+// dialFailures is a go-redis hook that signals, without blocking, each
+// failed dial of its client.
+type dialFailures chan struct{}
+
+func (f dialFailures) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := next(ctx, network, addr)
+		if err != nil {
+			select {
+			case f <- struct{}{}:
+			default:
+			}
+		}
+		return c, err
+	}
+}
+
+func (dialFailures) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (dialFailures) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
 
 // waitStatus polls a response until it has status, failing after d.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/warmpath/warmpath/internal/apierror"
 	"github.com/warmpath/warmpath/internal/redistest"
 	"github.com/warmpath/warmpath/vllmsim"
 )
@@ -86,7 +87,14 @@ func (c *simChat) Complete(ctx context.Context, t Turn) (*http.Response, error) 
 		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	return c.client.Do(req)
+	resp, err := c.client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode >= 400 { // the Chat contract: refusals are errors
+		return nil, apierror.FromResponse(resp)
+	}
+	return resp, nil
 }
 
 func (c *simChat) recorded() []Turn {

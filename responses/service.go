@@ -25,10 +25,12 @@ import (
 // Contract: the response is the upstream's (status, headers, a body that
 // streams when the body says "stream": true, as text/event-stream of
 // chat.completion.chunk with usage in the last chunk when
-// stream_options.include_usage is true). Routing, admission, auth-limit
-// and upstream failures come back as a *http.Response with status >= 400
-// and an OpenAI error envelope body, never as a Go error; a Go error means
-// the context ended or the request could not be sent at all.
+// stream_options.include_usage is true) when the upstream answered with a
+// success. Every refusal (routing, admission, auth-limit, and the
+// upstream's own error responses) is an error value, an *apierror.Error
+// with the status, the envelope's fields and the retry headers; any other
+// error means the context ended or the request could not be sent at all.
+// A response with status >= 400 is never returned.
 type Chat interface {
 	Complete(ctx context.Context, t Turn) (*http.Response, error)
 }

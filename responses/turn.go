@@ -203,8 +203,8 @@ func (t *turn) upstreamBody() ([]byte, error) {
 	return chatBody(t.p, append(append([][]byte(nil), t.history...), t.inMsgs...))
 }
 
-// call sends the turn upstream. A refusal (status >= 400) comes back as
-// an *apierror.Error carrying the upstream's status, type and code.
+// call sends the turn upstream. A refusal is the Chat's *apierror.Error,
+// as it is.
 func (s *Service) call(ctx context.Context, t *turn) (*http.Response, error) {
 	body, err := t.upstreamBody()
 	if err != nil {
@@ -216,55 +216,12 @@ func (s *Service) call(ctx context.Context, t *turn) (*http.Response, error) {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
+		if he, ok := errors.AsType[*apierror.Error](err); ok {
+			return nil, he
+		}
 		return nil, apierror.BadGateway(err, "the model could not be reached")
 	}
-	if resp.StatusCode >= 400 {
-		defer resp.Body.Close()
-		return nil, upstreamError(resp)
-	}
 	return resp, nil
-}
-
-// upstreamError turns an upstream error response into the client's error,
-// keeping the status and the headers SDKs read for retries; vLLM's integer
-// code becomes null.
-func upstreamError(resp *http.Response) *apierror.Error {
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	var env struct {
-		Error struct {
-			Message string          `json:"message"`
-			Type    string          `json:"type"`
-			Param   *string         `json:"param"`
-			Code    json.RawMessage `json:"code"`
-		} `json:"error"`
-		Message string `json:"message"`
-	}
-	_ = json.Unmarshal(b, &env)
-	e := &apierror.Error{Status: resp.StatusCode, Type: env.Error.Type, Msg: env.Error.Message, Param: deref(env.Error.Param),
-		Err: fmt.Errorf("responses: upstream answered %d", resp.StatusCode), Header: http.Header{}}
-	var code string
-	if json.Unmarshal(env.Error.Code, &code) == nil {
-		e.Code = code
-	}
-	if e.Msg == "" {
-		e.Msg = env.Message
-	}
-	if e.Msg == "" {
-		e.Msg = fmt.Sprintf("the model answered %d %s", resp.StatusCode, http.StatusText(resp.StatusCode))
-	}
-	if e.Type == "" {
-		e.Type = apierror.TypeServer
-		if resp.StatusCode < 500 {
-			e.Type = apierror.TypeInvalidRequest
-		}
-	}
-	for k, v := range resp.Header {
-		lk := strings.ToLower(k)
-		if lk == "retry-after" || lk == "retry-after-ms" || lk == "x-should-retry" || strings.HasPrefix(lk, "x-ratelimit-") {
-			e.Header[k] = v
-		}
-	}
-	return e
 }
 
 // maxChunkBytes bounds one upstream SSE event.

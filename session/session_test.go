@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/warmpath/warmpath/internal/redistest"
+	"github.com/warmpath/warmpath/internal/testrun"
 	"github.com/warmpath/warmpath/scoring"
 )
 
@@ -365,15 +366,11 @@ func TestStoreSurvivesRedisRestart(t *testing.T) {
 		t.Errorf("lookup with Redis down = %+v, %v; want local r2", b, ok)
 	}
 	srv.Restart(t)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	testrun.Eventually(t, 5*time.Second, func() bool {
 		b, ok, err = s.Lookup(ctx, "k")
-		if err == nil || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err != nil || !ok || b.Replica != "r2" {
+		return err == nil
+	}, "a lookup after Redis restarted")
+	if !ok || b.Replica != "r2" {
 		t.Fatalf("after restart lookup = %+v, %v, %v", b, ok, err)
 	}
 	if v := rdb.Get(ctx, "sess:k").Val(); !strings.Contains(v, `"r":"r2"`) {
@@ -493,13 +490,10 @@ func TestStoreFlushUnconfirmed(t *testing.T) {
 		t.Fatal("remember with Redis down reported no error")
 	}
 	srv.Restart(t)
-	eventually := func(f func() error) {
-		deadline := time.Now().Add(5 * time.Second)
-		for f() != nil && time.Now().Before(deadline) {
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
-	eventually(func() error { _, err := b.Remember(ctx, "k", bind("r2", 1), true); return err })
+	testrun.Eventually(t, 5*time.Second, func() bool {
+		_, err := b.Remember(ctx, "k", bind("r2", 1), true)
+		return err == nil
+	}, "a remember after Redis restarted")
 	a.UpdateLocal("k", Binding{}, func(x *Binding) bool { x.CachedTokens = 700; return true })
 	if err := a.Flush(ctx, "k"); err != nil {
 		t.Fatal(err)

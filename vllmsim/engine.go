@@ -393,11 +393,30 @@ func (e *engine) preempt(i int) *seq {
 // blocks cached (BlockStored queued) here, at scheduling time, like vLLM.
 func (e *engine) schedule() (time.Duration, uint64) {
 	p := &e.cfg.profile
-	c := e.cache
 	e.sched = e.sched[:0]
-	budget := p.MaxNumBatchedTokens
-	preempted := false
+	budget, preempted := e.scheduleRunning(p.MaxNumBatchedTokens)
 	loadTokens := 0 // tokens loaded from the CPU tier this step
+	if !preempted {
+		// As vLLM's scheduler, none are admitted in a step that preempted.
+		loadTokens = e.scheduleWaiting(budget)
+	}
+	prefill, ctxTokens := 0, 0
+	for _, sc := range e.sched {
+		if sc.n == 1 && len(sc.s.tokens) > sc.s.promptLen {
+			ctxTokens += sc.s.numComputed + 1
+		} else {
+			prefill += sc.n
+		}
+	}
+	e.stats.PrefillTokens += uint64(prefill)
+	return p.stepTime(prefill, len(e.sched), ctxTokens, loadTokens), e.gen
+}
+
+// scheduleRunning schedules the running sequences' next tokens within
+// budget, preempting the lowest-priority ones for blocks when it must. It
+// returns the budget left and whether it preempted.
+func (e *engine) scheduleRunning(budget int) (left int, preempted bool) {
+	c := e.cache
 	for i := 0; i < len(e.running) && budget > 0; i++ {
 		s := e.running[i]
 		n := min(len(s.tokens)-s.numComputed, budget)
@@ -430,7 +449,16 @@ func (e *engine) schedule() (time.Duration, uint64) {
 		budget -= n
 		c.storeFull(s, s.numComputed+n)
 	}
-	for !preempted && budget > 0 && len(e.running) < p.MaxNumSeqs && len(e.waiting) > 0 {
+	return budget, preempted
+}
+
+// scheduleWaiting admits waiting sequences in order while budget, the
+// sequence limit and free blocks allow, their prefix-cache hits counted as
+// computed. It returns the tokens loaded from the CPU tier.
+func (e *engine) scheduleWaiting(budget int) (loadTokens int) {
+	p := &e.cfg.profile
+	c := e.cache
+	for budget > 0 && len(e.running) < p.MaxNumSeqs && len(e.waiting) > 0 {
 		s := e.waiting[0]
 		if c.blocksFor(len(s.tokens)+1) > len(c.blocks) {
 			// Can never fit (the HTTP layer rejects such requests up front).
@@ -470,16 +498,7 @@ func (e *engine) schedule() (time.Duration, uint64) {
 		budget -= n
 		c.storeFull(s, computed+n)
 	}
-	prefill, ctxTokens := 0, 0
-	for _, sc := range e.sched {
-		if sc.n == 1 && len(sc.s.tokens) > sc.s.promptLen {
-			ctxTokens += sc.s.numComputed + 1
-		} else {
-			prefill += sc.n
-		}
-	}
-	e.stats.PrefillTokens += uint64(prefill)
-	return p.stepTime(prefill, len(e.sched), ctxTokens, loadTokens), e.gen
+	return loadTokens
 }
 
 // apply ends a step: computed tokens advance, sequences that computed all
@@ -528,97 +547,4 @@ func (e *engine) apply() {
 		e.running = kept
 	}
 	e.sched = e.sched[:0]
-}
-
-// Stats is a snapshot of a replica's engine counters. Counters start at zero
-// and are reset by a restart (a new process, as vLLM's metrics are).
-type Stats struct {
-	// Requests is the number of requests submitted to the engine.
-	Requests uint64
-	// Finished, Aborted count requests that completed or were dropped
-	// (client gone, restart).
-	Finished, Aborted uint64
-	// PromptTokens and CachedTokens sum, over scheduled requests, the prompt
-	// length and the prefix-cache hit (tokens) at first scheduling; the hit
-	// includes the tokens loaded from the CPU tier, which CPUCachedTokens
-	// counts alone.
-	PromptTokens, CachedTokens, CPUCachedTokens uint64
-	// PrefillTokens counts prefill tokens actually computed (uncached,
-	// including recomputation after preemption).
-	PrefillTokens uint64
-	// GeneratedTokens counts sampled output tokens.
-	GeneratedTokens uint64
-	// Running and Waiting are the current queue lengths.
-	Running, Waiting int
-	// KVUsage is the fraction of KV blocks referenced by requests, 0..1.
-	KVUsage float64
-	// KVBlocksUsed and KVBlocks are the referenced and total block counts.
-	KVBlocksUsed, KVBlocks int
-	// Evictions counts cached blocks evicted (one BlockRemoved each).
-	Evictions uint64
-	// CPUBlocksUsed and CPUEvictions are the CPU tier's blocks held and
-	// blocks evicted.
-	CPUBlocksUsed int
-	CPUEvictions  uint64
-	// Preemptions counts recompute preemptions.
-	Preemptions uint64
-	// Steps counts engine steps.
-	Steps uint64
-	// SimTime is the engine's simulated clock.
-	SimTime time.Duration
-}
-
-// histograms returns copies of the queue-time and prefill-time
-// histograms.
-func (e *engine) histograms() (queue, prefill histogram) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.queueHist.clone(), e.prefillHist.clone()
-}
-
-// snapshot returns the current Stats and a copy of the TTFT histogram.
-func (e *engine) snapshot() (Stats, histogram) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	st := e.stats
-	st.Running = len(e.running)
-	st.Waiting = len(e.waiting) + len(e.inbox)
-	st.KVBlocks = len(e.cache.blocks)
-	st.KVBlocksUsed = e.cache.used()
-	st.KVUsage = float64(st.KVBlocksUsed) / float64(st.KVBlocks)
-	st.Evictions = e.cache.evictions
-	st.CPUBlocksUsed, st.CPUEvictions = e.cache.cpu.len(), e.cache.cpu.evictions
-	st.SimTime = e.vnow
-	return st, e.ttftHist.clone()
-}
-
-// load returns the waiting and running request counts, for the
-// data-parallel balancer.
-func (e *engine) load() (waiting, running int) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return len(e.waiting) + len(e.inbox), len(e.running)
-}
-
-// add sums o's counters into st (for a replica's ranks); KVUsage is left
-// to the caller and SimTime is the later of the two.
-func (st *Stats) add(o Stats) {
-	st.Requests += o.Requests
-	st.Finished += o.Finished
-	st.Aborted += o.Aborted
-	st.PromptTokens += o.PromptTokens
-	st.CachedTokens += o.CachedTokens
-	st.CPUCachedTokens += o.CPUCachedTokens
-	st.PrefillTokens += o.PrefillTokens
-	st.GeneratedTokens += o.GeneratedTokens
-	st.Running += o.Running
-	st.Waiting += o.Waiting
-	st.KVBlocksUsed += o.KVBlocksUsed
-	st.KVBlocks += o.KVBlocks
-	st.Evictions += o.Evictions
-	st.Preemptions += o.Preemptions
-	st.Steps += o.Steps
-	st.CPUBlocksUsed += o.CPUBlocksUsed
-	st.CPUEvictions += o.CPUEvictions
-	st.SimTime = max(st.SimTime, o.SimTime)
 }

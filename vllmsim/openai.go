@@ -76,53 +76,21 @@ func (r *Replica) prepare(ctx context.Context, h http.Header, sr *samplingReques
 	if sr.N != nil && *sr.N != 1 {
 		return nil, &apiError{status: http.StatusBadRequest, msg: "n > 1 is not supported by the simulator", param: "n"}
 	}
-	salt := ""
-	if c := bytes.TrimSpace(sr.CacheSalt); len(c) > 0 && string(c) != "null" {
-		if json.Unmarshal(c, &salt) != nil || salt == "" {
-			return nil, &apiError{status: http.StatusBadRequest,
-				msg: "Parameter 'cache_salt' must be a non-empty string if provided.", param: "cache_salt"}
-		}
+	salt, err := sr.cacheSalt()
+	if err != nil {
+		return nil, err
 	}
 	if sr.Priority != 0 && r.cfg.SchedulingPolicy != "priority" {
 		return nil, &apiError{status: http.StatusBadRequest,
 			msg: "Got priority " + strconv.Itoa(sr.Priority) + " but Priority scheduling is not enabled.", param: "priority"}
 	}
-	var stops []string
-	if c := bytes.TrimSpace(sr.Stop); len(c) > 0 && string(c) != "null" {
-		if c[0] == '"' {
-			var s string
-			if err := json.Unmarshal(c, &s); err != nil {
-				return nil, badRequest("stop: %v", err)
-			}
-			stops = []string{s}
-		} else if err := json.Unmarshal(c, &stops); err != nil {
-			return nil, badRequest("stop must be a string or an array of strings")
-		}
+	stops, err := sr.stops()
+	if err != nil {
+		return nil, err
 	}
-	maxLen := r.cfg.Profile.MaxModelLen
-	if len(prompt) == 0 {
-		return nil, badRequest("The prompt is empty.")
-	}
-	if len(prompt) >= maxLen {
-		return nil, &apiError{status: http.StatusBadRequest, msg: fmt.Sprintf("This model's maximum context length is %d tokens. "+
-			"However, your request has %d input tokens. Please reduce the length of the input messages.", maxLen, len(prompt))}
-	}
-	maxTokens := maxLen - len(prompt)
-	if sr.MaxCompletionTokens != nil {
-		maxTokens = *sr.MaxCompletionTokens
-	} else if sr.MaxTokens != nil {
-		maxTokens = *sr.MaxTokens
-	}
-	if maxTokens < 1 {
-		return nil, &apiError{status: http.StatusBadRequest, msg: fmt.Sprintf("max_tokens must be at least 1, got %d.", maxTokens), param: "max_tokens"}
-	}
-	if len(prompt)+maxTokens > maxLen {
-		return nil, &apiError{status: http.StatusBadRequest, param: "max_tokens", msg: fmt.Sprintf(
-			"'max_tokens' or 'max_completion_tokens' is too large: %d. This model's maximum context length is %d tokens "+
-				"and your request has %d input tokens (%d > %d - %d).", maxTokens, maxLen, len(prompt), maxTokens, maxLen, len(prompt))}
-	}
-	if sr.MinTokens < 0 || sr.MinTokens > maxTokens {
-		return nil, &apiError{status: http.StatusBadRequest, msg: "min_tokens must be between 0 and max_tokens", param: "min_tokens"}
+	maxTokens, err := r.maxTokens(sr, len(prompt))
+	if err != nil {
+		return nil, err
 	}
 	plan := planOutput(prompt, genSpec{maxTokens: maxTokens, minTokens: sr.MinTokens, ignoreEOS: sr.IgnoreEOS,
 		stop: stops, eos: eos, tool: tool, toolSeed: toolSeed})
@@ -158,6 +126,70 @@ func (r *Replica) prepare(ctx context.Context, h http.Header, sr *samplingReques
 		}
 	}
 	return j, nil
+}
+
+// cacheSalt returns the request's cache_salt: "" when absent or null, an
+// error when it is not a non-empty string.
+func (sr *samplingRequest) cacheSalt() (string, error) {
+	salt := ""
+	if c := bytes.TrimSpace(sr.CacheSalt); len(c) > 0 && string(c) != "null" {
+		if json.Unmarshal(c, &salt) != nil || salt == "" {
+			return "", &apiError{status: http.StatusBadRequest,
+				msg: "Parameter 'cache_salt' must be a non-empty string if provided.", param: "cache_salt"}
+		}
+	}
+	return salt, nil
+}
+
+// stops returns the request's stop strings: stop may be one string or an
+// array of them.
+func (sr *samplingRequest) stops() ([]string, error) {
+	var stops []string
+	if c := bytes.TrimSpace(sr.Stop); len(c) > 0 && string(c) != "null" {
+		if c[0] == '"' {
+			var s string
+			if err := json.Unmarshal(c, &s); err != nil {
+				return nil, badRequest("stop: %v", err)
+			}
+			stops = []string{s}
+		} else if err := json.Unmarshal(c, &stops); err != nil {
+			return nil, badRequest("stop must be a string or an array of strings")
+		}
+	}
+	return stops, nil
+}
+
+// maxTokens checks a prompt of promptLen tokens and the request's output
+// bounds against the model's context length, as vLLM does, and returns the
+// most tokens to generate (max_completion_tokens, else max_tokens, else
+// what the context leaves).
+func (r *Replica) maxTokens(sr *samplingRequest, promptLen int) (int, error) {
+	maxLen := r.cfg.Profile.MaxModelLen
+	if promptLen == 0 {
+		return 0, badRequest("The prompt is empty.")
+	}
+	if promptLen >= maxLen {
+		return 0, &apiError{status: http.StatusBadRequest, msg: fmt.Sprintf("This model's maximum context length is %d tokens. "+
+			"However, your request has %d input tokens. Please reduce the length of the input messages.", maxLen, promptLen)}
+	}
+	maxTokens := maxLen - promptLen
+	if sr.MaxCompletionTokens != nil {
+		maxTokens = *sr.MaxCompletionTokens
+	} else if sr.MaxTokens != nil {
+		maxTokens = *sr.MaxTokens
+	}
+	if maxTokens < 1 {
+		return 0, &apiError{status: http.StatusBadRequest, msg: fmt.Sprintf("max_tokens must be at least 1, got %d.", maxTokens), param: "max_tokens"}
+	}
+	if promptLen+maxTokens > maxLen {
+		return 0, &apiError{status: http.StatusBadRequest, param: "max_tokens", msg: fmt.Sprintf(
+			"'max_tokens' or 'max_completion_tokens' is too large: %d. This model's maximum context length is %d tokens "+
+				"and your request has %d input tokens (%d > %d - %d).", maxTokens, maxLen, promptLen, maxTokens, maxLen, promptLen)}
+	}
+	if sr.MinTokens < 0 || sr.MinTokens > maxTokens {
+		return 0, &apiError{status: http.StatusBadRequest, msg: "min_tokens must be between 0 and max_tokens", param: "min_tokens"}
+	}
+	return maxTokens, nil
 }
 
 // follow waits for j's sequence to make progress and calls fn with each
@@ -434,13 +466,22 @@ func (c *chatStreamer) full(j *job) any {
 // chunk renders a chat.completion.chunk around choices; extra is appended
 // to the object (e.g. `,"usage":{…}`).
 func (c *chatStreamer) chunk(j *job, choices []byte, extra []byte) []byte {
+	return chunkJSON(j, "chat.completion.chunk", c.r.cfg.Model, choices, extra)
+}
+
+// chunkJSON renders one streamed object of j from model, of type object
+// (chat.completion.chunk or text_completion), around choices; extra is
+// appended to the object (e.g. `,"usage":{…}`).
+func chunkJSON(j *job, object, model string, choices, extra []byte) []byte {
 	b := make([]byte, 0, 160+len(choices)+len(extra))
 	b = append(b, `{"id":`...)
 	b = simtok.AppendJSONString(b, j.id)
-	b = append(b, `,"object":"chat.completion.chunk","created":`...)
+	b = append(b, `,"object":"`...)
+	b = append(b, object...)
+	b = append(b, `","created":`...)
 	b = strconv.AppendInt(b, j.created, 10)
 	b = append(b, `,"model":`...)
-	b = simtok.AppendJSONString(b, c.r.cfg.Model)
+	b = simtok.AppendJSONString(b, model)
 	b = append(b, `,"choices":[`...)
 	b = append(b, choices...)
 	b = append(b, ']')
@@ -525,146 +566,6 @@ func (c *chatStreamer) finish(j *job, emit func([]byte)) {
 }
 
 func (c *chatStreamer) usage(j *job, emit func([]byte)) {
-	u, _ := json.Marshal(j.usage())
-	emit(c.chunk(j, nil, append([]byte(`,"usage":`), u...)))
-}
-
-// ---- /v1/completions ----
-
-func (r *Replica) handleCompletions(w http.ResponseWriter, req *http.Request) error {
-	if err := r.preflight(); err != nil {
-		return err
-	}
-	var cr completionRequest
-	if err := decodeBody(req, &cr); err != nil {
-		return err
-	}
-	if err := r.checkModel(cr.Model); err != nil {
-		return err
-	}
-	prompt, err := completionPrompt(cr.Prompt)
-	if err != nil {
-		return err
-	}
-	j, err := r.prepare(req.Context(), req.Header, &cr.samplingRequest, prompt, EndOfTextToken, nil, 0, "cmpl-")
-	if err != nil {
-		return err
-	}
-	return r.run(w, req, j, &completionStreamer{r: r})
-}
-
-// completionPrompt accepts a string, an array of token IDs, or an array of
-// one string.
-func completionPrompt(raw json.RawMessage) ([]uint32, error) {
-	c := bytes.TrimSpace(raw)
-	if len(c) == 0 || string(c) == "null" {
-		return nil, &apiError{status: http.StatusBadRequest, msg: "prompt is required", param: "prompt"}
-	}
-	if c[0] == '"' {
-		var s string
-		if err := json.Unmarshal(c, &s); err != nil {
-			return nil, badRequest("prompt: %v", err)
-		}
-		return Tokenize(s), nil
-	}
-	var ids []uint32
-	if err := json.Unmarshal(c, &ids); err == nil {
-		for _, t := range ids {
-			if t >= VocabSize {
-				return nil, badRequest("token id %d out of vocabulary (size %d)", t, VocabSize)
-			}
-		}
-		return ids, nil
-	}
-	var strs []string
-	if err := json.Unmarshal(c, &strs); err == nil {
-		if len(strs) != 1 {
-			return nil, badRequest("the simulator accepts exactly one prompt per request, got %d", len(strs))
-		}
-		return Tokenize(strs[0]), nil
-	}
-	return nil, &apiError{status: http.StatusBadRequest, msg: "prompt must be a string, an array of token IDs or an array of one string", param: "prompt"}
-}
-
-type completionStreamer struct {
-	r    *Replica
-	text []byte
-}
-
-type completionChoiceJSON struct {
-	Index          int      `json:"index"`
-	Text           string   `json:"text"`
-	Logprobs       any      `json:"logprobs"`
-	FinishReason   string   `json:"finish_reason"`
-	StopReason     any      `json:"stop_reason"`
-	PromptLogprobs any      `json:"prompt_logprobs"`
-	TokenIDs       []uint32 `json:"token_ids,omitempty"`
-	PromptTokenIDs []uint32 `json:"prompt_token_ids,omitempty"`
-}
-
-func (c *completionStreamer) full(j *job) any {
-	p := &j.s.plan
-	g := int(j.s.generated.Load())
-	ch := completionChoiceJSON{Text: string(AppendText(nil, simtok.NoPrev, p.tokens[:g], true)), FinishReason: p.finish,
-		StopReason: stopReason(p)}
-	if j.returnIDs {
-		ch.TokenIDs, ch.PromptTokenIDs = nonNil(p.tokens[:g]), nonNil(j.prompt)
-	}
-	return map[string]any{"id": j.id, "object": "text_completion", "created": j.created, "model": c.r.cfg.Model,
-		"choices": []completionChoiceJSON{ch}, "usage": j.usage(), "kv_transfer_params": nil}
-}
-
-func (c *completionStreamer) chunk(j *job, choices []byte, extra []byte) []byte {
-	b := make([]byte, 0, 160+len(choices)+len(extra))
-	b = append(b, `{"id":`...)
-	b = simtok.AppendJSONString(b, j.id)
-	b = append(b, `,"object":"text_completion","created":`...)
-	b = strconv.AppendInt(b, j.created, 10)
-	b = append(b, `,"model":`...)
-	b = simtok.AppendJSONString(b, c.r.cfg.Model)
-	b = append(b, `,"choices":[`...)
-	b = append(b, choices...)
-	b = append(b, ']')
-	b = append(b, extra...)
-	return append(b, '}')
-}
-
-func (c *completionStreamer) start(*job, func([]byte)) {}
-
-func (c *completionStreamer) delta(j *job, from, to int, emit func([]byte)) {
-	p := &j.s.plan
-	prev := simtok.NoPrev
-	if from > 0 {
-		prev = p.tokens[from-1]
-	}
-	c.text = AppendText(c.text[:0], prev, p.tokens[from:to], true)
-	if len(c.text) == 0 && !j.returnIDs {
-		return
-	}
-	d := simtok.AppendJSONString([]byte(`{"index":0,"text":`), string(c.text))
-	d = append(d, `,"logprobs":null,"finish_reason":null,"stop_reason":null`...)
-	if j.returnIDs {
-		d = appendTokenIDs(append(d, `,"token_ids":`...), p.tokens[from:to])
-		if from == 0 {
-			d = appendTokenIDs(append(d, `,"prompt_token_ids":`...), j.prompt)
-		}
-	}
-	emit(c.chunk(j, append(d, '}'), nil))
-}
-
-func (c *completionStreamer) finish(j *job, emit func([]byte)) {
-	p := &j.s.plan
-	d := append([]byte(`{"index":0,"text":"","logprobs":null,"finish_reason":`), strconv.Quote(p.finish)...)
-	d = append(d, `,"stop_reason":`...)
-	if p.stopReason != "" {
-		d = simtok.AppendJSONString(d, p.stopReason)
-	} else {
-		d = append(d, "null"...)
-	}
-	emit(c.chunk(j, append(d, '}'), nil))
-}
-
-func (c *completionStreamer) usage(j *job, emit func([]byte)) {
 	u, _ := json.Marshal(j.usage())
 	emit(c.chunk(j, nil, append([]byte(`,"usage":`), u...)))
 }

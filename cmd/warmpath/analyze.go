@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -18,12 +20,15 @@ import (
 // `warmpath analyze [--window 10m] [--replicas 8] [--cache-blocks
 // 150,300,600,1200,2400,4800] [--policies a,b] [--prefill-rate 15000]
 // [--time-scale 1] [--seed 1] [--cpu-blocks N] [--json FILE] [--plot
-// FILE.svg] TRACE.jsonl`.
+// FILE.svg] TRACE.jsonl`; `--cache-conversations 0.5,1,2,4` and
+// `--cpu-conversations X` size the caches in multiples of the trace's
+// median prompt instead of blocks.
 // It prints the tables; --plot writes the cached-fraction chart to FILE.svg
 // and the imbalance chart to FILE-imbalance.svg. `--synthetic
 // agentic-harness` analyzes a synthetic coding-agent log
-// (bench.WriteHarnessTrace) instead of a file; `--write-trace FILE` also
-// writes that log out.
+// (bench.WriteHarnessTrace) instead of a file, `--synthetic agentic-real`
+// the same at the real size (bench.RealSizeHarnessTrace), each generated
+// from --trace-seed; `--write-trace FILE` also writes that log out.
 func runAnalyze(ctx context.Context, args []string) error {
 	return analyze(ctx, args, os.Stdout)
 }
@@ -40,7 +45,10 @@ func analyze(ctx context.Context, args []string, stdout io.Writer) error {
 	cpuBlocks := fs.Int("cpu-blocks", 0, "per-replica CPU offload tier in trace blocks behind each cache (vLLM's native offloading; 0 = none)")
 	jsonPath := fs.String("json", "", "write the report as JSON to `FILE`")
 	plotPath := fs.String("plot", "", "write the cached-fraction chart to `FILE.svg` and the imbalance chart to FILE-imbalance.svg")
-	synthetic := fs.String("synthetic", "", "analyze a synthetic log instead of a file: agentic-harness (coding agents sharing a harness, with sub-agents)")
+	cacheConvs := fs.String("cache-conversations", "", "comma-separated per-replica cache sizes in conversations: multiples of the trace's median prompt, rounded to blocks (replaces --cache-blocks)")
+	cpuConvs := fs.Float64("cpu-conversations", 0, "per-replica CPU offload tier in conversations of the median prompt (replaces --cpu-blocks)")
+	synthetic := fs.String("synthetic", "", "analyze a synthetic log instead of a file: agentic-harness (coding agents sharing a harness, with sub-agents) or agentic-real (the same at the real size of Claude Code sessions)")
+	traceSeed := fs.Int64("trace-seed", 1, "with --synthetic, seed for the generated log")
 	writeTrace := fs.String("write-trace", "", "with --synthetic, also write the log to `FILE`")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -48,13 +56,30 @@ func analyze(ctx context.Context, args []string, stdout io.Writer) error {
 	if args := fs.NArg(); *synthetic != "" && args != 0 || *synthetic == "" && args != 1 {
 		return fmt.Errorf("want one trace file (or --synthetic), got %d arguments; usage: warmpath analyze [flags] TRACE.jsonl", fs.NArg())
 	}
+	if *cacheConvs != "" && *cacheBlocks != "" {
+		return errors.New("--cache-conversations and --cache-blocks are exclusive")
+	}
+	if *cpuConvs != 0 && *cpuBlocks != 0 {
+		return errors.New("--cpu-conversations and --cpu-blocks are exclusive")
+	}
 	sizes, err := analyzeInts(*cacheBlocks)
 	if err != nil {
 		return fmt.Errorf("--cache-blocks: %w", err)
 	}
-	tr, err := analyzeTrace(fs.Arg(0), *synthetic, *writeTrace)
+	convs, err := analyzeFloats(*cacheConvs)
+	if err != nil {
+		return fmt.Errorf("--cache-conversations: %w", err)
+	}
+	tr, err := analyzeTrace(fs.Arg(0), *synthetic, *writeTrace, *traceSeed)
 	if err != nil {
 		return err
+	}
+	if convs != nil {
+		sizes = analyzeConversations(stdout, tr, *cacheConvs, convs)
+	}
+	if *cpuConvs != 0 {
+		*cpuBlocks = bench.ConversationBlocks(tr, []float64{*cpuConvs})[0]
+		fmt.Fprintf(stdout, "CPU tier per replica: %g conversations of the median prompt = %d blocks\n", *cpuConvs, *cpuBlocks)
 	}
 	rep, err := bench.Analyze(ctx, bench.AnalyzeConfig{
 		Trace: tr, Window: window, Replicas: *replicas, CacheBlocks: sizes, Policies: analyzeList(*policies),
@@ -88,17 +113,21 @@ func analyze(ctx context.Context, args []string, stdout io.Writer) error {
 }
 
 // analyzeTrace reads the trace file, or builds the synthetic log named
-// (writing it to out when set).
-func analyzeTrace(path, synthetic, out string) (*bench.Trace, error) {
+// from seed (writing it to out when set).
+func analyzeTrace(path, synthetic, out string, seed int64) (*bench.Trace, error) {
+	var cfg bench.HarnessTraceConfig
 	switch synthetic {
 	case "":
 		return bench.ReadTraceFile(path)
 	case "agentic-harness":
+		cfg = bench.HarnessTraceConfig{Seed: seed}
+	case "agentic-real":
+		cfg = bench.RealSizeHarnessTrace(bench.RealSizeRuns, bench.RealSizeActive, seed)
 	default:
-		return nil, fmt.Errorf("--synthetic %q: want agentic-harness", synthetic)
+		return nil, fmt.Errorf("--synthetic %q: want agentic-harness or agentic-real", synthetic)
 	}
 	var b bytes.Buffer
-	if err := bench.WriteHarnessTrace(&b, bench.HarnessTraceConfig{}); err != nil {
+	if err := bench.WriteHarnessTrace(&b, cfg); err != nil {
 		return nil, err
 	}
 	if out != "" {
@@ -119,6 +148,32 @@ func analyzeList(s string) []string {
 		}
 	}
 	return out
+}
+
+// analyzeConversations converts cache sizes in conversations (convs, as
+// given in text) to blocks of tr and says so on w.
+func analyzeConversations(w io.Writer, tr *bench.Trace, text string, convs []float64) []int {
+	sizes := bench.ConversationBlocks(tr, convs)
+	fmt.Fprintf(w, "cache per replica: %s conversations of the median prompt (%d tokens) = %s blocks\n",
+		text, bench.MedianPrompt(tr), strings.Trim(fmt.Sprint(sizes), "[]"))
+	return sizes
+}
+
+// analyzeFloats parses a comma-separated list of positive numbers; ""
+// gives nil.
+func analyzeFloats(s string) ([]float64, error) {
+	var out []float64
+	for _, f := range analyzeList(s) {
+		x, err := strconv.ParseFloat(f, 64)
+		if err != nil {
+			return nil, err
+		}
+		if !(x > 0) || math.IsInf(x, 0) {
+			return nil, fmt.Errorf("%s is not a positive number", f)
+		}
+		out = append(out, x)
+	}
+	return out, nil
 }
 
 // analyzeInts parses a comma-separated list of integers; "" gives nil.

@@ -6,6 +6,7 @@ import (
 	"encoding/xml"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -126,5 +127,40 @@ func TestAnalyzeSynthetic(t *testing.T) {
 	}
 	if err := analyze(t.Context(), []string{"--synthetic", "nope"}, io.Discard); err == nil {
 		t.Error("unknown --synthetic succeeded")
+	}
+}
+
+// --cache-conversations sizes the caches in multiples of the median
+// prompt: the blocks it announces are the table's rows; it excludes
+// --cache-blocks and wants positive numbers.
+func TestAnalyzeCacheConversations(t *testing.T) {
+	var table bytes.Buffer
+	err := analyze(t.Context(), []string{"--synthetic", "agentic-harness", "--cache-conversations", "1,2",
+		"--policies", "round-robin"}, &table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := table.String()
+	head, _, _ := strings.Cut(out, "\n")
+	var median, b1, b2 int
+	if _, err := fmt.Sscanf(head, "cache per replica: 1,2 conversations of the median prompt (%d tokens) = %d %d blocks", &median, &b1, &b2); err != nil {
+		t.Fatalf("first line %q: %v", head, err)
+	}
+	if want := (median + 256) / 512; b1 != want || b2 != (2*median+256)/512 {
+		t.Errorf("blocks %d, %d for a median of %d tokens; want %d, %d", b1, b2, median, want, (2*median+256)/512)
+	}
+	for _, b := range []int{b1, b2} {
+		if !strings.Contains(out, fmt.Sprintf("\n  %*d  ", len("cache blocks"), b)) {
+			t.Errorf("table has no row for %d blocks:\n%s", b, out)
+		}
+	}
+	for _, args := range [][]string{
+		{"--synthetic", "agentic-harness", "--cache-conversations", "1", "--cache-blocks", "600"},
+		{"--synthetic", "agentic-harness", "--cache-conversations", "0"},
+		{"--synthetic", "agentic-harness", "--cpu-conversations", "1", "--cpu-blocks", "600"},
+	} {
+		if err := analyze(t.Context(), args, io.Discard); err == nil {
+			t.Errorf("%v succeeded", args)
+		}
 	}
 }

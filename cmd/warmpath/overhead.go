@@ -40,53 +40,23 @@ func runOverhead(ctx context.Context, args []string) error {
 		return err
 	}
 	cfg.Policies = splitFlag(*policies)
-	if *shapes != "" {
-		cfg.Shapes = map[string][]float64{}
-		for _, f := range splitFlag(*shapes) {
-			name, rates, _ := strings.Cut(f, "=")
-			for _, r := range strings.Split(rates, ":") {
-				v, err := strconv.ParseFloat(r, 64)
-				if err != nil || v <= 0 {
-					return flagError("shapes", f)
-				}
-				cfg.Shapes[name] = append(cfg.Shapes[name], v)
-			}
+	var err error
+	if cfg.Shapes, err = parseShapes(*shapes); err != nil {
+		return err
+	}
+	if cfg.MaxRates, err = parseMaxRates(*maxRates); err != nil {
+		return err
+	}
+	if *fleetMode != "in-process" {
+		if cfg.FleetCommand, err = selfCommand("fleet", *fleetMode, "sim"); err != nil {
+			return err
 		}
 	}
-	switch *maxRates {
-	case "":
-	case "none":
-		cfg.MaxRates = []float64{}
-	default:
-		for _, f := range splitFlag(*maxRates) {
-			v, err := strconv.ParseFloat(f, 64)
-			if err != nil || v <= 0 {
-				return flagError("max-rates", f)
-			}
-			cfg.MaxRates = append(cfg.MaxRates, v)
+	// A profile or a trace of the run needs the targets in this process.
+	if *targetMode != "in-process" && *cpuProfile == "" && *tracePath == "" {
+		if cfg.TargetCommand, err = selfCommand("targets", *targetMode, "overhead-target"); err != nil {
+			return err
 		}
-	}
-	switch *fleetMode {
-	case "in-process":
-	case "child":
-		exe, err := os.Executable()
-		if err != nil {
-			return fmt.Errorf("--fleet child: %w", err)
-		}
-		cfg.FleetCommand = []string{exe, "sim"}
-	default:
-		return fmt.Errorf("--fleet %q: want child or in-process", *fleetMode)
-	}
-	switch {
-	case *targetMode == "in-process" || *cpuProfile != "" || *tracePath != "":
-	case *targetMode == "child":
-		exe, err := os.Executable()
-		if err != nil {
-			return fmt.Errorf("--targets child: %w", err)
-		}
-		cfg.TargetCommand = []string{exe, "overhead-target"}
-	default:
-		return fmt.Errorf("--targets %q: want child or in-process", *targetMode)
 	}
 	if !*quiet {
 		cfg.Progress = os.Stderr
@@ -99,15 +69,11 @@ func runOverhead(ctx context.Context, args []string) error {
 		defer stop()
 	}
 	if *tracePath != "" {
-		f, err := os.Create(*tracePath)
+		stop, err := startTrace(*tracePath)
 		if err != nil {
 			return err
 		}
-		defer f.Close()
-		if err := trace.Start(f); err != nil {
-			return err
-		}
-		defer trace.Stop()
+		defer stop()
 	}
 	rep, err := bench.Overhead(ctx, cfg)
 	if err != nil {
@@ -121,6 +87,62 @@ func runOverhead(ctx context.Context, args []string) error {
 		return os.WriteFile(*jsonPath, append(b, '\n'), 0o644)
 	}
 	return nil
+}
+
+// parseShapes parses --shapes, shape=rate:rate,…; "" leaves the default
+// (nil).
+func parseShapes(s string) (map[string][]float64, error) {
+	if s == "" {
+		return nil, nil
+	}
+	shapes := map[string][]float64{}
+	for _, f := range splitFlag(s) {
+		name, rates, _ := strings.Cut(f, "=")
+		for _, r := range strings.Split(rates, ":") {
+			v, err := strconv.ParseFloat(r, 64)
+			if err != nil || v <= 0 {
+				return nil, flagError("shapes", f)
+			}
+			shapes[name] = append(shapes[name], v)
+		}
+	}
+	return shapes, nil
+}
+
+// parseMaxRates parses --max-rates, rate,…; "" leaves the default (nil)
+// and "none" gives an empty list, which skips the climb.
+func parseMaxRates(s string) ([]float64, error) {
+	switch s {
+	case "":
+		return nil, nil
+	case "none":
+		return []float64{}, nil
+	}
+	var rates []float64
+	for _, f := range splitFlag(s) {
+		v, err := strconv.ParseFloat(f, 64)
+		if err != nil || v <= 0 {
+			return nil, flagError("max-rates", f)
+		}
+		rates = append(rates, v)
+	}
+	return rates, nil
+}
+
+// selfCommand resolves --flag=mode, child or in-process: for child, the
+// command that runs this binary's subcommand sub; for in-process, nil.
+func selfCommand(flag, mode, sub string) ([]string, error) {
+	switch mode {
+	case "in-process":
+		return nil, nil
+	case "child":
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("--%s child: %w", flag, err)
+		}
+		return []string{exe, sub}, nil
+	}
+	return nil, fmt.Errorf("--%s %q: want child or in-process", flag, mode)
 }
 
 func flagError(flag, value string) error {
@@ -161,4 +183,18 @@ func startCPUProfile(path string) (stop func(), err error) {
 		return nil, err
 	}
 	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+}
+
+// startTrace writes a runtime execution trace of this process into path
+// until stop.
+func startTrace(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := trace.Start(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { trace.Stop(); f.Close() }, nil
 }

@@ -96,6 +96,13 @@ type R struct {
 	priorBytes  int
 }
 
+// Usage is what a replica reported for one request.
+type Usage struct {
+	PromptTokens     int
+	CompletionTokens int
+	CachedTokens     int
+}
+
 // EstimatedTokens guesses the prompt's token count from its text, at
 // bytesPerToken (the model's learned ratio; DefaultBytesPerToken when 0);
 // a prompt of token ids is counted exactly.

@@ -8,11 +8,14 @@
 package apierror
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"strings"
 )
 
 // Error is an error with an HTTP status and an OpenAI error type. Msg goes
@@ -137,4 +140,60 @@ func Write(w http.ResponseWriter, err error) *Error {
 	w.WriteHeader(he.Status)
 	_, _ = w.Write(append(he.Marshal(), '\n'))
 	return he
+}
+
+// maxErrorBody bounds the error body FromResponse reads.
+const maxErrorBody = 1 << 20
+
+// FromResponse is the error an upstream error response (status >= 400)
+// stands for, read once where it leaves the routed client: its status;
+// the message, type, param and code of OpenAI's envelope (vLLM's integer
+// code becomes null; vLLM's older {"object":"error","message"} and a text
+// body give the message, cut to 512 bytes); and the headers SDKs read for
+// retries (Retry-After, retry-after-ms, x-should-retry, x-ratelimit-*).
+// It reads and closes resp's body.
+func FromResponse(resp *http.Response) *Error {
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	var env struct {
+		Error struct {
+			Message string          `json:"message"`
+			Type    string          `json:"type"`
+			Param   *string         `json:"param"`
+			Code    json.RawMessage `json:"code"`
+		} `json:"error"`
+		Message string `json:"message"`
+	}
+	isJSON := json.Unmarshal(b, &env) == nil
+	e := &Error{Status: resp.StatusCode, Type: env.Error.Type, Msg: env.Error.Message,
+		Err: fmt.Errorf("upstream answered %d", resp.StatusCode), Header: http.Header{}}
+	if env.Error.Param != nil {
+		e.Param = *env.Error.Param
+	}
+	var code string
+	if json.Unmarshal(env.Error.Code, &code) == nil {
+		e.Code = code
+	}
+	switch {
+	case e.Msg != "":
+	case env.Message != "":
+		e.Msg = env.Message
+	case !isJSON && len(bytes.TrimSpace(b)) > 0:
+		e.Msg = string(b[:min(len(b), 512)])
+	default:
+		e.Msg = fmt.Sprintf("the model answered %d %s", resp.StatusCode, http.StatusText(resp.StatusCode))
+	}
+	if e.Type == "" {
+		e.Type = TypeServer
+		if resp.StatusCode < 500 {
+			e.Type = TypeInvalidRequest
+		}
+	}
+	for k, v := range resp.Header {
+		lk := strings.ToLower(k)
+		if lk == "retry-after" || lk == "retry-after-ms" || lk == "x-should-retry" || strings.HasPrefix(lk, "x-ratelimit-") {
+			e.Header[k] = v
+		}
+	}
+	return e
 }

@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 )
 
@@ -61,5 +63,46 @@ func TestWriteClientClosedWritesNothing(t *testing.T) {
 	}
 	if rec.Body.Len() != 0 {
 		t.Errorf("wrote %q to a client that has gone", rec.Body)
+	}
+}
+
+// An upstream error response becomes the error it stands for: status,
+// envelope fields (an integer code dropped), a message from whichever
+// shape the body has, and only the retry headers.
+func TestFromResponse(t *testing.T) {
+	for _, tt := range []struct {
+		name, body          string
+		status              int
+		header              http.Header
+		msg, typ, code, prm string
+		keep, drop          string
+	}{
+		{"openai", `{"error":{"message":"Rate limit reached","type":"rate_limit_error","param":null,"code":"rate_limit_exceeded"}}`, 429,
+			http.Header{"Retry-After": {"7"}, "X-Ratelimit-Remaining-Requests": {"0"}, "Server": {"uvicorn"}},
+			"Rate limit reached", "rate_limit_error", "rate_limit_exceeded", "", "Retry-After", "Server"},
+		{"param", `{"error":{"message":"bad","type":"invalid_request_error","param":"messages","code":400}}`, 400, nil,
+			"bad", "invalid_request_error", "", "messages", "", ""},
+		{"vllm's older shape", `{"object":"error","message":"too long","type":"BadRequestError","code":400}`, 400, nil,
+			"too long", TypeInvalidRequest, "", "", "", ""},
+		{"text", "upstream connect error", 503, nil, "upstream connect error", TypeServer, "", "", "", ""},
+		{"empty", "", 502, nil, "the model answered 502 Bad Gateway", TypeServer, "", "", "", ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h := tt.header
+			if h == nil {
+				h = http.Header{}
+			}
+			e := FromResponse(&http.Response{StatusCode: tt.status, Header: h, Body: io.NopCloser(strings.NewReader(tt.body))})
+			if e.Status != tt.status || e.Msg != tt.msg || e.Type != tt.typ || e.Code != tt.code || e.Param != tt.prm {
+				t.Errorf("FromResponse = %d %q %q code %q param %q; want %d %q %q %q %q", e.Status, e.Msg, e.Type, e.Code, e.Param,
+					tt.status, tt.msg, tt.typ, tt.code, tt.prm)
+			}
+			if tt.keep != "" && e.Header.Get(tt.keep) == "" {
+				t.Errorf("header %s dropped", tt.keep)
+			}
+			if tt.drop != "" && e.Header.Get(tt.drop) != "" {
+				t.Errorf("header %s kept", tt.drop)
+			}
+		})
 	}
 }

@@ -396,3 +396,20 @@ func tooMany(r reason, retryAfter int, model string) *apierror.Error {
 		Msg: msg, Err: err, Header: http.Header{"Retry-After": {strconv.Itoa(retryAfter)}},
 	}
 }
+
+// Waiting returns how many requests wait now, by class name (every class,
+// zero included), summed over the models.
+func (q *Queue) Waiting() map[string]int {
+	out := make(map[string]int, numClasses)
+	for c := range Class(numClasses) {
+		out[c.String()] = 0
+	}
+	for _, m := range q.models.snapshot() {
+		m.mu.Lock()
+		for c := range Class(numClasses) {
+			out[c.String()] += m.classes[c].n
+		}
+		m.mu.Unlock()
+	}
+	return out
+}

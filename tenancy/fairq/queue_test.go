@@ -14,9 +14,15 @@ func TestFastPathAndQueue(t *testing.T) {
 	if g1.Waited() != 0 || g1.Class() != Interactive {
 		t.Errorf("fast grant waited %v, class %v", g1.Waited(), g1.Class())
 	}
+	if w := q.Waiting(); w["interactive"] != 0 || w["background"] != 0 {
+		t.Errorf("Waiting before any wait = %v", w)
+	}
 	it := enqueue(t, q, tk)
 	if ready(it) {
 		t.Fatal("dispatched past the capacity limit")
+	}
+	if w := q.Waiting(); w["interactive"] != 1 || w["background"] != 0 {
+		t.Errorf("Waiting with one interactive request queued = %v", w)
 	}
 	g1.Done()
 	if !ready(it) {
