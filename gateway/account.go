@@ -74,6 +74,8 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 			if have {
 				g.m.account(g.tenant(x), x.req.Model(), got, x.predicted, g.cfg.Routing.BlockSize)
 				g.activity.served(time.Now(), g.tenant(x), got)
+				g.recordExchange(x, got) // first: it may fill in the block keys
+				g.missed(x, got)
 				if !x.req.TokenIDs() {
 					g.ratios.observe(x.req.Model(), x.req.TextBytes(), got.PromptTokens)
 				}

@@ -79,6 +79,10 @@ type Config struct {
 	// Tracing turns on OpenTelemetry tracing over OTLP; off by default
 	// (see TracingConfig and tracing.go).
 	Tracing TracingConfig `yaml:"tracing"`
+	// Record writes each answered request as one JSON line for offline
+	// replay (warmpath analyze); off unless record.dir is set (see
+	// RecordConfig).
+	Record RecordConfig `yaml:"record"`
 }
 
 // RedisConfig names a Redis deployment. Set URL for one server, Addrs with

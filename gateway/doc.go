@@ -30,7 +30,10 @@
 //	account   account.go   SSE filter (usage learned, unasked usage chunk
 //	                       dropped, errors normalized) or JSON tap; on the
 //	                       body's end: in-flight counts, metrics, the
-//	                       session's cached tokens, admission release
+//	                       session's cached tokens, admission release;
+//	                       the miss attribution (misses.go: the uncached
+//	                       tokens by cause, the tenant's prefix breaks)
+//	                       and the recording (record.go)
 //
 // Gateway.Do runs admit → route → forward → account for one parsed
 // request (package request, the leaf every stage reads; the gateway
@@ -62,7 +65,8 @@
 // (flusher.go, publishBinding, rememberCompleted; queued writes get a
 // second on shutdown); the Responses API's background workers when Redis
 // is configured; the fair queue's Run (counter exchange with Redis,
-// re-checks, share gauges; every scrape also kicks it); and a
+// re-checks, share gauges; every scrape also kicks it); with record.dir
+// set, the recorder's writer (package record); and a
 // once-a-second sync of the indexes' per-replica facts (model, KV and
 // CPU-tier capacity, restarts). Speculative index entries expire lazily, on the index's own
 // calls, so no janitor runs. All stop when Run's context ends.

@@ -39,6 +39,9 @@ func (g *Gateway) Run(ctx context.Context) error {
 		eg.Go(func() error { return ignoreCanceled(g.responses.Run(ectx)) })
 	}
 	eg.Go(func() error { return g.tips.Run(ectx) })
+	if g.rec != nil {
+		eg.Go(func() error { return g.rec.Run(ectx) })
+	}
 	if g.tok.localTok != nil {
 		eg.Go(func() error { return g.tok.localTok.Run(ectx) })
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/warmpath/warmpath/gateway/admission"
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/kvevents"
+	"github.com/warmpath/warmpath/record"
 	"github.com/warmpath/warmpath/responses"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/session"
@@ -81,6 +82,8 @@ type Gateway struct {
 	ratios      *tokenRatios // bytes per prompt token, by model
 	tenants     *tenants
 	activity    *activity          // what the status page shows
+	miss        *missTracker       // miss attribution and prefix-break diagnostics (misses.go)
+	rec         *record.Recorder   // nil unless record.dir is set (record.go)
 	tips        *workers           // fill session tips off the request path (tips.go)
 	tipPending  sync.Map           // sessions with a tip job queued or running
 	writes      *workers           // Redis writes off the request path (family placements)
@@ -142,6 +145,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 
 	g.drainCtx, g.cutStreams = context.WithCancel(context.Background())
 	g.activity = newActivity()
+	g.miss = newMissTracker(cfg.Routing.BlockSize, wrapped)
 	g.ratios = newTokenRatios()
 	g.tips = newWorkers(tipWorkers, tipBacklog, 0)
 	g.writes = newWorkers(writeWorkers, writeBacklog, time.Second)
@@ -162,6 +166,10 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		g.breaker = newRedisBreaker(g.rdb, log, wrapped)
 	}
 	if g.tenants, err = newTenants(&cfg, g.rdb, log); err != nil {
+		g.close()
+		return nil, err
+	}
+	if g.rec, err = newRecorder(cfg.Record, g.tenants.cfg.SaltSecret, log, wrapped); err != nil {
 		g.close()
 		return nil, err
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/warmpath/warmpath/internal/testrun"
+	"github.com/warmpath/warmpath/misses"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/vllmsim"
 )
@@ -261,6 +262,12 @@ func TestMessagesClaudeCodeShapedRun(t *testing.T) {
 	}
 	if got := counter(t, gw.reg, "warmpath_cached_tokens_total", nil); int(got) != cached {
 		t.Errorf("the gateway counted %v cached tokens; the answers said %d", got, cached)
+	}
+	// The miss attribution: the causes add up, and Claude Code's billing
+	// line, which changes on every request, is no client prefix break
+	// (the Messages front end keeps it out of the prompt).
+	if by := uncachedBy(t, gw, ""); int(sum(by)) != prompt-cached || by[misses.CauseClientBreak] != 0 {
+		t.Errorf("uncached tokens by cause %v (sum %v); want prompt − cached = %d, none a client prefix break", by, sum(by), prompt-cached)
 	}
 	// Every turn's body was read to its end: none counts as broken.
 	if got := counter(t, gw.reg, "warmpath_upstream_errors_total", nil); got != 0 {

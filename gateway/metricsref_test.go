@@ -238,7 +238,7 @@ func (failingResolver) LookupHost(context.Context, string) ([]string, error) {
 
 // gatewayMetrics runs a gateway with every metric-bearing part on (Redis
 // with tracking, the queue and its interactive reserve, a discovery
-// name, the Responses API) over a simulated replica, and returns its
+// name, the Responses API, the recorder) over a simulated replica, and returns its
 // series once every one of them is typed: the fleet's scrape age, for
 // one, exists only after the first scrape.
 func gatewayMetrics(t *testing.T) ([]metricRef, *Gateway) {
@@ -246,6 +246,7 @@ func gatewayMetrics(t *testing.T) ([]metricRef, *Gateway) {
 	sim := startSim(t, vllmsim.Config{Replicas: 1})
 	cfg := fleetConfig(sim)
 	cfg.Discovery = []fleet.DNSSpec{{Name: "replicas.invalid", Port: 8000}}
+	cfg.Record.Dir = t.TempDir() // the recorder's counters
 	rdb := redisFor(t, &cfg)
 	var rec registrations
 	wrap := func(next prometheus.Registerer) prometheus.Registerer {

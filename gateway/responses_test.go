@@ -10,6 +10,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
 
+	"github.com/warmpath/warmpath/misses"
 	"github.com/warmpath/warmpath/vllmsim"
 )
 
@@ -54,6 +55,10 @@ func TestResponsesChainedRunThroughGateway(t *testing.T) {
 	}
 	if cached/prompt < 0.9 {
 		t.Errorf("cached-prefix fraction %.3f; want above 0.9", cached/prompt)
+	}
+	// A stored chain only appends: its misses add up, none a client break.
+	if by := uncachedBy(t, gw, "chainer"); sum(by) != prompt-cached || by[misses.CauseClientBreak] != 0 {
+		t.Errorf("uncached tokens by cause %v (sum %v); want prompt − cached = %v, none a client prefix break", by, sum(by), prompt-cached)
 	}
 	if n := counter(t, gw.reg, "warmpath_requests_total", map[string]string{"route": "responses", "code": "200"}); n != turns {
 		t.Errorf("warmpath_requests_total{route=responses,code=200} = %v; want %d", n, turns)

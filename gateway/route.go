@@ -38,6 +38,9 @@ type route struct {
 	// process memory only: rememberCompleted writes it to Redis, and a new
 	// one (fresh) is also written when the replica's first byte arrives.
 	proposed, fresh bool
+	// keys are the prompt's block keys routing computed (nil when it did
+	// not tokenize), for the miss attribution (misses.go).
+	keys []uint64
 }
 
 // speculateAsideKeys is the prompt length, in block keys, from which commit
@@ -320,6 +323,7 @@ func engineBlocks(eps []scoring.Endpoint) []int {
 func (g *Gateway) commit(ctx context.Context, r *turn, rt *route, bind session.Binding, keys, chunks []uint64) {
 	p := &rt.plan
 	chosen := rt.eps[p.Chosen()].ID
+	rt.keys = keys
 	if chunks != nil {
 		g.approx.record(chosen, chunks)
 	}

@@ -129,6 +129,7 @@ func (g *Gateway) routes() http.Handler {
 	if g.metricsSrv == nil {
 		r.Handle("/metrics", promhttp.HandlerFor(g.reg, promhttp.HandlerOpts{}))
 	}
+	r.Get("/admin/tenants/{tenant}/prefix-breaks", g.serve("prefix_breaks", g.prefixBreaksHandler))
 	if g.tenants.admin != nil {
 		r.Handle("/admin/*", g.tenants.admin)
 	}

@@ -29,7 +29,8 @@ func (discardSpans) Shutdown(context.Context) error                             
 // (benchstat). Each request is a new prompt (the non-sticky path: a
 // tokenization, a prefix match, a new binding). warmpath-traced is the
 // same gateway with tracing on at ratio 1.0: its allocations less
-// warmpath's are tracing's cost on the request path.
+// warmpath's are tracing's cost on the request path; warmpath-recorded the
+// same gateway recording every request (record.dir): recording's cost.
 func BenchmarkServeShort(b *testing.B) {
 	sim := startSim(b, vllmsim.Config{Replicas: 4, Speed: 20000})
 	cfg := fleetConfig(sim)
@@ -50,8 +51,12 @@ func BenchmarkServeShort(b *testing.B) {
 	testrun.Start(b, "traced gateway", traced.Run)
 	tg := &testGateway{Gateway: traced, URL: "http://" + traced.Addr()}
 	tg.waitHealthy(b)
+	rcfg := fleetConfig(sim)
+	rcfg.Routing.Tokenizer = TokenizerSimulator
+	rcfg.Record.Dir = b.TempDir()
+	recorded := startGateway(b, rcfg, redisFor(b, &rcfg))
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
-	for _, target := range []struct{ name, url string }{{"direct", sim.Replicas()[0].Info().URL}, {"warmpath", gw.URL}, {"warmpath-traced", tg.URL}} {
+	for _, target := range []struct{ name, url string }{{"direct", sim.Replicas()[0].Info().URL}, {"warmpath", gw.URL}, {"warmpath-traced", tg.URL}, {"warmpath-recorded", recorded.URL}} {
 		b.Run(target.name, func(b *testing.B) {
 			b.ReportAllocs()
 			i := 0

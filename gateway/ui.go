@@ -161,7 +161,7 @@ func (g *Gateway) statusReport(now time.Time) map[string]any {
 	return map[string]any{
 		"policy": g.policy.Name, "draining": g.draining.Load(), "replicas": reps,
 		"cached_fraction": map[string]any{"step_seconds": statusStep.Seconds(), "by_tenant": frac},
-		"queue":           queue, "decisions": recent, "time": now,
+		"queue":           queue, "decisions": recent, "time": now, "misses": g.missStatus(),
 	}
 }
 

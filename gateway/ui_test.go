@@ -70,7 +70,10 @@ func TestStatusPageInChromium(t *testing.T) {
 	key := newTenant(t, gw.URL, "watched", "")
 	c := newConversation(words("status page", 200), "hello")
 	c.header = bearer(key)
-	for range 3 {
+	for i := range 3 {
+		if i == 2 { // a careless client: a new system prompt mid-conversation
+			c.messages[0].Content = "Turn 2. " + words("status page", 200)
+		}
 		c.turn(t, gw.URL, "more")
 	}
 	after := renderPage(t, browser, page)
@@ -79,6 +82,9 @@ func TestStatusPageInChromium(t *testing.T) {
 	}
 	if !strings.Contains(after, `data-tenant="watched"`) {
 		t.Errorf("the page shows no cached-prefix fraction for the tenant")
+	}
+	if !strings.Contains(after, `data-uncached="watched"`) || !strings.Contains(after, `data-hint="watched"`) || !strings.Contains(after, "the system prompt differs") {
+		t.Errorf("the page shows no miss causes or prefix-break hint for the tenant")
 	}
 	// Without the key the page asks for it and shows nothing.
 	if locked := renderPage(t, browser, gw.URL+"/ui"); strings.Contains(locked, "data-replica=") || !strings.Contains(locked, `id="login"`) {

@@ -160,6 +160,18 @@ func (h *Hints) Examples(tenant string) ([]Example, uint64) {
 	return append(out, r.ex[:r.next]...), r.compared
 }
 
+// Tenants returns the tenants kept, sorted.
+func (h *Hints) Tenants() []string {
+	h.mu.Lock()
+	out := make([]string, 0, len(h.tenants))
+	for t := range h.tenants {
+		out = append(out, t)
+	}
+	h.mu.Unlock()
+	slices.Sort(out)
+	return out
+}
+
 // hintKey groups breaks: by part and change; system-prompt edits also by
 // token bucket, tool edits by tool, rewritten messages by role.
 type hintKey struct {

@@ -3,6 +3,7 @@ package misses
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -84,6 +85,9 @@ func TestHintsBounded(t *testing.T) {
 	}
 	if ex, _ := h.Examples("a"); len(ex) != 4 {
 		t.Errorf("got %d examples for a; want it kept", len(ex))
+	}
+	if got := h.Tenants(); !slices.Equal(got, []string{"a", "c"}) {
+		t.Errorf("Tenants() = %q; want [a c]", got)
 	}
 }
 

@@ -172,6 +172,8 @@ type tenantBody struct {
 	DefaultClass string   `json:"default_class"`
 	ClassCeiling string   `json:"class_ceiling"`
 	Models       []string `json:"models"`
+	// BreakExcerpts: see Tenant.BreakExcerpts.
+	BreakExcerpts bool `json:"break_excerpts"`
 }
 
 func (a *Admin) createTenant(w http.ResponseWriter, r *http.Request) error {
@@ -188,7 +190,7 @@ func (a *Admin) createTenant(w http.ResponseWriter, r *http.Request) error {
 
 func (b tenantBody) tenant() Tenant {
 	return Tenant{ID: b.ID, Name: b.Name, Isolated: b.Isolated, Disabled: b.Disabled, Limits: b.Limits, Weight: b.Weight,
-		DefaultClass: b.DefaultClass, ClassCeiling: b.ClassCeiling, Models: b.Models}
+		DefaultClass: b.DefaultClass, ClassCeiling: b.ClassCeiling, Models: b.Models, BreakExcerpts: b.BreakExcerpts}
 }
 
 func (a *Admin) listTenants(w http.ResponseWriter, r *http.Request) error {
@@ -218,6 +220,8 @@ type TenantPatch struct {
 	DefaultClass *string     `json:"default_class"`
 	ClassCeiling *string     `json:"class_ceiling"`
 	Models       optionalSet `json:"models"`
+	// BreakExcerpts: see Tenant.BreakExcerpts.
+	BreakExcerpts *bool `json:"break_excerpts"`
 }
 
 // optionalSet is a JSON list that tells absent (Set false) from null.
@@ -255,6 +259,9 @@ func (p TenantPatch) Apply(t *Tenant) {
 	}
 	if p.Models.Set {
 		t.Models = p.Models.Value
+	}
+	if p.BreakExcerpts != nil {
+		t.BreakExcerpts = *p.BreakExcerpts
 	}
 }
 

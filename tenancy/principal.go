@@ -34,6 +34,9 @@ type Principal struct {
 	Limits, KeyLimits Limits
 	// Weight is the tenant's fair-share weight, at least 1.
 	Weight int
+	// BreakExcerpts is the tenant's opt-in to text excerpts around its
+	// prefix breaks (Tenant.BreakExcerpts).
+	BreakExcerpts bool
 
 	// salt is the tenant cache salt, hex HMAC-SHA256 of the tenant id under
 	// the server secret; nil for shared tenants. A pointer, so that fmt and
@@ -136,7 +139,7 @@ func principalFor(t *Tenant, k *Key) *Principal {
 	p := &Principal{
 		TenantID: t.ID, TenantName: t.Name, Isolated: t.Isolated,
 		Models: slices.Clone(t.Models), DefaultClass: t.DefaultClass, ClassCeiling: t.ClassCeiling,
-		Limits: t.Limits, Weight: max(t.Weight, 1),
+		Limits: t.Limits, Weight: max(t.Weight, 1), BreakExcerpts: t.BreakExcerpts,
 	}
 	if k != nil {
 		p.KeyID = k.ID

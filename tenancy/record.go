@@ -105,6 +105,10 @@ type Tenant struct {
 	// Models is the allow-list of model names; nil allows every model. A
 	// trailing "*" matches any suffix ("qwen3-*").
 	Models []string `json:"models"`
+	// BreakExcerpts opts the tenant into text excerpts around its prefix
+	// breaks in the diagnostics (admin API, status page); off, only
+	// offsets, parts and short hashes are kept.
+	BreakExcerpts bool `json:"break_excerpts,omitempty"`
 	// Created is when the tenant was created.
 	Created time.Time `json:"created"`
 }

@@ -21,33 +21,56 @@ type Counts struct {
 	PromptTokens     int64 `json:"prompt_tokens"`
 	CachedTokens     int64 `json:"cached_tokens"` // prompt tokens served from the prefix cache
 	CompletionTokens int64 `json:"completion_tokens"`
+	// Uncached splits the uncached prompt tokens (prompt − cached) by
+	// why they were not served from cache (the gateway's miss
+	// attribution); its fields sum to PromptTokens − CachedTokens over
+	// the requests that were attributed.
+	Uncached Uncached `json:"uncached_tokens"`
+}
+
+// Uncached holds uncached prompt tokens by cause; the JSON names are the
+// causes of warmpath_uncached_tokens_total (package misses).
+type Uncached struct {
+	New         int64 `json:"new"`
+	ClientBreak int64 `json:"client_prefix_break"`
+	Evicted     int64 `json:"evicted"`
+	RoutedAway  int64 `json:"routed_away"`
+	StaleIndex  int64 `json:"stale_index"`
+	ColdReplica int64 `json:"cold_replica"`
 }
 
 func (c *Counts) add(o Counts) {
-	c.Requests += o.Requests
-	c.PromptTokens += o.PromptTokens
-	c.CachedTokens += o.CachedTokens
-	c.CompletionTokens += o.CompletionTokens
-}
-
-// fields of a bucket in Redis, in Counts order.
-var usageFields = [...]string{"r", "p", "c", "o"}
-
-func (c Counts) values() [4]int64 {
-	return [4]int64{c.Requests, c.PromptTokens, c.CachedTokens, c.CompletionTokens}
-}
-
-func (c *Counts) set(field string, v int64) {
-	switch field {
-	case "r":
-		c.Requests += v
-	case "p":
-		c.PromptTokens += v
-	case "c":
-		c.CachedTokens += v
-	case "o":
-		c.CompletionTokens += v
+	v, w := c.values(), o.values()
+	for i := range v {
+		v[i] += w[i]
 	}
+	c.fromValues(v)
+}
+
+// usageFields are the fields of a bucket in Redis, in values order.
+var usageFields = [...]string{"r", "p", "c", "o", "un", "ub", "ue", "ua", "us", "uc"}
+
+func (c Counts) values() [len(usageFields)]int64 {
+	u := c.Uncached
+	return [...]int64{c.Requests, c.PromptTokens, c.CachedTokens, c.CompletionTokens,
+		u.New, u.ClientBreak, u.Evicted, u.RoutedAway, u.StaleIndex, u.ColdReplica}
+}
+
+func (c *Counts) fromValues(v [len(usageFields)]int64) {
+	*c = Counts{Requests: v[0], PromptTokens: v[1], CachedTokens: v[2], CompletionTokens: v[3],
+		Uncached: Uncached{New: v[4], ClientBreak: v[5], Evicted: v[6], RoutedAway: v[7], StaleIndex: v[8], ColdReplica: v[9]}}
+}
+
+// set adds v to the counter stored under field; unknown fields are
+// ignored.
+func (c *Counts) set(field string, v int64) {
+	i := slices.Index(usageFields[:], field)
+	if i < 0 {
+		return
+	}
+	vals := c.values()
+	vals[i] += v
+	c.fromValues(vals)
 }
 
 // maxPendingBuckets bounds the usage held in memory while Redis is down.
@@ -85,7 +108,7 @@ func NewUsage(r Redis, cfg Config, labels *Labeler, log *slog.Logger) *Usage {
 }
 
 // usageKey is the hash of one tenant's (or key's) buckets of one UTC day;
-// its fields are "<minute of day>:<r|p|c|o>".
+// its fields are "<minute of day>:<field>", one of usageFields.
 func (u *Usage) usageKey(tenant, key string, day time.Time) string {
 	k := u.r.Prefix + "usage:{" + tenant + "}:"
 	if key != "" {
@@ -232,7 +255,7 @@ func (u *Usage) Query(ctx context.Context, tenant, key string, from, to time.Tim
 	return points, total, nil
 }
 
-// add adds one stored field ("<minute of day>:<r|p|c|o>") to its point.
+// add adds one stored field ("<minute of day>:<field>") to its point.
 func add(points []Point, total *Counts, day, from, to time.Time, step time.Duration, field, val string) {
 	mod, f, ok := strings.Cut(field, ":")
 	m, err1 := strconv.Atoi(mod)

@@ -19,6 +19,7 @@ func TestUsageRunFlushes(t *testing.T) {
 		q := principal("beta", "k2", Limits{}, Limits{})
 		u.Record(p, Counts{Requests: 1, PromptTokens: 10, CachedTokens: 8, CompletionTokens: 2})
 		u.Record(p, Counts{Requests: 1, PromptTokens: 10})
+		u.Record(p, Counts{Uncached: Uncached{New: 1, ClientBreak: 2, Evicted: 3, RoutedAway: 4, StaleIndex: 5, ColdReplica: 6}})
 		u.Record(q, Counts{Requests: 1, PromptTokens: 99})
 		if n := usageKeys(t, e); len(n) != 0 {
 			t.Fatalf("Record wrote to Redis: %v", n)
@@ -30,7 +31,8 @@ func TestUsageRunFlushes(t *testing.T) {
 		}
 		from, to := time.Now().Add(-time.Hour), time.Now().Add(time.Minute)
 		_, total, err := u.Query(t.Context(), "acme", "", from, to, time.Hour)
-		if err != nil || total != (Counts{Requests: 2, PromptTokens: 20, CachedTokens: 8, CompletionTokens: 2}) {
+		if err != nil || total != (Counts{Requests: 2, PromptTokens: 20, CachedTokens: 8, CompletionTokens: 2,
+			Uncached: Uncached{New: 1, ClientBreak: 2, Evicted: 3, RoutedAway: 4, StaleIndex: 5, ColdReplica: 6}}) {
 			t.Fatalf("acme total = %+v, %v", total, err)
 		}
 		_, kt, _ := u.Query(t.Context(), "acme", "k1", from, to, time.Hour)

@@ -19,7 +19,7 @@ const adminUsage = `usage: warmpath admin [--url URL] [--admin-key KEY] <command
 
 commands:
   tenants create --id ID [--name N] [--isolated] [--weight W] [--rpm N] [--tpm N] [--concurrent N]
-                 [--default-class C] [--class-ceiling C] [--models a,b*]
+                 [--default-class C] [--class-ceiling C] [--models a,b*] [--break-excerpts]
   tenants list
   tenants get    --id ID
   tenants update --id ID [the create flags; only those given change; --models= allows all] [--disabled=true|false]
@@ -28,6 +28,7 @@ commands:
   keys revoke    --tenant ID --key KEYID
   keys rotate    --tenant ID --key KEYID [--grace 1h]
   usage          --tenant ID [--key KEYID] [--from RFC3339] [--to RFC3339] [--step 1h]
+  prefix-breaks  --tenant ID   (where the tenant's turns break their prefix, with hints; one gateway's view)
 `
 
 // runAdmin drives the admin API of a running gateway.
@@ -68,7 +69,7 @@ func (c *adminCLI) dispatch(ctx context.Context, args []string) error {
 		return errors.New("no command; see warmpath admin -h")
 	}
 	cmd := args[0]
-	if len(args) > 1 && cmd != "usage" {
+	if len(args) > 1 && cmd != "usage" && cmd != "prefix-breaks" {
 		cmd += " " + args[1]
 		args = args[1:]
 	}
@@ -105,6 +106,8 @@ func (c *adminCLI) dispatch(ctx context.Context, args []string) error {
 			}
 		}
 		return c.call(ctx, "GET", "/admin/tenants/"+t+"/usage?"+q.Encode(), nil)
+	case "prefix-breaks":
+		return c.call(ctx, "GET", "/admin/tenants/"+t+"/prefix-breaks", nil)
 	}
 	return fmt.Errorf("unknown command %q; see warmpath admin -h", cmd)
 }
@@ -112,7 +115,7 @@ func (c *adminCLI) dispatch(ctx context.Context, args []string) error {
 // adminFlags are every subcommand's flags; each uses the ones it needs.
 type adminFlags struct {
 	id, name, tenant, key, models, defClass, ceiling, expiresIn, grace, from, to, step string
-	isolated, disabled                                                                 bool
+	isolated, disabled, excerpts                                                       bool
 	weight, rpm, tpm, concurrent                                                       int
 }
 
@@ -132,6 +135,7 @@ func addAdminFlags(fs *flag.FlagSet) *adminFlags {
 	}
 	fs.BoolVar(&f.isolated, "isolated", false, "own cache salt (no prefix sharing with other tenants)")
 	fs.BoolVar(&f.disabled, "disabled", false, "refuse every credential of the tenant")
+	fs.BoolVar(&f.excerpts, "break-excerpts", false, "keep text excerpts around the tenant's prefix breaks (prefix-breaks)")
 	for _, i := range []struct {
 		p          *int
 		name, help string
@@ -162,6 +166,7 @@ func (f *adminFlags) tenantBody(set map[string]bool, cur map[string]any) map[str
 	put("name", "name", f.name)
 	put("isolated", "isolated", f.isolated)
 	put("disabled", "disabled", f.disabled)
+	put("break-excerpts", "break_excerpts", f.excerpts)
 	put("weight", "weight", f.weight)
 	put("default-class", "default_class", f.defClass)
 	put("class-ceiling", "class_ceiling", f.ceiling)

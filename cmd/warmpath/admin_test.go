@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -36,7 +37,9 @@ func TestAdminCLI(t *testing.T) {
 		}
 		return v
 	}
-	run("tenants", "create", "--id", "acme", "--isolated", "--rpm", "60", "--models", "qwen3-*")
+	if c := run("tenants", "create", "--id", "acme", "--isolated", "--rpm", "60", "--models", "qwen3-*", "--break-excerpts"); c["break_excerpts"] != true {
+		t.Fatalf("create --break-excerpts = %v", c)
+	}
 	upd := run("tenants", "update", "--id", "acme", "--tpm", "1000", "--weight", "4")
 	lim := upd["limits"].(map[string]any)
 	if lim["requests_per_minute"] != 60.0 || lim["tokens_per_minute"] != 1000.0 || upd["weight"] != 4.0 || upd["isolated"] != true {
@@ -65,5 +68,24 @@ func TestAdminCLI(t *testing.T) {
 	env["WARMPATH_ADMIN_KEY"] = k["api_key"].(string)
 	if err := adminMain(t.Context(), []string{"tenants", "list"}, &out, func(k string) string { return env[k] }); err == nil || !strings.Contains(err.Error(), "401") {
 		t.Errorf("a tenant key on the admin API: %v; want 401", err)
+	}
+}
+
+// TestAdminCLIPrefixBreaks: prefix-breaks asks the gateway's endpoint for
+// the tenant (served by the gateway, not the tenancy admin API).
+func TestAdminCLIPrefixBreaks(t *testing.T) {
+	var path string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		path = r.Method + " " + r.URL.Path
+		_, _ = w.Write([]byte(`{"tenant":"acme","turns":4,"hints":[],"examples":[]}` + "\n"))
+	}))
+	defer srv.Close()
+	env := map[string]string{"WARMPATH_URL": srv.URL, "WARMPATH_ADMIN_KEY": "k"}
+	var out bytes.Buffer
+	if err := adminMain(t.Context(), []string{"prefix-breaks", "--tenant", "acme"}, &out, func(k string) string { return env[k] }); err != nil {
+		t.Fatal(err)
+	}
+	if path != "GET /admin/tenants/acme/prefix-breaks" || !strings.Contains(out.String(), `"turns": 4`) && !strings.Contains(out.String(), `"turns":4`) {
+		t.Errorf("asked %q, printed %q", path, out.String())
 	}
 }

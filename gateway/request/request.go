@@ -160,6 +160,12 @@ func (r *R) MaxTokens() int { return r.maxTokens }
 // Turns is the number of assistant turns in a chat conversation so far.
 func (r *R) Turns() int { return r.turns }
 
+// Parts returns the views of a chat request's messages and tools into
+// its body (tools absent when the request has none; both absent for a
+// completions request), for readers that render the conversation
+// themselves (the break locator). They must not outlive the request.
+func (r *R) Parts() (messages, tools gjson.Result) { return r.messages, r.tools }
+
 // HeldBytes is the prompt's bytes that the replica serving the session is
 // expected to hold cached: the tools and the conversation up to its last
 // assistant turn (0 on a first turn).
