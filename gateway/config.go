@@ -521,6 +521,79 @@ func (c *Config) validateKVEvents() []error {
 }
 
 // validate checks a defaulted configuration; errors name the field.
+// validate checks the redis: block; errors name the field.
+func (r *RedisConfig) validate() []error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("config: %s: %s", field, fmt.Sprintf(format, args...)))
+	}
+	if r.URL != "" && len(r.Addrs) > 0 {
+		bad("redis", "set url or addrs, not both")
+	}
+	if r.URL != "" {
+		if u, err := url.Parse(r.URL); err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") {
+			bad("redis.url", "%q is not a redis:// or rediss:// URL", r.URL)
+		}
+	}
+	if strings.ContainsAny(r.KeyPrefix, "{}") {
+		bad("redis.key_prefix", "%q contains a brace; hash tags are warmpath's own", r.KeyPrefix)
+	}
+	if r.Cluster && (len(r.Addrs) == 0 || r.MasterName != "") {
+		bad("redis.cluster", "needs addrs and no master_name")
+	}
+	if t := r.Tracking; t != "on" && t != "off" {
+		bad("redis.tracking", "%q is not %q (the default) or %q", t, "on", "off")
+	}
+	for i, a := range r.Addrs {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			bad(fmt.Sprintf("redis.addrs[%d]", i), "%v", err)
+		}
+	}
+	return errs
+}
+
+// validate checks the routing: block; errors name the field.
+func (r *RoutingConfig) validate() []error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("config: %s: %s", field, fmt.Sprintf(format, args...)))
+	}
+	if u, err := url.Parse(r.TokenizeURL); r.TokenizeURL != "" && (err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "") {
+		bad("routing.tokenize_url", "%q is not an http(s) base URL", r.TokenizeURL)
+	}
+	switch t := r.Tokenizer; {
+	case t != TokenizerReplicas && t != TokenizerSimulator && t != TokenizerHF:
+		bad("routing.tokenizer", "%q is not %q (the default), %q or %q", t, TokenizerReplicas, TokenizerSimulator, TokenizerHF)
+	case t == TokenizerHF && len(r.TokenizerDirs) == 0:
+		bad("routing.tokenizer_dirs", "is empty: tokenizer hf needs each model's tokenizer directory")
+	case t != TokenizerHF && len(r.TokenizerDirs) > 0:
+		bad("routing.tokenizer_dirs", "is set but routing.tokenizer is %q, not %q", t, TokenizerHF)
+	}
+	for model, dir := range r.TokenizerDirs {
+		if model == "" || dir == "" {
+			bad("routing.tokenizer_dirs", "model %q has directory %q: both must be set", model, dir)
+		}
+	}
+	if !slices.Contains(scoring.Policies(), r.Policy) {
+		bad("routing.policy", "%q is not one of %s", r.Policy, strings.Join(scoring.Policies(), ", "))
+	} else if _, err := scoring.NewPolicy(r.Policy, r.Weights); err != nil {
+		bad("routing.weights", "%v", err)
+	}
+	if r.TokenizeCacheBytes < 0 {
+		bad("routing.tokenize_cache_bytes", "%d is negative", r.TokenizeCacheBytes)
+	}
+	if r.BlockSize < 1 || r.BlockSize > 4096 {
+		bad("routing.block_size", "%d is not in [1, 4096]", r.BlockSize)
+	}
+	if r.MaxKVUsage <= 0 || r.MaxKVUsage > 1 {
+		bad("routing.max_kv_usage", "%v is not in (0, 1]", r.MaxKVUsage)
+	}
+	if r.MaxWaiting < 0 {
+		bad("routing.max_waiting", "%d is negative", r.MaxWaiting)
+	}
+	return errs
+}
+
 func (c *Config) validate() error {
 	var errs []error
 	bad := func(field, format string, args ...any) {
@@ -532,63 +605,10 @@ func (c *Config) validate() error {
 	if _, _, err := net.SplitHostPort(c.MetricsListen); c.MetricsListen != "" && err != nil {
 		bad("metrics_listen", "%v", err)
 	}
-	if c.Redis.URL != "" && len(c.Redis.Addrs) > 0 {
-		bad("redis", "set url or addrs, not both")
-	}
-	if c.Redis.URL != "" {
-		if u, err := url.Parse(c.Redis.URL); err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") {
-			bad("redis.url", "%q is not a redis:// or rediss:// URL", c.Redis.URL)
-		}
-	}
-	if strings.ContainsAny(c.Redis.KeyPrefix, "{}") {
-		bad("redis.key_prefix", "%q contains a brace; hash tags are warmpath's own", c.Redis.KeyPrefix)
-	}
-	if c.Redis.Cluster && (len(c.Redis.Addrs) == 0 || c.Redis.MasterName != "") {
-		bad("redis.cluster", "needs addrs and no master_name")
-	}
-	if t := c.Redis.Tracking; t != "on" && t != "off" {
-		bad("redis.tracking", "%q is not %q (the default) or %q", t, "on", "off")
-	}
-	for i, a := range c.Redis.Addrs {
-		if _, _, err := net.SplitHostPort(a); err != nil {
-			bad(fmt.Sprintf("redis.addrs[%d]", i), "%v", err)
-		}
-	}
+	errs = append(errs, c.Redis.validate()...)
 	errs = append(errs, c.validateFleet()...)
 	errs = append(errs, c.validateKVEvents()...)
-	if u, err := url.Parse(c.Routing.TokenizeURL); c.Routing.TokenizeURL != "" && (err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "") {
-		bad("routing.tokenize_url", "%q is not an http(s) base URL", c.Routing.TokenizeURL)
-	}
-	switch t := c.Routing.Tokenizer; {
-	case t != TokenizerReplicas && t != TokenizerSimulator && t != TokenizerHF:
-		bad("routing.tokenizer", "%q is not %q (the default), %q or %q", t, TokenizerReplicas, TokenizerSimulator, TokenizerHF)
-	case t == TokenizerHF && len(c.Routing.TokenizerDirs) == 0:
-		bad("routing.tokenizer_dirs", "is empty: tokenizer hf needs each model's tokenizer directory")
-	case t != TokenizerHF && len(c.Routing.TokenizerDirs) > 0:
-		bad("routing.tokenizer_dirs", "is set but routing.tokenizer is %q, not %q", t, TokenizerHF)
-	}
-	for model, dir := range c.Routing.TokenizerDirs {
-		if model == "" || dir == "" {
-			bad("routing.tokenizer_dirs", "model %q has directory %q: both must be set", model, dir)
-		}
-	}
-	if !slices.Contains(scoring.Policies(), c.Routing.Policy) {
-		bad("routing.policy", "%q is not one of %s", c.Routing.Policy, strings.Join(scoring.Policies(), ", "))
-	} else if _, err := scoring.NewPolicy(c.Routing.Policy, c.Routing.Weights); err != nil {
-		bad("routing.weights", "%v", err)
-	}
-	if c.Routing.TokenizeCacheBytes < 0 {
-		bad("routing.tokenize_cache_bytes", "%d is negative", c.Routing.TokenizeCacheBytes)
-	}
-	if c.Routing.BlockSize < 1 || c.Routing.BlockSize > 4096 {
-		bad("routing.block_size", "%d is not in [1, 4096]", c.Routing.BlockSize)
-	}
-	if c.Routing.MaxKVUsage <= 0 || c.Routing.MaxKVUsage > 1 {
-		bad("routing.max_kv_usage", "%v is not in (0, 1]", c.Routing.MaxKVUsage)
-	}
-	if c.Routing.MaxWaiting < 0 {
-		bad("routing.max_waiting", "%d is negative", c.Routing.MaxWaiting)
-	}
+	errs = append(errs, c.Routing.validate()...)
 	if c.DevKey != "" && (len(c.DevKey) < 8 || strings.ContainsFunc(c.DevKey, func(r rune) bool { return r <= ' ' || r > '~' })) {
 		bad("dev_key", "must be 8 or more printable characters without spaces")
 	}

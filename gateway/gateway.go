@@ -116,6 +116,40 @@ type Gateway struct {
 // so Addr is known before Run. It starts no goroutine but, with tracing
 // on, the span exporter's (stopped by Run's exit).
 func New(cfg Config, o Options) (*Gateway, error) {
+	cfg, log, err := settle(cfg, o)
+	if err != nil {
+		return nil, err
+	}
+	reg := o.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	wrapped := prometheus.WrapRegistererWith(prometheus.Labels{"policy": cfg.Routing.Policy}, reg)
+	if o.wrapRegisterer != nil {
+		wrapped = o.wrapRegisterer(wrapped)
+	}
+	g := &Gateway{cfg: cfg, log: log, reg: reg, wrapped: wrapped, m: newMetrics(wrapped), kvm: kvevents.NewMetrics(wrapped), upstreamKey: o.UpstreamAPIKey, started: time.Now()}
+	g.drainCtx, g.cutStreams = context.WithCancel(context.Background())
+	g.activity = newActivity()
+	g.miss = newMissTracker(cfg.Routing.BlockSize, wrapped)
+	g.ratios = newTokenRatios()
+	g.tips = newWorkers(tipWorkers, tipBacklog, 0)
+	g.writes = newWorkers(writeWorkers, writeBacklog, time.Second)
+	g.tokenizeWarn.period = 10 * time.Second
+	g.cal = scoring.NewCalibrator(scoring.DefaultCost())
+	for _, build := range []func(Options) error{g.buildStores, g.buildRouting, g.buildAdmission, g.buildFronts, g.buildServers} {
+		if err := build(o); err != nil {
+			g.close()
+			return nil, err
+		}
+	}
+	return g, nil
+}
+
+// settle fills cfg's defaults, warns about what it enables or ignores,
+// validates it, and returns the logger (trace ids added with tracing on).
+func settle(cfg Config, o Options) (Config, *slog.Logger, error) {
 	log := o.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -124,74 +158,67 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	cfg.devAuth(log)
 	cfg.warnDeprecated(log)
 	if err := cfg.validate(); err != nil {
-		return nil, err
+		return cfg, nil, err
 	}
 	if cfg.Embedded() {
-		return nil, errors.New("config: no replicas and no discovery configured (warmpath serve starts a simulated fleet in that case)")
-	}
-	reg := o.Registry
-	if reg == nil {
-		reg = prometheus.NewRegistry()
-		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		return cfg, nil, errors.New("config: no replicas and no discovery configured (warmpath serve starts a simulated fleet in that case)")
 	}
 	if _, on := cfg.Tracing.resolve(o.Getenv); on || o.SpanExporter != nil {
 		log = slog.New(traceLogHandler{log.Handler()})
 	}
-	wrapped := prometheus.WrapRegistererWith(prometheus.Labels{"policy": cfg.Routing.Policy}, reg)
-	if o.wrapRegisterer != nil {
-		wrapped = o.wrapRegisterer(wrapped)
-	}
-	g := &Gateway{cfg: cfg, log: log, reg: reg, wrapped: wrapped, m: newMetrics(wrapped), kvm: kvevents.NewMetrics(wrapped), upstreamKey: o.UpstreamAPIKey, started: time.Now()}
+	return cfg, log, nil
+}
 
-	g.drainCtx, g.cutStreams = context.WithCancel(context.Background())
-	g.activity = newActivity()
-	g.miss = newMissTracker(cfg.Routing.BlockSize, wrapped)
-	g.ratios = newTokenRatios()
-	g.tips = newWorkers(tipWorkers, tipBacklog, 0)
-	g.writes = newWorkers(writeWorkers, writeBacklog, time.Second)
-	g.tokenizeWarn.period = 10 * time.Second
+// buildStores connects what is kept in Redis (or in process): tenants and
+// keys, the session store and its tracking, the binding flusher, and the
+// recorder.
+func (g *Gateway) buildStores(o Options) error {
+	cfg, log := &g.cfg, g.log
 	var err error
-	g.cal = scoring.NewCalibrator(scoring.DefaultCost())
-	if g.policy, err = scoring.NewPolicy(cfg.Routing.Policy, cfg.Routing.Weights); err != nil {
-		return nil, fmt.Errorf("config: routing: %w", err)
-	}
 	g.rdb = o.Redis
 	if g.rdb == nil && !cfg.Redis.embedded() {
 		if g.rdb, err = cfg.Redis.Client(); err != nil {
-			return nil, err
+			return err
 		}
 		g.ownsRedis = true
 	}
 	if g.rdb != nil {
-		g.breaker = newRedisBreaker(g.rdb, log, wrapped)
+		g.breaker = newRedisBreaker(g.rdb, log, g.wrapped)
 	}
-	if g.tenants, err = newTenants(&cfg, g.rdb, log); err != nil {
-		g.close()
-		return nil, err
+	if g.tenants, err = newTenants(cfg, g.rdb, log); err != nil {
+		return err
 	}
-	if g.rec, err = newRecorder(cfg.Record, g.tenants.cfg.SaltSecret, log, wrapped); err != nil {
-		g.close()
-		return nil, err
+	if g.rec, err = newRecorder(cfg.Record, g.tenants.cfg.SaltSecret, log, g.wrapped); err != nil {
+		return err
 	}
 	g.sessions = session.NewStore(g.rdb, session.Options{Prefix: cfg.Redis.KeyPrefix, TTL: cfg.Routing.SessionTTL, Timeout: cfg.Redis.Timeout, LocalTrust: cfg.Routing.SessionLocalTrust})
 	if c, ok := g.rdb.(*redis.Client); ok && cfg.Redis.Tracking == "on" && cfg.Redis.MasterName == "" {
 		g.tracking = g.sessions.Track(c.Options(), log.With("component", "session-tracking"))
-		g.m.watchTracking(wrapped, g.tracking)
+		g.m.watchTracking(g.wrapped, g.tracking)
 	}
 	g.flusher = &bindingFlusher{keys: make(chan string, flushBacklog), flush: g.sessions.FlushAll, timeout: cfg.Redis.Timeout,
 		spacing: bindingSpacing(cfg.Routing.BindingWriteSpacing, g.waiting.peers), finish: time.Second, failed: func() { g.m.redisErrors.WithLabelValues("remember").Inc() }}
+	return nil
+}
 
-	fc := cfg.fleetConfig(o, log, wrapped)
+// buildRouting builds the fleet, the policy, the prefix indexes, the
+// upstream transport and the tokenizer.
+func (g *Gateway) buildRouting(o Options) error {
+	cfg := &g.cfg
+	var err error
+	if g.policy, err = scoring.NewPolicy(cfg.Routing.Policy, cfg.Routing.Weights); err != nil {
+		return fmt.Errorf("config: routing: %w", err)
+	}
+	fc := cfg.fleetConfig(o, g.log, g.wrapped)
 	fc.OnUpdate = g.replicaUpdated
 	if g.fleet, err = fleet.New(fc); err != nil {
-		return nil, fmt.Errorf("config: %w", err)
+		return fmt.Errorf("config: %w", err)
 	}
-
-	if g.index, err = newPreciseIndex(cfg.Routing, wrapped); err != nil {
-		return nil, fmt.Errorf("config: routing: %w", err)
+	if g.index, err = newPreciseIndex(cfg.Routing, g.wrapped); err != nil {
+		return fmt.Errorf("config: routing: %w", err)
 	}
 	if g.approx, err = newApproxIndex(cfg.Routing); err != nil {
-		return nil, fmt.Errorf("config: routing: %w", err)
+		return fmt.Errorf("config: routing: %w", err)
 	}
 	g.upstream = &http.Transport{
 		Proxy:                 nil,
@@ -202,63 +229,77 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		ExpectContinueTimeout: time.Second,
 	}
 	g.tok = newTokenizer(&http.Client{Transport: g.upstream, Timeout: cfg.Upstream.TokenizeTimeout}, cfg.Routing.TokenizeCacheBytes, g.m)
-	g.tok.service, g.tok.log = strings.TrimRight(cfg.Routing.TokenizeURL, "/"), log.With("component", "tokenizer")
+	g.tok.service, g.tok.log = strings.TrimRight(cfg.Routing.TokenizeURL, "/"), g.log.With("component", "tokenizer")
 	lt, err := newLocalTokenizer(cfg.Routing)
 	if err != nil {
-		g.close()
-		return nil, fmt.Errorf("config: %w", err)
+		return fmt.Errorf("config: %w", err)
 	}
 	if lt != nil {
 		g.tok.localTok = newLocalTokens(lt, cfg.Routing.TokenizerVerifyEvery)
 	}
+	return nil
+}
+
+// buildAdmission builds the fair queue (unless queue.disabled) and, with
+// Redis, the backlog exchange with the other gateways.
+func (g *Gateway) buildAdmission(Options) error {
+	cfg := &g.cfg
 	g.admit = admitAll
-	if !cfg.Queue.Disabled {
-		if g.queue, err = admission.New(cfg.Queue, g.fleet, admission.Options{KeyPrefix: cfg.Redis.KeyPrefix, Redis: g.rdb,
-			Labels: g.tenants.labels, Registerer: wrapped, Logger: log}); err != nil {
-			g.close()
-			return nil, err
-		}
-		g.admit = admitFunc(g.admitQueued)
-		if g.rdb != nil {
-			g.shareQueue = &backlogSync{b: &g.waiting, rdb: g.rdb, key: cfg.Redis.KeyPrefix + backlogHash, id: rand.Text(),
-				every: cfg.Queue.SyncInterval, limit: cfg.Redis.Timeout, log: log.With("component", "backlog"),
-				failed: func() { g.m.redisErrors.WithLabelValues("backlog").Inc() }}
-		}
+	if cfg.Queue.Disabled {
+		return nil
 	}
+	var err error
+	if g.queue, err = admission.New(cfg.Queue, g.fleet, admission.Options{KeyPrefix: cfg.Redis.KeyPrefix, Redis: g.rdb,
+		Labels: g.tenants.labels, Registerer: g.wrapped, Logger: g.log}); err != nil {
+		return err
+	}
+	g.admit = admitFunc(g.admitQueued)
+	if g.rdb != nil {
+		g.shareQueue = &backlogSync{b: &g.waiting, rdb: g.rdb, key: cfg.Redis.KeyPrefix + backlogHash, id: rand.Text(),
+			every: cfg.Queue.SyncInterval, limit: cfg.Redis.Timeout, log: g.log.With("component", "backlog"),
+			failed: func() { g.m.redisErrors.WithLabelValues("backlog").Inc() }}
+	}
+	return nil
+}
+
+// buildFronts builds the Responses and Messages APIs over Do.
+func (g *Gateway) buildFronts(Options) error {
+	var err error
 	if g.responses, err = g.newResponses(); err != nil {
-		g.close()
-		return nil, fmt.Errorf("config: responses: %w", err)
+		return fmt.Errorf("config: responses: %w", err)
 	}
-
 	if g.messages, err = g.newMessages(); err != nil {
-		g.close()
-		return nil, fmt.Errorf("config: messages: %w", err)
+		return fmt.Errorf("config: messages: %w", err)
 	}
+	return nil
+}
 
+// buildServers binds the listeners (so Addr is known before Run), starts
+// tracing's exporter and builds the HTTP servers.
+func (g *Gateway) buildServers(o Options) error {
+	cfg := &g.cfg
+	var err error
 	if g.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
-		g.close()
-		return nil, fmt.Errorf("config: listen: %w", err)
+		return fmt.Errorf("config: listen: %w", err)
 	}
 	g.ln = limitClients(g.ln, cfg.Server.MaxConnsPerClient, g.m.connsRejected)
 	if cfg.MetricsListen != "" {
 		if g.metricsLn, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
-			g.close()
-			return nil, fmt.Errorf("config: metrics_listen: %w", err)
+			return fmt.Errorf("config: metrics_listen: %w", err)
 		}
 		g.metricsSrv = &http.Server{Handler: promhttp.HandlerFor(g.reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 10 * time.Second}
 	}
 	if g.trace, err = newTracing(cfg.Tracing, o); err != nil {
-		g.close()
-		return nil, err
+		return err
 	}
 	g.srv = &http.Server{
 		Handler:           g.routes(),
 		ReadHeaderTimeout: cfg.Server.HeaderTimeout,
 		MaxHeaderBytes:    cfg.Server.MaxHeaderBytes,
 		IdleTimeout:       cfg.Server.IdleTimeout,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelWarn),
 	}
-	return g, nil
+	return nil
 }
 
 // MetricsAddr returns the address /metrics is served on.

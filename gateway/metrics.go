@@ -74,9 +74,7 @@ func (m *metrics) watchTracking(reg prometheus.Registerer, t *session.Tracking) 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	ttftBuckets := []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120}
 	m := &metrics{
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "warmpath_requests_total", Help: "Requests answered, by route and HTTP status.",
-		}, []string{"route", "code"}),
+		requests: counterVec("warmpath_requests_total", "Requests answered, by route and HTTP status.", "route", "code"),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "warmpath_request_duration_seconds", Help: "Time from request arrival to the end of the response.",
 			Buckets: ttftBuckets,
@@ -90,76 +88,30 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help:    "Estimated minus observed time to first token (routing decision to first byte), by the replica that answered; policies that estimate.",
 			Buckets: []float64{-30, -10, -5, -2, -1, -.5, -.25, -.1, -.05, 0, .05, .1, .25, .5, 1, 2, 5, 10, 30},
 		}, []string{"replica"}),
-		promptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "warmpath_prompt_tokens_total", Help: "Prompt tokens of completed requests, as the replicas reported them.",
-		}, []string{"tenant", "model"}),
-		cachedTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "warmpath_cached_tokens_total", Help: "Prompt tokens the chosen replica served from its prefix cache (usage.prompt_tokens_details.cached_tokens).",
-		}, []string{"tenant", "model"}),
-		predictedTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "warmpath_predicted_cached_tokens_total", Help: "Prompt tokens the router predicted the chosen replica held cached.",
-		}, []string{"tenant", "model"}),
-		cachedFraction: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "warmpath_cached_prefix_fraction", Help: "Fleet-wide cached-prefix fraction since start: cached ÷ prompt tokens.",
-		}, []string{"tenant", "model"}),
-		mispredicted: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "warmpath_mispredicted_hits_total", Help: "Requests routed on a predicted hit of at least one block that the replica did not have (index staleness).",
-		}, []string{"tenant", "model"}),
-		mispredictedTok: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "warmpath_mispredicted_tokens_total", Help: "Predicted cached tokens the replica did not have.",
-		}, []string{"tenant", "model"}),
-		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "warmpath_routing_decisions_total", Help: "Routing decisions by reason: sticky (bound replica, no scoring), scored, retry.",
-		}, []string{"reason"}),
-		rebinds: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "warmpath_session_rebinds_total", Help: "Sessions moved off their bound replica, by why.",
-		}, []string{"reason"}),
-		copies: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "warmpath_prefix_copies_total", Help: "Requests placed on a replica holding less of their prompt than the best holder with a positive replication term: a copy of a shared prefix made for the requests that will share it.",
-		}),
-		tokenizer: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "warmpath_tokenizer_calls_total", Help: "Prompt tokenizations, by result: local (in process, routing.tokenizer), cached, ok, error, unavailable (every tokenizer backed off; no call made). Identical prompts in flight share one call.",
-		}, []string{"result"}),
-		tokBackoff: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "warmpath_tokenizer_backoff", Help: "1 while the gateway does not ask a replica's (or the tokenize_url service's, replica=\"tokenize_url\") /tokenize, which had none to offer; 0 once it answers again.",
-		}, []string{"replica"}),
-		tokChecks: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "warmpath_tokenizer_checks_total", Help: "In-process tokenizations (routing.tokenizer) compared with a replica's /tokenize off the request path, by result: match, mismatch, failed (no answer), dropped (the checker's backlog was full).",
-		}, []string{"result"}),
-		tokMismatch: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "warmpath_tokenizer_mismatch_total", Help: "Checks that found the in-process tokenizer's ids differ from a replica's /tokenize; the model is then tokenized by the replicas.",
-		}, []string{"model"}),
-		tokenizeAvoided: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "warmpath_tokenizer_avoided_total", Help: "Turns routed without tokenizing (sticky sessions whose replica still holds their prefix).",
-		}),
-		tokenizeUnseen: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "warmpath_tokenizer_unseen_total", Help: "Scored turns routed on load without tokenizing: no replica was sent their opening (routing.skip_unseen on).",
-		}),
-		tips: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "warmpath_session_tips_total", Help: "Prompts routed without the tokenizer, tokenized off the request path (blocks speculated, session tip filled), by result: filled, stale (no session, or it moved or already had one), failed (tokenizer or Redis), dropped (the workers' backlog was full).",
-		}, []string{"result"}),
-		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "warmpath_upstream_retries_total", Help: "Requests retried on the next-best replica after a failure before the first byte.",
-		}, []string{"reason"}),
-		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "warmpath_upstream_errors_total", Help: "Upstream failures by replica and kind.",
-		}, []string{"replica", "kind"}),
-		redisErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "warmpath_redis_errors_total", Help: "Redis operations that failed; routing went on without them.",
-		}, []string{"op"}),
-		streamsCut: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "warmpath_streams_cut_total", Help: "Streams that ended before the replica finished them, by reason (upstream_error, idle_timeout, first_byte_timeout, truncated, event_too_large); each ended with an error event.",
-		}, []string{"reason"}),
-		connsRejected: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "warmpath_connections_rejected_total", Help: "Client connections closed on arrival because their address already held server.max_conns_per_client.",
-		}),
-		replicaRestarts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "warmpath_replica_restarts_total", Help: "Engine restarts seen on a replica's /metrics (its counters went back to zero); the index forgot what it held.",
-		}, []string{"replica"}),
-		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "warmpath_inflight_requests", Help: "Requests being proxied now.",
-		}),
-		fracs: map[[2]string]*[2]float64{},
+		promptTokens:    counterVec("warmpath_prompt_tokens_total", "Prompt tokens of completed requests, as the replicas reported them.", "tenant", "model"),
+		cachedTokens:    counterVec("warmpath_cached_tokens_total", "Prompt tokens the chosen replica served from its prefix cache (usage.prompt_tokens_details.cached_tokens).", "tenant", "model"),
+		predictedTokens: counterVec("warmpath_predicted_cached_tokens_total", "Prompt tokens the router predicted the chosen replica held cached.", "tenant", "model"),
+		cachedFraction:  gaugeVec("warmpath_cached_prefix_fraction", "Fleet-wide cached-prefix fraction since start: cached ÷ prompt tokens.", "tenant", "model"),
+		mispredicted:    counterVec("warmpath_mispredicted_hits_total", "Requests routed on a predicted hit of at least one block that the replica did not have (index staleness).", "tenant", "model"),
+		mispredictedTok: counterVec("warmpath_mispredicted_tokens_total", "Predicted cached tokens the replica did not have.", "tenant", "model"),
+		decisions:       counterVec("warmpath_routing_decisions_total", "Routing decisions by reason: sticky (bound replica, no scoring), scored, retry.", "reason"),
+		rebinds:         counterVec("warmpath_session_rebinds_total", "Sessions moved off their bound replica, by why.", "reason"),
+		copies:          prometheus.NewCounter(prometheus.CounterOpts{Name: "warmpath_prefix_copies_total", Help: "Requests placed on a replica holding less of their prompt than the best holder with a positive replication term: a copy of a shared prefix made for the requests that will share it."}),
+		tokenizer:       counterVec("warmpath_tokenizer_calls_total", "Prompt tokenizations, by result: local (in process, routing.tokenizer), cached, ok, error, unavailable (every tokenizer backed off; no call made). Identical prompts in flight share one call.", "result"),
+		tokBackoff:      gaugeVec("warmpath_tokenizer_backoff", "1 while the gateway does not ask a replica's (or the tokenize_url service's, replica=\"tokenize_url\") /tokenize, which had none to offer; 0 once it answers again.", "replica"),
+		tokChecks:       counterVec("warmpath_tokenizer_checks_total", "In-process tokenizations (routing.tokenizer) compared with a replica's /tokenize off the request path, by result: match, mismatch, failed (no answer), dropped (the checker's backlog was full).", "result"),
+		tokMismatch:     counterVec("warmpath_tokenizer_mismatch_total", "Checks that found the in-process tokenizer's ids differ from a replica's /tokenize; the model is then tokenized by the replicas.", "model"),
+		tokenizeAvoided: prometheus.NewCounter(prometheus.CounterOpts{Name: "warmpath_tokenizer_avoided_total", Help: "Turns routed without tokenizing (sticky sessions whose replica still holds their prefix)."}),
+		tokenizeUnseen:  prometheus.NewCounter(prometheus.CounterOpts{Name: "warmpath_tokenizer_unseen_total", Help: "Scored turns routed on load without tokenizing: no replica was sent their opening (routing.skip_unseen on)."}),
+		tips:            counterVec("warmpath_session_tips_total", "Prompts routed without the tokenizer, tokenized off the request path (blocks speculated, session tip filled), by result: filled, stale (no session, or it moved or already had one), failed (tokenizer or Redis), dropped (the workers' backlog was full).", "result"),
+		retries:         counterVec("warmpath_upstream_retries_total", "Requests retried on the next-best replica after a failure before the first byte.", "reason"),
+		upstreamErrors:  counterVec("warmpath_upstream_errors_total", "Upstream failures by replica and kind.", "replica", "kind"),
+		redisErrors:     counterVec("warmpath_redis_errors_total", "Redis operations that failed; routing went on without them.", "op"),
+		streamsCut:      counterVec("warmpath_streams_cut_total", "Streams that ended before the replica finished them, by reason (upstream_error, idle_timeout, first_byte_timeout, truncated, event_too_large); each ended with an error event.", "reason"),
+		connsRejected:   prometheus.NewCounter(prometheus.CounterOpts{Name: "warmpath_connections_rejected_total", Help: "Client connections closed on arrival because their address already held server.max_conns_per_client."}),
+		replicaRestarts: counterVec("warmpath_replica_restarts_total", "Engine restarts seen on a replica's /metrics (its counters went back to zero); the index forgot what it held.", "replica"),
+		inflight:        prometheus.NewGauge(prometheus.GaugeOpts{Name: "warmpath_inflight_requests", Help: "Requests being proxied now."}),
+		fracs:           map[[2]string]*[2]float64{},
 	}
 	phases := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "warmpath_gateway_phase_seconds",
@@ -176,6 +128,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.tokenizeAvoided, m.tokenizeUnseen, m.tips, m.retries, m.upstreamErrors, m.redisErrors, m.streamsCut, m.connsRejected,
 		m.replicaRestarts, m.inflight)
 	return m
+}
+
+// counterVec is a counter vector named name, with help and labels.
+func counterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
+}
+
+// gaugeVec is a gauge vector named name, with help and labels.
+func gaugeVec(name, help string, labels ...string) *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, labels)
 }
 
 // A phase is one step of the gateway's own work on a request before it
