@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/warmpath/warmpath/gateway/proxy"
 	"github.com/warmpath/warmpath/gateway/request"
 )
 
@@ -37,8 +38,8 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 	)
 	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
 	stream := mt == "text/event-stream"
-	obs := observer{
-		firstByte: func() {
+	obs := proxy.Observer{
+		FirstByte: func() {
 			x.flight.FirstByte()
 			g.firstByte(x)
 			if stream || resp.ContentLength < 0 {
@@ -54,8 +55,8 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 			}
 			g.checkEstimate(x)
 		},
-		usage: func(u request.Usage) { got, have = u, true },
-		done: func(err error) {
+		Usage: func(u request.Usage) { got, have = u, true },
+		Done: func(err error) {
 			x.flight.Done()
 			if err != nil && !errors.Is(err, context.Canceled) && x.ctx.Err() == nil {
 				bodyBroke(x.span, err, stream)
@@ -82,11 +83,11 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 			}
 			if err != nil && !errors.Is(err, context.Canceled) && x.ctx.Err() == nil {
 				// The body broke after the first byte: too late to retry.
-				// A stream was ended with an error event (sseFilter.end).
+				// A stream was ended with an error event (proxy.NewSSEFilter).
 				if stream {
-					g.m.streamsCut.WithLabelValues(cutReason(err)).Inc()
+					g.m.streamsCut.WithLabelValues(proxy.CutReason(err)).Inc()
 				}
-				if !errors.Is(err, errDraining) { // then the replica is suspect
+				if !errors.Is(err, proxy.ErrDraining) { // then the replica is suspect
 					x.replica.ReportFailureOf(x.sent, err)
 					g.m.upstreamErrors.WithLabelValues(x.replica.Spec.Name, "broken_body").Inc()
 				}
@@ -94,11 +95,11 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 		},
 	}
 	if stream {
-		resp.Body = newSSEFilter(resp.Body, x.req.Stream() && !x.req.WantUsage(), obs)
+		resp.Body = proxy.NewSSEFilter(resp.Body, x.req.Stream() && !x.req.WantUsage(), obs)
 		resp.Header.Del("Content-Length")
 		resp.ContentLength = -1
 	} else {
-		resp.Body = &jsonTap{src: resp.Body, obs: obs, left: resp.ContentLength}
+		resp.Body = proxy.NewJSONTap(resp.Body, resp.ContentLength, obs)
 	}
 	return resp, nil
 }
@@ -127,7 +128,7 @@ func (g *Gateway) upstreamError(x *exchange, resp *http.Response) (*http.Respons
 	if err != nil {
 		return nil, fmt.Errorf("gateway: read upstream error: %w", err)
 	}
-	if fixed := normalizeErrorBody(resp.StatusCode, body); fixed != nil {
+	if fixed := proxy.NormalizeErrorBody(resp.StatusCode, body); fixed != nil {
 		body = fixed
 		resp.Header.Set("Content-Type", "application/json")
 	}

@@ -27,8 +27,9 @@
 //	forward   forward.go   send to the plan's first candidate; on a
 //	                       failure before any byte (connect error, 5xx)
 //	                       retry once on the next
-//	account   account.go   SSE filter (usage learned, unasked usage chunk
-//	                       dropped, errors normalized) or JSON tap; on the
+//	account   account.go   proxy.NewSSEFilter (usage learned, unasked usage
+//	          proxy/       chunk dropped, errors normalized) or
+//	                       proxy.NewJSONTap; on the
 //	                       body's end: in-flight counts, metrics, the
 //	                       session's cached tokens, admission release;
 //	                       the miss attribution (misses.go: the uncached

@@ -13,9 +13,6 @@ import (
 	"github.com/warmpath/warmpath/session"
 )
 
-// errDraining ends the streams still open when the drain timeout passes.
-var errDraining = errors.New("the gateway is shutting down (server.drain_timeout passed)")
-
 // Run serves until ctx ends, with every goroutine the gateway needs: the
 // HTTP server(s), tenancy's loops, the Redis breaker's probe, the
 // Responses API's workers, the fleet's health checks and scrapes, and the
@@ -101,7 +98,7 @@ func serve(eg *errgroup.Group, srv *http.Server, ln net.Listener) {
 // while the listener keeps serving for server.pre_stop (load balancers
 // take the gateway out), then the listener closes and in-flight requests
 // have server.drain_timeout to finish; streams still open then are ended
-// with an error event (sseFilter.end) and the rest closed. ctx ending (a
+// with an error event (proxy.NewSSEFilter) and the rest closed. ctx ending (a
 // failed component) cuts every wait short.
 func (g *Gateway) drain(ctx context.Context, servers []*http.Server) {
 	sc := g.cfg.Server

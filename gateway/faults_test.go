@@ -21,6 +21,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/warmpath/warmpath/gateway/proxy"
 	"github.com/warmpath/warmpath/gateway/request"
 	"github.com/warmpath/warmpath/internal/apierror"
 	"github.com/warmpath/warmpath/internal/redistest"
@@ -393,7 +394,7 @@ func TestUpstreamErrorTypesNormalized(t *testing.T) {
 		{429, `{"error":{"message":"slow down","type":"requests","param":null,"code":"rate_limit_exceeded"}}`, "requests"},
 	}
 	for _, tt := range tests {
-		out := normalizeErrorBody(tt.status, []byte(tt.body))
+		out := proxy.NormalizeErrorBody(tt.status, []byte(tt.body))
 		if out == nil {
 			out = []byte(tt.body)
 		}

@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/gateway/proxy"
 	"github.com/warmpath/warmpath/internal/apierror"
 )
 
@@ -107,8 +108,6 @@ func (g *Gateway) forward(ctx context.Context, x *exchange) (*http.Response, err
 var (
 	errHeaderTimeout = errors.New("no response headers within upstream.header_timeout")
 	errReplicaDown   = errors.New("the replica was marked down while the request waited")
-	errFirstByte     = errors.New("no first event within upstream.first_byte_timeout")
-	errIdle          = errors.New("no event within upstream.idle_timeout")
 )
 
 // failureKind labels a failed attempt in warmpath_upstream_errors_total.
@@ -145,7 +144,7 @@ func (g *Gateway) attempt(ctx context.Context, x *exchange, rep *fleet.Replica) 
 	w := newWatchdog(resp.Body, actx, cancel, g.cfg.Upstream.FirstByteTimeout, g.cfg.Upstream.IdleTimeout)
 	// Past the drain timeout the attempt ends, and its stream with an
 	// error event.
-	w.undrain = context.AfterFunc(g.drainCtx, func() { cancel(errDraining) })
+	w.undrain = context.AfterFunc(g.drainCtx, func() { cancel(proxy.ErrDraining) })
 	resp.Body = w
 	return resp, nil
 }
@@ -167,7 +166,7 @@ type watchdog struct {
 
 func newWatchdog(src io.ReadCloser, ctx context.Context, cancel context.CancelCauseFunc, first, idle time.Duration) *watchdog {
 	w := &watchdog{src: src, ctx: ctx, cancel: cancel, idle: idle}
-	w.timer = time.AfterFunc(first, func() { cancel(errFirstByte) })
+	w.timer = time.AfterFunc(first, func() { cancel(proxy.ErrFirstByte) })
 	return w
 }
 
@@ -177,7 +176,7 @@ func (w *watchdog) Read(p []byte) (int, error) {
 		if !w.began {
 			w.began = true
 			w.timer.Stop()
-			w.timer = time.AfterFunc(w.idle, func() { w.cancel(errIdle) })
+			w.timer = time.AfterFunc(w.idle, func() { w.cancel(proxy.ErrIdle) })
 		} else {
 			w.timer.Reset(w.idle)
 		}

@@ -21,6 +21,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/warmpath/warmpath/gateway/proxy"
 	"github.com/warmpath/warmpath/internal/apierror"
 	"github.com/warmpath/warmpath/responses"
 	"github.com/warmpath/warmpath/tenancy"
@@ -150,7 +151,7 @@ func bodyBroke(span trace.Span, err error, stream bool) {
 		return
 	}
 	if stream {
-		span.SetAttributes(attribute.String("warmpath.stream.cut", cutReason(err)))
+		span.SetAttributes(attribute.String("warmpath.stream.cut", proxy.CutReason(err)))
 	}
 	span.SetStatus(codes.Error, err.Error())
 }

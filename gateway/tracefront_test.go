@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/warmpath/warmpath/gateway/proxy"
 	"github.com/warmpath/warmpath/internal/testrun"
 	"github.com/warmpath/warmpath/vllmsim"
 )
@@ -244,10 +245,10 @@ func TestTracingBodyBroke(t *testing.T) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 	for _, stream := range []bool{true, false} {
 		_, span := tp.Tracer("test").Start(context.Background(), "attempt")
-		bodyBroke(span, fmt.Errorf("read: %w", errIdle), stream)
+		bodyBroke(span, fmt.Errorf("read: %w", proxy.ErrIdle), stream)
 		span.End()
 	}
-	bodyBroke(nil, errIdle, true) // tracing off: nothing to mark
+	bodyBroke(nil, proxy.ErrIdle, true) // tracing off: nothing to mark
 	got := exp.GetSpans()
 	if len(got) != 2 {
 		t.Fatalf("%d spans", len(got))

@@ -1,4 +1,4 @@
-package gateway
+package proxy
 
 import (
 	"bytes"
@@ -29,9 +29,9 @@ func FuzzSSEFilter(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, stream string, chunk uint8, drop bool) {
 		dones := 0
-		filter := newSSEFilter(io.NopCloser(strings.NewReader(stream)), drop, observer{
-			usage: func(request.Usage) {},
-			done:  func(error) { dones++ },
+		filter := NewSSEFilter(io.NopCloser(strings.NewReader(stream)), drop, Observer{
+			Usage: func(request.Usage) {},
+			Done:  func(error) { dones++ },
 		})
 		var out bytes.Buffer
 		buf := make([]byte, int(chunk)+1)
@@ -73,7 +73,7 @@ func FuzzNormalizeErrorBody(f *testing.F) {
 		f.Add(seed, 400)
 	}
 	f.Fuzz(func(t *testing.T, body string, status int) {
-		out := normalizeErrorBody(status, []byte(body))
+		out := NormalizeErrorBody(status, []byte(body))
 		if out == nil {
 			out = []byte(body) // already an envelope: check that claim
 		}

@@ -1,4 +1,4 @@
-package gateway
+package proxy
 
 import (
 	"fmt"
@@ -15,7 +15,7 @@ import (
 // event behind a whole one stays behind.
 func TestSSEFilterReleasesWhatArrived(t *testing.T) {
 	pr, pw := io.Pipe()
-	f := newSSEFilter(pr, false, observer{})
+	f := NewSSEFilter(pr, false, Observer{})
 	defer f.Close()
 	buf := make([]byte, 32<<10)
 	write := func(s string) {
@@ -70,15 +70,15 @@ func TestJSONTapEndsWithItsLastByte(t *testing.T) {
 	}{{"declared", int64(len(body)), true}, {"unknown", -1, false}} {
 		t.Run(tc.name, func(t *testing.T) {
 			var events []string
-			tap := &jsonTap{src: io.NopCloser(struct{ io.Reader }{strings.NewReader(body)}), left: tc.length, obs: observer{
-				firstByte: func() { events = append(events, "first") },
-				usage: func(u request.Usage) {
+			tap := &jsonTap{src: io.NopCloser(struct{ io.Reader }{strings.NewReader(body)}), left: tc.length, obs: Observer{
+				FirstByte: func() { events = append(events, "first") },
+				Usage: func(u request.Usage) {
 					events = append(events, "usage")
 					if u.PromptTokens != 3 || u.CachedTokens != 2 {
 						t.Errorf("usage %+v", u)
 					}
 				},
-				done: func(err error) { events = append(events, fmt.Sprint("done ", err)) },
+				Done: func(err error) { events = append(events, fmt.Sprint("done ", err)) },
 			}}
 			buf := make([]byte, 4096)
 			n, err := tap.Read(buf) // all of it, no EOF yet

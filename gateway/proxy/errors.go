@@ -1,4 +1,4 @@
-package gateway
+package proxy
 
 import (
 	"encoding/json"
@@ -9,11 +9,11 @@ import (
 	"github.com/warmpath/warmpath/internal/apierror"
 )
 
-// normalizeErrorBody rewrites an upstream error body into OpenAI's envelope:
+// NormalizeErrorBody rewrites an upstream error body into OpenAI's envelope:
 // vLLM sends an integer code (the HTTP status), older releases an
 // unwrapped {"object":"error",…} object, and a dead proxy plain text. It
 // returns nil when body is already a proper envelope.
-func normalizeErrorBody(status int, body []byte) []byte {
+func NormalizeErrorBody(status int, body []byte) []byte {
 	var root gjson.Result
 	if gjson.ValidBytes(body) {
 		root = gjson.ParseBytes(body)

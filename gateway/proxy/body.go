@@ -1,4 +1,16 @@
-package gateway
+// Package proxy is the forwarding stage's body layer: what the gateway
+// does to an upstream answer on its way to the client. A streamed answer
+// passes through NewSSEFilter event by event (never buffered: each event
+// leaves as its blank line arrives), which learns usage, drops the usage
+// chunk the client did not ask for, rewrites vLLM's mid-stream errors
+// into OpenAI's envelope, and ends a stream cut short with an error event
+// and [DONE]; a whole answer passes through NewJSONTap, which keeps a
+// bounded copy for its usage; an error answer's body is rewritten into
+// OpenAI's envelope (NormalizeErrorBody). Each reports to an Observer:
+// the first byte, the usage, and the end, exactly once.
+//
+// The package keeps no state between requests and starts no goroutine.
+package proxy
 
 import (
 	"bufio"
@@ -14,6 +26,7 @@ import (
 	"github.com/warmpath/warmpath/internal/apierror"
 )
 
+// parseUsage reads an OpenAI usage object.
 func parseUsage(u gjson.Result) (request.Usage, bool) {
 	if !u.IsObject() {
 		return request.Usage{}, false
@@ -25,20 +38,21 @@ func parseUsage(u gjson.Result) (request.Usage, bool) {
 	}, true
 }
 
-// observer receives what a response body reveals as it is read. Every
-// callback may be nil; done is called exactly once.
-type observer struct {
-	firstByte func()
-	usage     func(request.Usage)
-	// done reports the end of the body: err is nil after a clean EOF.
-	done func(err error)
+// Observer receives what a response body reveals as it is read. Every
+// callback may be nil; Done is called exactly once.
+type Observer struct {
+	FirstByte func()
+	Usage     func(request.Usage)
+	// Done reports the end of the body: err is nil after a clean EOF.
+	Done func(err error)
 }
 
 // maxEventBytes bounds one SSE event (or a non-streaming body kept for
 // usage parsing), so a misbehaving upstream cannot exhaust memory.
 const maxEventBytes = 8 << 20
 
-var errEventTooLarge = errors.New("gateway: upstream SSE event exceeds 8 MiB")
+// ErrEventTooLarge ends a stream whose event exceeds 8 MiB.
+var ErrEventTooLarge = errors.New("proxy: upstream SSE event exceeds 8 MiB")
 
 // sseFilter passes an upstream text/event-stream through event by event:
 // each event is released as soon as its terminating blank line arrives, so
@@ -52,7 +66,7 @@ type sseFilter struct {
 	src       io.ReadCloser
 	br        *bufio.Reader
 	dropUsage bool
-	obs       observer
+	obs       Observer
 
 	event   []byte // lines of the event being read
 	out     []byte // processed bytes not yet returned
@@ -63,7 +77,9 @@ type sseFilter struct {
 	once    sync.Once
 }
 
-func newSSEFilter(src io.ReadCloser, dropUsage bool, obs observer) *sseFilter {
+// NewSSEFilter filters src, an upstream text/event-stream (sseFilter);
+// dropUsage drops the usage-only chunk the client did not ask for.
+func NewSSEFilter(src io.ReadCloser, dropUsage bool, obs Observer) io.ReadCloser {
 	return &sseFilter{src: src, br: bufio.NewReaderSize(src, 32<<10), dropUsage: dropUsage, obs: obs}
 }
 
@@ -99,7 +115,7 @@ func (f *sseFilter) readLine() {
 	line, err := f.br.ReadSlice('\n')
 	if len(f.event)+len(line) > maxEventBytes {
 		f.event = f.event[:0]
-		f.end(errEventTooLarge, false)
+		f.end(ErrEventTooLarge, false)
 		return
 	}
 	f.event = append(f.event, line...)
@@ -125,8 +141,8 @@ func (f *sseFilter) processEvent() {
 	f.event = f.event[:0]
 	if !f.started {
 		f.started = true
-		if f.obs.firstByte != nil {
-			f.obs.firstByte()
+		if f.obs.FirstByte != nil {
+			f.obs.FirstByte()
 		}
 	}
 	data := sseData(ev)
@@ -137,8 +153,8 @@ func (f *sseFilter) processEvent() {
 	}
 	if bytes.Contains(data, []byte(`"usage"`)) {
 		if u, ok := parseUsage(gjson.GetBytes(data, "usage")); ok {
-			if f.obs.usage != nil {
-				f.obs.usage(u)
+			if f.obs.Usage != nil {
+				f.obs.Usage(u)
 			}
 			if f.dropUsage {
 				if ch := gjson.GetBytes(data, "choices"); !ch.Exists() || (ch.IsArray() && len(ch.Array()) == 0) {
@@ -149,7 +165,7 @@ func (f *sseFilter) processEvent() {
 	}
 	if bytes.Contains(data, []byte(`"error"`)) {
 		if e := gjson.GetBytes(data, "error"); e.IsObject() {
-			if fixed := normalizeErrorBody(500, data); fixed != nil {
+			if fixed := NormalizeErrorBody(500, data); fixed != nil {
 				f.out = append(f.out, "data: "...)
 				f.out = append(f.out, fixed...)
 				f.out = append(f.out, "\n\n"...)
@@ -160,8 +176,20 @@ func (f *sseFilter) processEvent() {
 	f.out = append(f.out, ev...)
 }
 
-// errTruncated is the cause of a stream that ended without [DONE].
-var errTruncated = errors.New("gateway: upstream stream ended without [DONE]")
+// ErrTruncated is the cause of a stream that ended without [DONE].
+var ErrTruncated = errors.New("proxy: upstream stream ended without [DONE]")
+
+// The causes the forwarding step cuts a stream with, each named by
+// CutReason.
+var (
+	// ErrFirstByte: no first event within upstream.first_byte_timeout.
+	ErrFirstByte = errors.New("no first event within upstream.first_byte_timeout")
+	// ErrIdle: no event within upstream.idle_timeout.
+	ErrIdle = errors.New("no event within upstream.idle_timeout")
+	// ErrDraining ends the streams still open when the drain timeout
+	// passes.
+	ErrDraining = errors.New("the gateway is shutting down (server.drain_timeout passed)")
+)
 
 // end records why the upstream stream ended. After [DONE] that is a clean
 // end; otherwise the replica broke, stalled past a timeout, or stopped
@@ -178,7 +206,7 @@ func (f *sseFilter) end(err error, open bool) {
 		f.err, f.cause = err, err
 		return
 	case errors.Is(err, io.EOF):
-		err = errTruncated
+		err = ErrTruncated
 	}
 	f.cause = err
 	if open {
@@ -189,8 +217,8 @@ func (f *sseFilter) end(err error, open bool) {
 
 // cutEvent is the error event and [DONE] that end a stream cut short.
 func cutEvent(cause error) []byte {
-	msg := "The upstream replica stopped before the answer was complete (" + cutReason(cause) + "); the response is incomplete. Try again."
-	if errors.Is(cause, errDraining) {
+	msg := "The upstream replica stopped before the answer was complete (" + CutReason(cause) + "); the response is incomplete. Try again."
+	if errors.Is(cause, ErrDraining) {
 		msg = "The gateway is shutting down; the response is incomplete. Try again."
 	}
 	e := &apierror.Error{Type: apierror.TypeServer, Code: "upstream_error", Msg: msg}
@@ -198,19 +226,19 @@ func cutEvent(cause error) []byte {
 	return append(out, "\n\ndata: [DONE]\n\n"...)
 }
 
-// cutReason labels why a stream was cut, for warmpath_streams_cut_total
+// CutReason labels why a stream was cut, for warmpath_streams_cut_total
 // and the client's error message.
-func cutReason(cause error) string {
+func CutReason(cause error) string {
 	switch {
-	case errors.Is(cause, errIdle):
+	case errors.Is(cause, ErrIdle):
 		return "idle_timeout"
-	case errors.Is(cause, errFirstByte):
+	case errors.Is(cause, ErrFirstByte):
 		return "first_byte_timeout"
-	case errors.Is(cause, errTruncated):
+	case errors.Is(cause, ErrTruncated):
 		return "truncated"
-	case errors.Is(cause, errEventTooLarge):
+	case errors.Is(cause, ErrEventTooLarge):
 		return "event_too_large"
-	case errors.Is(cause, errDraining):
+	case errors.Is(cause, ErrDraining):
 		return "drain"
 	}
 	return "upstream_error"
@@ -255,8 +283,8 @@ func (f *sseFilter) finish(err error) {
 		if errors.Is(err, io.EOF) {
 			err = nil
 		}
-		if f.obs.done != nil {
-			f.obs.done(err)
+		if f.obs.Done != nil {
+			f.obs.Done(err)
 		}
 	})
 }
@@ -268,11 +296,17 @@ func (f *sseFilter) finish(err error) {
 // cannot overtake the binding write done queues).
 type jsonTap struct {
 	src     io.ReadCloser
-	obs     observer
+	obs     Observer
 	kept    []byte
 	started bool
 	left    int64 // bytes of a declared length still to come; -1 unknown
 	once    sync.Once
+}
+
+// NewJSONTap taps src, a non-streaming body of declared length (-1:
+// unknown), for its usage (jsonTap).
+func NewJSONTap(src io.ReadCloser, length int64, obs Observer) io.ReadCloser {
+	return &jsonTap{src: src, obs: obs, left: length}
 }
 
 func (t *jsonTap) Read(p []byte) (int, error) {
@@ -280,8 +314,8 @@ func (t *jsonTap) Read(p []byte) (int, error) {
 	if n > 0 {
 		if !t.started {
 			t.started = true
-			if t.obs.firstByte != nil {
-				t.obs.firstByte()
+			if t.obs.FirstByte != nil {
+				t.obs.FirstByte()
 			}
 		}
 		if len(t.kept)+n <= maxEventBytes {
@@ -310,15 +344,15 @@ func (t *jsonTap) Close() error {
 func (t *jsonTap) end(err error) {
 	t.once.Do(func() {
 		if errors.Is(err, io.EOF) {
-			if t.obs.usage != nil {
+			if t.obs.Usage != nil {
 				if u, ok := parseUsage(gjson.GetBytes(t.kept, "usage")); ok {
-					t.obs.usage(u)
+					t.obs.Usage(u)
 				}
 			}
 			err = nil
 		}
-		if t.obs.done != nil {
-			t.obs.done(err)
+		if t.obs.Done != nil {
+			t.obs.Done(err)
 		}
 	})
 }
