@@ -77,7 +77,7 @@ func fieldDocs(t *testing.T, pkg string, cache map[string]map[string]map[string]
 // environment variable and the doc comment of the Go field behind it.
 func configFields(t *testing.T) []byte {
 	t.Helper()
-	def := reflect.ValueOf(Config{}.withDefaults())
+	def := reflect.ValueOf(servedDefaults())
 	root := reflect.TypeFor[Config]()
 	cache := map[string]map[string]map[string]string{}
 	var b bytes.Buffer
@@ -96,6 +96,16 @@ func configFields(t *testing.T) []byte {
 		fmt.Fprintf(&b, "| `%s` | %s | `%s` | %s |\n", ev.Path, defaultCell(def.FieldByIndex(ev.index)), ev.Name, escapeCell(doc))
 	}
 	return b.Bytes()
+}
+
+// servedDefaults is the configuration serve runs with when the file sets
+// nothing: Config.withDefaults, then tenancy's own defaults of the auth:
+// block (the fleet fills health:'s while it normalizes its replicas; their
+// comments name them).
+func servedDefaults() Config {
+	d := Config{}.withDefaults()
+	d.Auth = d.Auth.WithDefaults()
+	return d
 }
 
 // defaultCell shows a filled-in default, or nothing for a zero value.
