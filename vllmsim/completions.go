@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
-	"strconv"
 
 	"github.com/warmpath/warmpath/tokenizer/simtok"
 )
@@ -121,15 +120,7 @@ func (c *completionStreamer) delta(j *job, from, to int, emit func([]byte)) {
 }
 
 func (c *completionStreamer) finish(j *job, emit func([]byte)) {
-	p := &j.s.plan
-	d := append([]byte(`{"index":0,"text":"","logprobs":null,"finish_reason":`), strconv.Quote(p.finish)...)
-	d = append(d, `,"stop_reason":`...)
-	if p.stopReason != "" {
-		d = simtok.AppendJSONString(d, p.stopReason)
-	} else {
-		d = append(d, "null"...)
-	}
-	emit(c.chunk(j, append(d, '}'), nil))
+	emit(c.chunk(j, finishChoice(`{"index":0,"text":"",`, &j.s.plan), nil))
 }
 
 func (c *completionStreamer) usage(j *job, emit func([]byte)) {

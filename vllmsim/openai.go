@@ -554,15 +554,21 @@ func (c *chatStreamer) delta(j *job, from, to int, emit func([]byte)) {
 }
 
 func (c *chatStreamer) finish(j *job, emit func([]byte)) {
-	p := &j.s.plan
-	d := append([]byte(`{"index":0,"delta":{},"logprobs":null,"finish_reason":`), strconv.Quote(p.finish)...)
+	emit(c.chunk(j, finishChoice(`{"index":0,"delta":{},`, &j.s.plan), nil))
+}
+
+// finishChoice is the last choice of a stream: head (the choice's opening,
+// its empty text or delta) followed by its finish and stop reasons.
+func finishChoice(head string, p *genPlan) []byte {
+	d := append([]byte(head), `"logprobs":null,"finish_reason":`...)
+	d = append(d, strconv.Quote(p.finish)...)
 	d = append(d, `,"stop_reason":`...)
 	if p.stopReason != "" {
 		d = simtok.AppendJSONString(d, p.stopReason)
 	} else {
 		d = append(d, "null"...)
 	}
-	emit(c.chunk(j, append(d, '}'), nil))
+	return append(d, '}')
 }
 
 func (c *chatStreamer) usage(j *job, emit func([]byte)) {
