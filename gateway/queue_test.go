@@ -21,6 +21,8 @@ import (
 	"github.com/warmpath/warmpath/tenancy"
 	"github.com/warmpath/warmpath/tenancy/fairq"
 	"github.com/warmpath/warmpath/vllmsim"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // gatedClock is a vllmsim.Clock whose sleeps block while it is paused:
@@ -154,34 +156,35 @@ func saturate(t *testing.T, g *testGateway, clock *gatedClock) <-chan chatResult
 func TestQueueInProgressFirstThenLeastServed(t *testing.T) {
 	clock := newGatedClock()
 	sim := queueSim(t, clock, "")
-	g := startGateway(t, queueConfig(sim), nil)
+	// The dispatch order is read from the gateway's own queue spans (each
+	// ends when admission lets its request go), not from the order the
+	// answers complete in.
+	exp := tracetest.NewInMemoryExporter()
+	g := startTracedGateway(t, queueConfig(sim), nil, exp, &syncBuffer{})
 	blocker := saturate(t, g, clock)
 
 	// A first turn, then a long-served turn in progress, then a short one:
 	// they leave the queue short, long, first.
-	var order atomic.Int32
 	type done struct {
 		name string
-		at   int32
 		res  chatResult
 	}
 	results := make(chan done, 3)
-	send := func(name string, prior int) {
-		ch := asyncChat(t.Context(), g.URL, chatBody(name, prior, 4), nil)
-		go func() { r := <-ch; results <- done{name, order.Add(1), r} }()
-	}
+	traces := map[string]trace.TraceID{}
 	for i, s := range []struct {
 		name  string
 		prior int
 	}{{"fresh", 0}, {"long", 2000}, {"short", 10}} {
-		send(s.name, s.prior)
+		tp, tid, _ := clientTrace(i)
+		traces[s.name] = tid
+		ch := asyncChat(t.Context(), g.URL, chatBody(s.name, s.prior, 4), map[string]string{"traceparent": tp})
+		go func() { results <- done{s.name, <-ch} }()
 		testrun.Eventually(t, 10*time.Second, func() bool { return queued(t, g, nil) == float64(i+1) }, s.name+" queued")
 	}
 	clock.resume()
 	if r := <-blocker; r.Status != http.StatusOK {
 		t.Fatalf("blocker: %d %s", r.Status, r.Body)
 	}
-	got := map[string]int32{}
 	for range 3 {
 		d := <-results
 		if d.res.Status != http.StatusOK {
@@ -195,10 +198,19 @@ func TestQueueInProgressFirstThenLeastServed(t *testing.T) {
 		if tm := d.res.Header.Get("Server-Timing"); !strings.Contains(tm, "queue;dur=") || strings.Contains(tm, "queue;dur=0.00,") || strings.Contains(tm, "dur=-") {
 			t.Errorf("%s: Server-Timing = %q; want a queue wait and no negative phase", d.name, tm)
 		}
-		got[d.name] = d.at
 	}
-	if !(got["short"] < got["long"] && got["long"] < got["fresh"]) {
-		t.Errorf("completion order %v; want short, long, fresh", got)
+	granted := map[string]time.Time{}
+	for name, tid := range traces {
+		_, _, all := traceSpans(t, exp, tid)
+		q := named(all, "warmpath.queue")
+		if len(q) != 1 {
+			t.Fatalf("%s: %d warmpath.queue spans; want 1", name, len(q))
+		}
+		granted[name] = q[0].EndTime
+	}
+	if !(granted["short"].Before(granted["long"]) && granted["long"].Before(granted["fresh"])) {
+		t.Errorf("dispatch order short %v, long %v, fresh %v; want short, long, fresh",
+			granted["short"], granted["long"], granted["fresh"])
 	}
 }
 
