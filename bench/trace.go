@@ -29,6 +29,10 @@ const (
 	// a "timestamp" field in milliseconds; prompts are tokenized with the
 	// simulator's tokenizer and chat template.
 	FormatOpenAI = "openai"
+	// FormatRecord is the gateway's own recording (package record, the
+	// record: setting), read with ReadRecordTrace: a directory of JSON
+	// lines with block keys at the gateway's block size.
+	FormatRecord = "record"
 )
 
 // MooncakeBlockTokens is the number of tokens behind one Mooncake hash id.
@@ -59,16 +63,22 @@ type TraceRequest struct {
 	// conversations plus the first where it parts from them (see
 	// ReadTrace); 0 for chat logs.
 	Opening int
+	// Session is a recorded request's session (FormatRecord: the hash
+	// the gateway wrote), "" otherwise.
+	Session string
 }
 
 // Trace is a parsed request log.
 type Trace struct {
-	// Format is FormatMooncake or FormatOpenAI.
+	// Format is FormatMooncake, FormatOpenAI or FormatRecord.
 	Format string
 	// BlockTokens is the number of tokens per block of Requests[i].Blocks.
 	BlockTokens int
 	// Requests are in arrival order.
 	Requests []TraceRequest
+	// Recorded is what the fleet got on a recording (FormatRecord), nil
+	// for other formats.
+	Recorded *RecordedResult
 }
 
 // ReadTraceFile reads a trace file; see ReadTrace.
