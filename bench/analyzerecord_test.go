@@ -156,6 +156,13 @@ func TestAnalyzeRecordDir(t *testing.T) {
 	if got := ar.Results[0].CachedTokens; got != 144 {
 		t.Errorf("replayed %d cached tokens; want 144", got)
 	}
+	files, err := record.Files(dir)
+	if err != nil || len(files) != 1 {
+		t.Fatalf("files %v, %v", files, err)
+	}
+	if _, err := ReadTraceFile(files[0]); err == nil || !strings.Contains(err.Error(), "--record") {
+		t.Errorf("a recording read as a trace file: %v; want an error pointing to --record", err)
+	}
 	if _, err := ReadRecordTrace(t.TempDir()); err == nil {
 		t.Error("an empty directory: no error")
 	}

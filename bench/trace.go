@@ -105,7 +105,8 @@ const maxTraceTimestamp = 1 << 53
 
 // ReadTrace reads a JSONL trace in either format, telling them apart by the
 // first line: a hash_ids field means Mooncake, a messages field a chat
-// log. Requests are sorted by arrival, and arrivals count from the first
+// log, and a block_tokens field the gateway's recording, which is an error
+// (ReadRecordTrace reads those). Requests are sorted by arrival, and arrivals count from the first
 // request: a log of epoch milliseconds, or the second half of a trace,
 // starts at 0 like any other. A malformed line is an error naming its line
 // number.
@@ -142,12 +143,15 @@ func ReadTrace(r io.Reader) (*Trace, error) {
 			Tools        json.RawMessage `json:"tools"`
 			MaxTokens    int             `json:"max_tokens"`
 			MaxComplete  int             `json:"max_completion_tokens"`
+			BlockTokens  *int            `json:"block_tokens"`
 		}
 		if err := json.Unmarshal(raw, &probe); err != nil {
 			return nil, fmt.Errorf("bench: trace line %d: %w", line, err)
 		}
 		if t.Format == "" {
 			switch {
+			case probe.BlockTokens != nil:
+				return nil, fmt.Errorf("bench: trace line %d: a warmpath recording (block_tokens): read its directory with ReadRecordTrace (warmpath analyze --record DIR)", line)
 			case probe.HashIDs != nil || probe.InputLength != nil:
 				t.Format, t.BlockTokens = FormatMooncake, MooncakeBlockTokens
 			case probe.Messages != nil:
