@@ -57,11 +57,8 @@ func analyze(ctx context.Context, args []string, stdout io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if args, other := fs.NArg(), *synthetic != "" || *recordDirs != ""; other && args != 0 || !other && args != 1 || *synthetic != "" && *recordDirs != "" {
-		return fmt.Errorf("want one trace file (or --synthetic, or --record), got %d arguments; usage: warmpath analyze [flags] TRACE.jsonl", fs.NArg())
-	}
-	if *recordDirs != "" && !flagSet(fs, "replicas") {
-		*replicas = 0 // as many as the recording names
+	if err := analyzeSource(fs, *synthetic, *recordDirs, replicas); err != nil {
+		return err
 	}
 	if *cacheConvs != "" && *cacheBlocks != "" {
 		return errors.New("--cache-conversations and --cache-blocks are exclusive")
@@ -145,6 +142,19 @@ func analyzeTrace(path, synthetic, out string, seed int64, dirs []string) (*benc
 		}
 	}
 	return bench.ReadTrace(&b)
+}
+
+// analyzeSource checks that fs names exactly one source: a trace file,
+// a synthetic log or a recording; for a recording it leaves the fleet's
+// size to the recording unless --replicas was given.
+func analyzeSource(fs *flag.FlagSet, synthetic, recordDirs string, replicas *int) error {
+	if args, other := fs.NArg(), synthetic != "" || recordDirs != ""; other && args != 0 || !other && args != 1 || synthetic != "" && recordDirs != "" {
+		return fmt.Errorf("want one trace file (or --synthetic, or --record), got %d arguments; usage: warmpath analyze [flags] TRACE.jsonl", fs.NArg())
+	}
+	if recordDirs != "" && !flagSet(fs, "replicas") {
+		*replicas = 0 // as many as the recording names
+	}
+	return nil
 }
 
 // flagSet reports whether the flag name was given on fs's command line.
