@@ -118,11 +118,7 @@ func shortDuration(d time.Duration) string {
 // for sticky policies, the sticky share and rebinds.
 func (r *AnalyzeReport) WriteTable(w io.Writer) error {
 	ew := &errWriter{w: w}
-	ew.printf("trace: %s, %d requests, %d prompt tokens, %d-token blocks; %d replicas at %.0f prefill tokens/s each, time scale %g\n",
-		r.Format, r.Requests, r.PromptTokens, r.BlockTokens, r.Replicas, r.PrefillTokensPerSec, r.TimeScale)
-	ew.printf("ceiling (window %s): %.1f%% of prompt tokens (%.1f%% of blocks); unlimited window: %.1f%% (%.1f%% of blocks)\n\n",
-		r.windowString(), 100*r.Ceiling.Fraction, 100*r.Ceiling.BlockFraction, 100*r.CeilingUnlimited.Fraction, 100*r.CeilingUnlimited.BlockFraction)
-	r.writeRecorded(ew)
+	r.writeHeader(ew)
 	pols, sizes := r.policies(), r.cacheSizes()
 
 	table := func(title string, withPooled bool, cell func(AnalyzeResult) string) {
@@ -300,6 +296,16 @@ func (r *AnalyzeReport) series(p string, v func(AnalyzeResult) float64) Series {
 		s.Y = append(s.Y, v(res))
 	}
 	return s
+}
+
+// writeHeader writes the trace, the ceiling and, for a recording, what
+// the fleet got on it.
+func (r *AnalyzeReport) writeHeader(ew *errWriter) {
+	ew.printf("trace: %s, %d requests, %d prompt tokens, %d-token blocks; %d replicas at %.0f prefill tokens/s each, time scale %g\n",
+		r.Format, r.Requests, r.PromptTokens, r.BlockTokens, r.Replicas, r.PrefillTokensPerSec, r.TimeScale)
+	ew.printf("ceiling (window %s): %.1f%% of prompt tokens (%.1f%% of blocks); unlimited window: %.1f%% (%.1f%% of blocks)\n\n",
+		r.windowString(), 100*r.Ceiling.Fraction, 100*r.Ceiling.BlockFraction, 100*r.CeilingUnlimited.Fraction, 100*r.CeilingUnlimited.BlockFraction)
+	r.writeRecorded(ew)
 }
 
 // writeRecorded writes, for a recording, what the fleet actually got on

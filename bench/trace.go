@@ -149,15 +149,9 @@ func ReadTrace(r io.Reader) (*Trace, error) {
 			return nil, fmt.Errorf("bench: trace line %d: %w", line, err)
 		}
 		if t.Format == "" {
-			switch {
-			case probe.BlockTokens != nil:
-				return nil, fmt.Errorf("bench: trace line %d: a warmpath recording (block_tokens): read its directory with ReadRecordTrace (warmpath analyze --record DIR)", line)
-			case probe.HashIDs != nil || probe.InputLength != nil:
-				t.Format, t.BlockTokens = FormatMooncake, MooncakeBlockTokens
-			case probe.Messages != nil:
-				t.Format, t.BlockTokens = FormatOpenAI, ChatBlockTokens
-			default:
-				return nil, fmt.Errorf("bench: trace line %d: neither a Mooncake record (hash_ids) nor a chat request (messages)", line)
+			var err error
+			if t.Format, t.BlockTokens, err = traceFormat(probe.BlockTokens != nil, probe.HashIDs != nil || probe.InputLength != nil, probe.Messages != nil); err != nil {
+				return nil, fmt.Errorf("bench: trace line %d: %w", line, err)
 			}
 		}
 		if probe.Timestamp == nil || !(*probe.Timestamp >= 0 && *probe.Timestamp <= maxTraceTimestamp) {
@@ -223,6 +217,21 @@ func ReadTrace(r io.Reader) (*Trace, error) {
 		setOpenings(t.Requests)
 	}
 	return t, nil
+}
+
+// traceFormat tells a trace's format and block size from its first line's
+// fields: block_tokens (a recording, which ReadTrace does not read),
+// hash_ids or input_length (Mooncake), messages (a chat log).
+func traceFormat(blockTokens, mooncake, messages bool) (string, int, error) {
+	switch {
+	case blockTokens:
+		return "", 0, errors.New("a warmpath recording (block_tokens): read its directory with ReadRecordTrace (warmpath analyze --record DIR)")
+	case mooncake:
+		return FormatMooncake, MooncakeBlockTokens, nil
+	case messages:
+		return FormatOpenAI, ChatBlockTokens, nil
+	}
+	return "", 0, errors.New("neither a Mooncake record (hash_ids) nor a chat request (messages)")
 }
 
 // setOpenings sets each Mooncake request's Opening from the trace's
