@@ -47,7 +47,7 @@ type AnalyzeConfig struct {
 	// DefaultAnalyzeWindow (10m), a zero duration means unlimited.
 	Window *time.Duration
 	// Replicas is the simulated fleet size; 0 means DefaultAnalyzeReplicas
-	// (8).
+	// (8), or for a recording (FormatRecord) as many as it names.
 	Replicas int
 	// CacheBlocks lists the per-replica prefix-cache sizes to sweep, in
 	// trace blocks; nil means ¼×, ½×, 1×, 2×, 4× and 8× the KV capacity of
@@ -92,6 +92,9 @@ type AnalyzeReport struct {
 	PrefillTokensPerSec float64
 	TimeScale           float64
 	CPUBlocks           int
+	// Recorded is, for a recording (FormatRecord), what the fleet
+	// actually got on it; nil otherwise.
+	Recorded *RecordedResult
 	// PooledLRU has one entry per cache size: the yardstick for a finite
 	// cache (see PooledLRUResult).
 	PooledLRU []PooledLRUResult
@@ -306,6 +309,7 @@ func Analyze(ctx context.Context, cfg AnalyzeConfig) (*AnalyzeReport, error) {
 		PrefillTokensPerSec: cfg.PrefillTokensPerSec,
 		TimeScale:           cfg.TimeScale,
 		CPUBlocks:           cfg.CPUBlocks,
+		Recorded:            t.Recorded,
 	}
 	// Scaling arrivals by s scales their gaps by s: a window w over scaled
 	// times is a window w/s over recorded ones.
@@ -366,6 +370,9 @@ func (c AnalyzeConfig) withDefaults() (AnalyzeConfig, error) {
 	}
 	if c.Replicas == 0 {
 		c.Replicas = DefaultAnalyzeReplicas
+		if rec := c.Trace.Recorded; rec != nil {
+			c.Replicas = rec.Replicas
+		}
 	}
 	if c.Replicas < 1 || c.Replicas > 1024 {
 		return c, fmt.Errorf("bench: analyze: %d replicas is not in [1, 1024]", c.Replicas)

@@ -80,7 +80,8 @@ func newSimInput(t *Trace, cfg AnalyzeConfig) (*simInput, error) {
 
 // sessionKey derives a request's session key as the gateway does: by
 // parsing a chat request's body with the gateway's own parser (an
-// unparseable body has no session). A Mooncake record (no body, no roles)
+// unparseable body has no session). A recorded request carries the
+// gateway's own key, hashed. A Mooncake record (no body, no roles)
 // never reaches a gateway, so its key is the analyzer's own stand-in for
 // the gateway's opening hash: the key of the last block of its opening
 // (see ReadTrace), the chain over the blocks it shares with other
@@ -88,6 +89,9 @@ func newSimInput(t *Trace, cfg AnalyzeConfig) (*simInput, error) {
 // turn of the conversation repeats. A one-block Mooncake request has no
 // session.
 func sessionKey(format string, r *TraceRequest) string {
+	if format == FormatRecord {
+		return r.Session
+	}
 	if format != FormatOpenAI {
 		if len(r.Blocks) < 2 {
 			return ""

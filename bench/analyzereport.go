@@ -37,6 +37,7 @@ func (r *AnalyzeReport) MarshalJSON() ([]byte, error) {
 		PrefillTokensPerSec float64           `json:"prefill_tokens_per_s"`
 		TimeScale           float64           `json:"time_scale"`
 		CPUBlocks           int               `json:"cpu_blocks,omitempty"`
+		Recorded            *RecordedResult   `json:"recorded,omitempty"`
 	}
 	results := r.Results
 	if results == nil {
@@ -57,6 +58,7 @@ func (r *AnalyzeReport) MarshalJSON() ([]byte, error) {
 		PrefillTokensPerSec: r.PrefillTokensPerSec,
 		TimeScale:           r.TimeScale,
 		CPUBlocks:           r.CPUBlocks,
+		Recorded:            r.Recorded,
 	})
 }
 
@@ -116,10 +118,7 @@ func shortDuration(d time.Duration) string {
 // for sticky policies, the sticky share and rebinds.
 func (r *AnalyzeReport) WriteTable(w io.Writer) error {
 	ew := &errWriter{w: w}
-	ew.printf("trace: %s, %d requests, %d prompt tokens, %d-token blocks; %d replicas at %.0f prefill tokens/s each, time scale %g\n",
-		r.Format, r.Requests, r.PromptTokens, r.BlockTokens, r.Replicas, r.PrefillTokensPerSec, r.TimeScale)
-	ew.printf("ceiling (window %s): %.1f%% of prompt tokens (%.1f%% of blocks); unlimited window: %.1f%% (%.1f%% of blocks)\n\n",
-		r.windowString(), 100*r.Ceiling.Fraction, 100*r.Ceiling.BlockFraction, 100*r.CeilingUnlimited.Fraction, 100*r.CeilingUnlimited.BlockFraction)
+	r.writeHeader(ew)
 	pols, sizes := r.policies(), r.cacheSizes()
 
 	table := func(title string, withPooled bool, cell func(AnalyzeResult) string) {
@@ -297,4 +296,33 @@ func (r *AnalyzeReport) series(p string, v func(AnalyzeResult) float64) Series {
 		s.Y = append(s.Y, v(res))
 	}
 	return s
+}
+
+// writeHeader writes the trace, the ceiling and, for a recording, what
+// the fleet got on it.
+func (r *AnalyzeReport) writeHeader(ew *errWriter) {
+	ew.printf("trace: %s, %d requests, %d prompt tokens, %d-token blocks; %d replicas at %.0f prefill tokens/s each, time scale %g\n",
+		r.Format, r.Requests, r.PromptTokens, r.BlockTokens, r.Replicas, r.PrefillTokensPerSec, r.TimeScale)
+	ew.printf("ceiling (window %s): %.1f%% of prompt tokens (%.1f%% of blocks); unlimited window: %.1f%% (%.1f%% of blocks)\n\n",
+		r.windowString(), 100*r.Ceiling.Fraction, 100*r.Ceiling.BlockFraction, 100*r.CeilingUnlimited.Fraction, 100*r.CeilingUnlimited.BlockFraction)
+	r.writeRecorded(ew)
+}
+
+// writeRecorded writes, for a recording, what the fleet actually got on
+// it, to read the replayed policies against.
+func (r *AnalyzeReport) writeRecorded(ew *errWriter) {
+	rec := r.Recorded
+	if rec == nil {
+		return
+	}
+	ew.printf("recorded: the fleet cached %.1f%% of prompt tokens on %d replicas (×%.2f imbalance)\n",
+		100*rec.CachedFraction, rec.Replicas, rec.Imbalance)
+	if rec.Unkeyed > 0 {
+		ew.printf("recorded without block keys: %d requests, %.1f%% of prompt tokens, uncached in every replayed figure (configure routing.tokenizer)\n",
+			rec.Unkeyed, 100*ratioF(float64(rec.UnkeyedPromptTokens), float64(rec.PromptTokens)))
+	}
+	if rec.Skipped > 0 {
+		ew.printf("skipped: %d entries without prompt tokens\n", rec.Skipped)
+	}
+	ew.printf("miss causes are not recorded: see warmpath_uncached_tokens_total by tenant and cause\n\n")
 }

@@ -4,6 +4,17 @@
 // gateway in front of an in-process simulated fleet, once per routing policy
 // on a fresh fleet (Run).
 //
+// # Offline analysis
+//
+// Analyze replays a Trace: the Mooncake trace (512-token hash ids), a log
+// of chat requests (tokenized with the simulator's tokenizer, 16-token
+// blocks) or the gateway's own recording (package record; ReadRecordTrace
+// adapts its entries, keeping the recorded block keys at the recording's
+// block size and the recorded session hashes, and Trace.Recorded holds
+// what the fleet actually got). Config.RecordDir has a live run record
+// each policy's traffic, so that a run can be replayed and the two
+// compared.
+//
 // # Live benchmark
 //
 // Run plans a Workload (shared-prefix, agentic, agentic-harness, trace or

@@ -138,6 +138,9 @@ type Config struct {
 	// Parts, for mixed-tenants, selects the parts to run, of no-burst,
 	// fifo, strict, fair and shares; default all.
 	Parts []string
+	// RecordDir, when set, has each gateway record the requests it routes
+	// for warmpath analyze --record (see recordTo).
+	RecordDir string
 	// Progress, when not nil, receives a progress line updated in place
 	// (carriage returns) while a run goes on.
 	Progress io.Writer
@@ -562,6 +565,7 @@ func runGateway(ctx context.Context, cfg Config, policy string, urls, kv, replay
 		if cfg.Gateways > 1 {
 			logger = logger.With("gateway", i)
 		}
+		recordTo(&gc, cfg, policy, i)
 		gw, err := gateway.New(gc, gateway.Options{Redis: clients[i], Logger: logger})
 		if err != nil {
 			return nil, err

@@ -29,6 +29,10 @@ const (
 	// a "timestamp" field in milliseconds; prompts are tokenized with the
 	// simulator's tokenizer and chat template.
 	FormatOpenAI = "openai"
+	// FormatRecord is the gateway's own recording (package record, the
+	// record: setting), read with ReadRecordTrace: a directory of JSON
+	// lines with block keys at the gateway's block size.
+	FormatRecord = "record"
 )
 
 // MooncakeBlockTokens is the number of tokens behind one Mooncake hash id.
@@ -59,16 +63,22 @@ type TraceRequest struct {
 	// conversations plus the first where it parts from them (see
 	// ReadTrace); 0 for chat logs.
 	Opening int
+	// Session is a recorded request's session (FormatRecord: the hash
+	// the gateway wrote), "" otherwise.
+	Session string
 }
 
 // Trace is a parsed request log.
 type Trace struct {
-	// Format is FormatMooncake or FormatOpenAI.
+	// Format is FormatMooncake, FormatOpenAI or FormatRecord.
 	Format string
 	// BlockTokens is the number of tokens per block of Requests[i].Blocks.
 	BlockTokens int
 	// Requests are in arrival order.
 	Requests []TraceRequest
+	// Recorded is what the fleet got on a recording (FormatRecord), nil
+	// for other formats.
+	Recorded *RecordedResult
 }
 
 // ReadTraceFile reads a trace file; see ReadTrace.
@@ -95,7 +105,8 @@ const maxTraceTimestamp = 1 << 53
 
 // ReadTrace reads a JSONL trace in either format, telling them apart by the
 // first line: a hash_ids field means Mooncake, a messages field a chat
-// log. Requests are sorted by arrival, and arrivals count from the first
+// log, and a block_tokens field the gateway's recording, which is an error
+// (ReadRecordTrace reads those). Requests are sorted by arrival, and arrivals count from the first
 // request: a log of epoch milliseconds, or the second half of a trace,
 // starts at 0 like any other. A malformed line is an error naming its line
 // number.
@@ -132,18 +143,15 @@ func ReadTrace(r io.Reader) (*Trace, error) {
 			Tools        json.RawMessage `json:"tools"`
 			MaxTokens    int             `json:"max_tokens"`
 			MaxComplete  int             `json:"max_completion_tokens"`
+			BlockTokens  *int            `json:"block_tokens"`
 		}
 		if err := json.Unmarshal(raw, &probe); err != nil {
 			return nil, fmt.Errorf("bench: trace line %d: %w", line, err)
 		}
 		if t.Format == "" {
-			switch {
-			case probe.HashIDs != nil || probe.InputLength != nil:
-				t.Format, t.BlockTokens = FormatMooncake, MooncakeBlockTokens
-			case probe.Messages != nil:
-				t.Format, t.BlockTokens = FormatOpenAI, ChatBlockTokens
-			default:
-				return nil, fmt.Errorf("bench: trace line %d: neither a Mooncake record (hash_ids) nor a chat request (messages)", line)
+			var err error
+			if t.Format, t.BlockTokens, err = traceFormat(probe.BlockTokens != nil, probe.HashIDs != nil || probe.InputLength != nil, probe.Messages != nil); err != nil {
+				return nil, fmt.Errorf("bench: trace line %d: %w", line, err)
 			}
 		}
 		if probe.Timestamp == nil || !(*probe.Timestamp >= 0 && *probe.Timestamp <= maxTraceTimestamp) {
@@ -209,6 +217,21 @@ func ReadTrace(r io.Reader) (*Trace, error) {
 		setOpenings(t.Requests)
 	}
 	return t, nil
+}
+
+// traceFormat tells a trace's format and block size from its first line's
+// fields: block_tokens (a recording, which ReadTrace does not read),
+// hash_ids or input_length (Mooncake), messages (a chat log).
+func traceFormat(blockTokens, mooncake, messages bool) (string, int, error) {
+	switch {
+	case blockTokens:
+		return "", 0, errors.New("a warmpath recording (block_tokens): read its directory with ReadRecordTrace (warmpath analyze --record DIR)")
+	case mooncake:
+		return FormatMooncake, MooncakeBlockTokens, nil
+	case messages:
+		return FormatOpenAI, ChatBlockTokens, nil
+	}
+	return "", 0, errors.New("neither a Mooncake record (hash_ids) nor a chat request (messages)")
 }
 
 // setOpenings sets each Mooncake request's Opening from the trace's

@@ -29,6 +29,9 @@ import (
 // (bench.WriteHarnessTrace) instead of a file, `--synthetic agentic-real`
 // the same at the real size (bench.RealSizeHarnessTrace), each generated
 // from --trace-seed; `--write-trace FILE` also writes that log out.
+// `--record DIR[,DIR…]` analyzes the gateway's own recording
+// (bench.ReadRecordTrace) against what the fleet got on it, on as many
+// replicas as it names unless --replicas says otherwise.
 func runAnalyze(ctx context.Context, args []string) error {
 	return analyze(ctx, args, os.Stdout)
 }
@@ -36,7 +39,7 @@ func runAnalyze(ctx context.Context, args []string) error {
 func analyze(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("analyze", flag.ContinueOnError)
 	window := fs.Duration("window", bench.DefaultAnalyzeWindow, "ceiling window: reuse counts only within it (0 = unlimited)")
-	replicas := fs.Int("replicas", bench.DefaultAnalyzeReplicas, "simulated replicas")
+	replicas := fs.Int("replicas", bench.DefaultAnalyzeReplicas, "simulated replicas (with --record, default as many as the recording names)")
 	cacheBlocks := fs.String("cache-blocks", "", "comma-separated per-replica cache sizes in trace blocks (default ¼×…8× the simulator's KV capacity: 150,300,600,1200,2400,4800 for Mooncake)")
 	policies := fs.String("policies", "", "comma-separated routing policies (default all)")
 	rate := fs.Float64("prefill-rate", bench.DefaultPrefillTokensPerSec, "prefill tokens per second per replica")
@@ -50,11 +53,12 @@ func analyze(ctx context.Context, args []string, stdout io.Writer) error {
 	synthetic := fs.String("synthetic", "", "analyze a synthetic log instead of a file: agentic-harness (coding agents sharing a harness, with sub-agents) or agentic-real (the same at the real size of Claude Code sessions)")
 	traceSeed := fs.Int64("trace-seed", 1, "with --synthetic, seed for the generated log")
 	writeTrace := fs.String("write-trace", "", "with --synthetic, also write the log to `FILE`")
+	recordDirs := fs.String("record", "", "analyze the gateway's recording (record.dir) instead of a trace file: comma-separated `DIRS`, merged by time")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if args := fs.NArg(); *synthetic != "" && args != 0 || *synthetic == "" && args != 1 {
-		return fmt.Errorf("want one trace file (or --synthetic), got %d arguments; usage: warmpath analyze [flags] TRACE.jsonl", fs.NArg())
+	if err := analyzeSource(fs, *synthetic, *recordDirs, replicas); err != nil {
+		return err
 	}
 	if *cacheConvs != "" && *cacheBlocks != "" {
 		return errors.New("--cache-conversations and --cache-blocks are exclusive")
@@ -70,7 +74,7 @@ func analyze(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--cache-conversations: %w", err)
 	}
-	tr, err := analyzeTrace(fs.Arg(0), *synthetic, *writeTrace, *traceSeed)
+	tr, err := analyzeTrace(fs.Arg(0), *synthetic, *writeTrace, *traceSeed, analyzeList(*recordDirs))
 	if err != nil {
 		return err
 	}
@@ -112,16 +116,18 @@ func analyze(ctx context.Context, args []string, stdout io.Writer) error {
 	return nil
 }
 
-// analyzeTrace reads the trace file, or builds the synthetic log named
-// from seed (writing it to out when set).
-func analyzeTrace(path, synthetic, out string, seed int64) (*bench.Trace, error) {
+// analyzeTrace reads the trace file, or the recording in dirs, or builds
+// the synthetic log named from seed (writing it to out when set).
+func analyzeTrace(path, synthetic, out string, seed int64, dirs []string) (*bench.Trace, error) {
 	var cfg bench.HarnessTraceConfig
-	switch synthetic {
-	case "":
+	switch {
+	case dirs != nil:
+		return bench.ReadRecordTrace(dirs...)
+	case synthetic == "":
 		return bench.ReadTraceFile(path)
-	case "agentic-harness":
+	case synthetic == "agentic-harness":
 		cfg = bench.HarnessTraceConfig{Seed: seed}
-	case "agentic-real":
+	case synthetic == "agentic-real":
 		cfg = bench.RealSizeHarnessTrace(bench.RealSizeRuns, bench.RealSizeActive, seed)
 	default:
 		return nil, fmt.Errorf("--synthetic %q: want agentic-harness or agentic-real", synthetic)
@@ -136,6 +142,26 @@ func analyzeTrace(path, synthetic, out string, seed int64) (*bench.Trace, error)
 		}
 	}
 	return bench.ReadTrace(&b)
+}
+
+// analyzeSource checks that fs names exactly one source: a trace file,
+// a synthetic log or a recording; for a recording it leaves the fleet's
+// size to the recording unless --replicas was given.
+func analyzeSource(fs *flag.FlagSet, synthetic, recordDirs string, replicas *int) error {
+	if args, other := fs.NArg(), synthetic != "" || recordDirs != ""; other && args != 0 || !other && args != 1 || synthetic != "" && recordDirs != "" {
+		return fmt.Errorf("want one trace file (or --synthetic, or --record), got %d arguments; usage: warmpath analyze [flags] TRACE.jsonl", fs.NArg())
+	}
+	if recordDirs != "" && !flagSet(fs, "replicas") {
+		*replicas = 0 // as many as the recording names
+	}
+	return nil
+}
+
+// flagSet reports whether the flag name was given on fs's command line.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // analyzeList splits a comma-separated list, dropping empty items; "" gives

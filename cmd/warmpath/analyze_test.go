@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"encoding/xml"
 	"errors"
@@ -12,6 +13,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/warmpath/warmpath/record"
 )
 
 func TestAnalyzeCommand(t *testing.T) {
@@ -162,5 +166,44 @@ func TestAnalyzeCacheConversations(t *testing.T) {
 		if err := analyze(t.Context(), args, io.Discard); err == nil {
 			t.Errorf("%v succeeded", args)
 		}
+	}
+}
+
+// TestAnalyzeRecord analyzes two gateways' recordings written by the
+// record package: merged by time, on as many replicas as they name, with
+// the fleet's own figure printed; --record takes no trace file.
+func TestAnalyzeRecord(t *testing.T) {
+	root := t.TempDir()
+	dirs := []string{filepath.Join(root, "a"), filepath.Join(root, "b")}
+	t0 := time.UnixMilli(1_700_000_000_000)
+	for g, dir := range dirs {
+		r, err := record.New(record.Config{Dir: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- r.Run(ctx) }()
+		for i := range 3 {
+			r.Record(record.Entry{Time: t0.Add(time.Duration(2*i+g) * time.Second), Session: "s", Blocks: []uint64{1, 2, uint64(3 + 2*i + g)},
+				BlockTokens: 16, PromptTokens: 50, OutputTokens: 3, Replica: fmt.Sprintf("r%d", g), CachedTokens: 32 * min(2*i+g, 1)})
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	var out bytes.Buffer
+	err := analyze(t.Context(), []string{"--record", strings.Join(dirs, ","), "--cache-blocks", "100", "--policies", "warmpath"}, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"trace: record, 6 requests, 300 prompt tokens, 16-token blocks; 2 replicas", "recorded: the fleet cached 53.3% of prompt tokens on 2 replicas"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, out.String())
+		}
+	}
+	if err := analyze(t.Context(), []string{"--record", dirs[0], "trace.jsonl"}, io.Discard); err == nil {
+		t.Error("--record with a trace file: no error")
 	}
 }

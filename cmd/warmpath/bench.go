@@ -15,7 +15,7 @@ import (
 // runBench runs a live benchmark: `warmpath bench --workload shared-prefix
 // [--policies …] [--replicas 8] [--kv-blocks B] [--cpu-blocks C] [--gateways 1] [--redis host:port] [--speed X] [--scale S] [--stage-scale F]
 // [--seed N] [--trace FILE --time-scale F] [--limit N] [--duration D]
-// [--drain D] [--parts P] [--report DIR] [--json FILE] [--log FILE] [--fleet URLs [--kv-events EPs]] [--target
+// [--drain D] [--parts P] [--record DIR] [--report DIR] [--json FILE] [--log FILE] [--fleet URLs [--kv-events EPs]] [--target
 // URL] [--quiet]`.
 func runBench(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -46,6 +46,7 @@ func runBench(ctx context.Context, args []string) error {
 	jsonPath := fs.String("json", "", "write the results as JSON to FILE")
 	samplesPath := fs.String("samples", "", "write every request (policy, turn, TTFT and its phases, replica, reason, cached tokens) as JSON lines to FILE")
 	loadPath := fs.String("load", "", "write the simulated engines' sampled state (per replica: waiting, running, KV use, by simulated second) as JSON lines to FILE")
+	fs.StringVar(&cfg.RecordDir, "record", "", "have the gateways record their routed requests under `DIR`/<policy> for warmpath analyze --record (on the simulated fleet they then tokenize in process)")
 	quiet := fs.Bool("quiet", false, "no progress bar")
 	logPath := fs.String("log", "", "write the simulated fleet's and the gateways' logs to FILE (text, info level)")
 	if err := fs.Parse(args); err != nil {
