@@ -15,44 +15,8 @@ import (
 	"github.com/tidwall/sjson"
 
 	"github.com/warmpath/warmpath/internal/apierror"
+	"github.com/warmpath/warmpath/internal/chatapi"
 )
-
-// Chat sends chat-completions requests through warmpath's routed client:
-// admission, routing to the replica holding the prefix, retry, accounting.
-// The gateway implements it.
-//
-// Contract: the response is the upstream's (status, headers, a body that
-// streams as text/event-stream of chat.completion.chunk, with usage in the
-// last chunk) when the upstream answered with a success. Every refusal
-// (routing, admission, auth-limit, and the upstream's own error
-// responses) is an error value, an *apierror.Error with the status, the
-// envelope's fields and the retry headers (Retry-After, x-ratelimit-*,
-// passed on); any other error means the context ended or the request
-// could not be sent at all. A response with status >= 400 is never
-// returned.
-type Chat interface {
-	Complete(ctx context.Context, t Turn) (*http.Response, error)
-}
-
-// ChatFunc adapts a function to Chat.
-type ChatFunc func(ctx context.Context, t Turn) (*http.Response, error)
-
-// Complete calls f.
-func (f ChatFunc) Complete(ctx context.Context, t Turn) (*http.Response, error) { return f(ctx, t) }
-
-// Turn is the chat-completions request one Messages request became.
-type Turn struct {
-	// Body is a /v1/chat/completions JSON body, exactly as a client would
-	// POST it. It always streams, with stream_options.include_usage.
-	Body []byte
-	// Header holds the client's request headers less its credentials and
-	// the anthropic-* headers (which only the Messages API reads); the
-	// session headers (X-Claude-Code-Session-Id, x-claude-code-agent-id…)
-	// stay for the gateway's session key. A request without a session
-	// header whose metadata.user_id names a session gets that id as
-	// X-Claude-Code-Session-Id.
-	Header http.Header
-}
 
 // Options configures a Service. Every field has the default its doc
 // states.
@@ -113,12 +77,12 @@ func (o *Options) fill() {
 // use and starts no goroutines.
 type Service struct {
 	opts Options
-	chat Chat
+	chat chatapi.Chat
 	log  *slog.Logger
 }
 
 // New returns a Service over chat.
-func New(opts Options, chat Chat) (*Service, error) {
+func New(opts Options, chat chatapi.Chat) (*Service, error) {
 	if chat == nil {
 		return nil, errors.New("anthropic: a Chat is required")
 	}
@@ -221,7 +185,7 @@ func (s *Service) messages(w http.ResponseWriter, r *http.Request) error {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.opts.TurnTimeout)
 	defer cancel()
-	resp, err := s.chat.Complete(ctx, Turn{Body: chatBody, Header: turnHeader(r.Header, req)})
+	resp, err := s.chat.Complete(ctx, chatapi.Turn{Body: chatBody, Header: turnHeader(r.Header, req)})
 	if err != nil {
 		return err
 	}
@@ -232,7 +196,13 @@ func (s *Service) messages(w http.ResponseWriter, r *http.Request) error {
 	return s.complete(w, req, resp)
 }
 
-// turnHeader is the header a turn is sent with (see Turn.Header).
+// turnHeader is the header a turn is sent with: the client's less its
+// credentials (gone since authenticate) and the anthropic-* headers, which
+// only the Messages API reads; the session headers
+// (X-Claude-Code-Session-Id, x-claude-code-agent-id…) stay for the
+// gateway's session key. A request without a session header whose
+// metadata.user_id names a session gets that id as
+// X-Claude-Code-Session-Id.
 func turnHeader(in http.Header, req *request) http.Header {
 	h := make(http.Header, len(in))
 	for k, v := range in {
@@ -351,7 +321,7 @@ func (s *Service) countTokens(w http.ResponseWriter, r *http.Request) error {
 // countByCompletion counts prompt tokens by a one-token completion.
 func (s *Service) countByCompletion(ctx context.Context, h http.Header, req *request, chatBody []byte) (int, error) {
 	chatBody, _ = sjson.SetBytes(chatBody, "max_tokens", 1)
-	resp, err := s.chat.Complete(ctx, Turn{Body: chatBody, Header: turnHeader(h, req)})
+	resp, err := s.chat.Complete(ctx, chatapi.Turn{Body: chatBody, Header: turnHeader(h, req)})
 	if err != nil {
 		return 0, err
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/warmpath/warmpath/internal/apierror"
+	"github.com/warmpath/warmpath/internal/chatapi"
 	"github.com/warmpath/warmpath/session"
 )
 
@@ -214,7 +215,7 @@ func (s *Service) call(ctx context.Context, t *turn) (*http.Response, error) {
 	if t.resp != nil {
 		id = t.resp.ID
 	}
-	resp, err := s.chat.Complete(ctx, Turn{Body: body, Session: t.sess, Tenant: t.tenant,
+	resp, err := s.chat.Complete(ctx, chatapi.Turn{Body: body, Session: t.sess, Tenant: t.tenant,
 		Background: t.p.background, Header: t.header, ResponseID: id})
 	if err != nil {
 		if ctx.Err() != nil {
