@@ -2,10 +2,7 @@ package anthropic
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
-	"io"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -111,9 +108,7 @@ func (s *Service) adapt(fn func(http.ResponseWriter, *http.Request) error) http.
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id := w.Header().Get("X-Request-Id")
 		if id == "" {
-			var b [12]byte
-			_, _ = rand.Read(b[:])
-			id = "req_" + hex.EncodeToString(b[:])
+			id = chatapi.NewRequestID()
 		}
 		w.Header().Set("Request-Id", id)
 		r, err := s.authenticate(r)
@@ -121,7 +116,6 @@ func (s *Service) adapt(fn func(http.ResponseWriter, *http.Request) error) http.
 			err = &apierror.Error{Status: http.StatusMethodNotAllowed, Msg: "Method " + r.Method + " is not allowed for " + r.URL.Path + "."}
 		}
 		if err == nil {
-			r.Body = http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes)
 			err = fn(w, r)
 		}
 		switch {
@@ -157,8 +151,10 @@ func (s *Service) authenticate(r *http.Request) (*http.Request, error) {
 	return r, nil
 }
 
-func readBody(r *http.Request) ([]byte, error) {
-	body, err := io.ReadAll(r.Body)
+// readBody reads the request's body (at most MaxBodyBytes); a body too
+// large stays an *http.MaxBytesError (413), any other failure is a 400.
+func (s *Service) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	body, err := chatapi.ReadBody(w, r, s.opts.MaxBodyBytes)
 	if err != nil {
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			return nil, err
@@ -171,7 +167,7 @@ func readBody(r *http.Request) ([]byte, error) {
 // messages serves POST /v1/messages: parse, translate, send the chat turn
 // through Chat, and answer as a stream or a Message.
 func (s *Service) messages(w http.ResponseWriter, r *http.Request) error {
-	body, err := readBody(r)
+	body, err := s.readBody(w, r)
 	if err != nil {
 		return err
 	}
@@ -234,13 +230,10 @@ func copyHeader(dst, src http.Header) {
 // stream answers as text/event-stream: message_start and a ping at once,
 // then the translated events as the upstream's chunks arrive.
 func (s *Service) stream(w http.ResponseWriter, req *request, resp *http.Response) error {
-	h := w.Header()
-	copyHeader(h, resp.Header)
-	h.Set("Content-Type", "text/event-stream; charset=utf-8")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
-	out := newSSESink(w, s.opts.PingInterval)
+	copyHeader(w.Header(), resp.Header)
+	sw := chatapi.NewWriter(w, "text/event-stream; charset=utf-8")
+	sw.Start()
+	out := newSSESink(sw, s.opts.PingInterval)
 	defer out.close()
 	t := newTranslator(out, req.Model, req.StopSequences)
 	err := t.start()
@@ -272,21 +265,14 @@ func (s *Service) complete(w http.ResponseWriter, req *request, resp *http.Respo
 	if f := t.failure; f != nil {
 		return &apierror.Error{Status: f.status, Msg: f.detail.Message}
 	}
-	b, err := marshal(acc.msg)
-	if err != nil {
-		return err
-	}
 	copyHeader(w.Header(), resp.Header)
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusOK)
-	_, err = w.Write(append(b, '\n'))
-	return err
+	return chatapi.WriteJSON(w, http.StatusOK, acc.msg)
 }
 
 // countTokens serves POST /v1/messages/count_tokens: the prompt tokens
 // of the chat body the request translates to, with the tools.
 func (s *Service) countTokens(w http.ResponseWriter, r *http.Request) error {
-	body, err := readBody(r)
+	body, err := s.readBody(w, r)
 	if err != nil {
 		return err
 	}
@@ -312,10 +298,7 @@ func (s *Service) countTokens(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	b, _ := marshal(map[string]int{"input_tokens": n})
-	w.Header().Set("Content-Type", "application/json")
-	_, err = w.Write(append(b, '\n'))
-	return err
+	return chatapi.WriteJSON(w, http.StatusOK, map[string]int{"input_tokens": n})
 }
 
 // countByCompletion counts prompt tokens by a one-token completion.
