@@ -201,7 +201,7 @@ func testPreviousResponseChain(t *testing.T, tp *redistest.Topology) {
 }
 
 func jsonString(s string) string {
-	b, _ := marshal(s)
+	b, _ := chatapi.Marshal(s)
 	return string(b)
 }
 

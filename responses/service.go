@@ -172,11 +172,10 @@ func (s *Service) Handler() http.Handler {
 	return mux
 }
 
-// adapt turns an error-returning handler into an http.Handler: the body is
-// size-limited, and every error becomes OpenAI's envelope.
+// adapt turns an error-returning handler into an http.Handler: every
+// error becomes OpenAI's envelope.
 func (s *Service) adapt(fn func(http.ResponseWriter, *http.Request) error) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		r.Body = http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes)
 		err := fn(w, r)
 		if err == nil {
 			return
