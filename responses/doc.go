@@ -1,9 +1,11 @@
 // Package responses serves OpenAI's Responses API (/v1/responses…) and
 // Conversations API (/v1/conversations…) over a self-hosted vLLM fleet. It
 // translates each turn into a /v1/chat/completions request sent through
-// the gateway's routed client (the chatapi.Chat seam), turns the chat stream back
-// into the Responses event sequence, and keeps responses, items and
-// conversations in Redis so that any gateway replica can continue a chain.
+// the gateway's routed client (the chatapi.Chat seam), turns the chat
+// stream back into the Responses event sequence (read with
+// chatapi.Reader, written with chatapi.Writer), and keeps responses,
+// items and conversations in Redis so that any gateway replica can
+// continue a chain.
 // It owns no routing, authentication or admission: the gateway provides
 // them through Chat and Options.Tenant.
 //
