@@ -120,9 +120,9 @@ func (s *Service) adapt(fn func(http.ResponseWriter, *http.Request) error) http.
 		}
 		switch {
 		case err == nil:
-		case errors.Is(err, errStreamStarted) && r.Context().Err() != nil:
+		case errors.Is(err, chatapi.ErrStreamStarted) && r.Context().Err() != nil:
 			s.log.Debug("anthropic: client went away mid-stream", "path", r.URL.Path, "request_id", id)
-		case errors.Is(err, errStreamStarted):
+		case errors.Is(err, chatapi.ErrStreamStarted):
 			s.log.Warn("anthropic: stream ended early", "path", r.URL.Path, "err", err, "request_id", id)
 		default:
 			he := writeError(w, err, id)
@@ -132,9 +132,6 @@ func (s *Service) adapt(fn func(http.ResponseWriter, *http.Request) error) http.
 		}
 	})
 }
-
-// errStreamStarted wraps failures after the stream's headers went out.
-var errStreamStarted = errors.New("anthropic: stream already started")
 
 // authenticate returns r under the context Options.Authenticate gave it,
 // without its credential headers, so they never reach an upstream.
@@ -247,7 +244,7 @@ func (s *Service) stream(w http.ResponseWriter, req *request, resp *http.Respons
 		err = errors.New(t.failure.detail.Message)
 	}
 	if err != nil {
-		return errors.Join(errStreamStarted, err)
+		return errors.Join(chatapi.ErrStreamStarted, err)
 	}
 	return nil
 }

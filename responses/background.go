@@ -127,7 +127,7 @@ func (s *Service) tail(w http.ResponseWriter, r *http.Request, tenant, id string
 			typ, _ := m.Values[fieldTyp].(string)
 			data, _ := m.Values[fieldEv].(string)
 			if err := sw.Event(typ, []byte(data)); err != nil {
-				return fmt.Errorf("%w: %w", errStreamStarted, err)
+				return fmt.Errorf("%w: %w", chatapi.ErrStreamStarted, err)
 			}
 		}
 	}
@@ -146,7 +146,7 @@ func (s *Service) drain(ctx context.Context, sw *chatapi.Writer, key, last strin
 		typ, _ := m.Values[fieldTyp].(string)
 		data, _ := m.Values[fieldEv].(string)
 		if err := sw.Event(typ, []byte(data)); err != nil {
-			return fmt.Errorf("%w: %w", errStreamStarted, err)
+			return fmt.Errorf("%w: %w", chatapi.ErrStreamStarted, err)
 		}
 	}
 	return nil
@@ -154,7 +154,7 @@ func (s *Service) drain(ctx context.Context, sw *chatapi.Writer, key, last strin
 
 func (s *Service) tailError(sw *chatapi.Writer, err error) error {
 	if sw.Started() {
-		return fmt.Errorf("%w: %w", errStreamStarted, err)
+		return fmt.Errorf("%w: %w", chatapi.ErrStreamStarted, err)
 	}
 	return apierror.Unavailable(err, "the response store is unavailable")
 }

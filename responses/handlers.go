@@ -76,7 +76,7 @@ func (s *Service) foreground(w http.ResponseWriter, r *http.Request, t *turn) er
 	s.metrics.duration.WithLabelValues("foreground").Observe(s.opts.Now().Sub(start).Seconds())
 	if sw != nil {
 		if err != nil {
-			return fmt.Errorf("%w: %w", errStreamStarted, err)
+			return fmt.Errorf("%w: %w", chatapi.ErrStreamStarted, err)
 		}
 		return nil
 	}

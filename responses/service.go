@@ -180,7 +180,7 @@ func (s *Service) adapt(fn func(http.ResponseWriter, *http.Request) error) http.
 		if err == nil {
 			return
 		}
-		if errors.Is(err, errStreamStarted) {
+		if errors.Is(err, chatapi.ErrStreamStarted) {
 			s.log.Warn("responses: stream aborted", "path", r.URL.Path, "err", err)
 			return
 		}
@@ -190,10 +190,6 @@ func (s *Service) adapt(fn func(http.ResponseWriter, *http.Request) error) http.
 		}
 	})
 }
-
-// errStreamStarted wraps failures after the SSE headers went out: nothing
-// more can be said to the client.
-var errStreamStarted = errors.New("responses: stream already started")
 
 func (s *Service) notFound(w http.ResponseWriter, r *http.Request) error {
 	return apierror.NotFound("unknown_url", "Unknown request URL: %s %s.", r.Method, r.URL.Path)

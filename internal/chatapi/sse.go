@@ -21,6 +21,11 @@ var (
 	ErrEventTooLarge = errors.New("chatapi: upstream event exceeds 8 MiB")
 )
 
+// ErrStreamStarted marks a front's failure after its stream's headers
+// went out (Writer.Started): nothing more can be said to the client, so
+// the front logs it rather than rendering an error response.
+var ErrStreamStarted = errors.New("chatapi: stream already started")
+
 // Reader reads the events of an upstream chat-completions stream
 // (text/event-stream of chat.completion.chunk), one event per Next, never
 // more of the body than the event needs. Lines end in LF or CRLF; the
