@@ -2,9 +2,10 @@
 // with or without ?beta=true, and POST /v1/messages/count_tokens) over a
 // self-hosted vLLM fleet, so Claude Code and the Anthropic SDKs run
 // against warmpath. It translates each request into a /v1/chat/completions
-// request sent through the gateway's routed client (the [Chat] seam), so
-// routing, tokenizing, admission and accounting are the chat path's, and
-// turns the chat stream back into the Messages event sequence. It owns no
+// request sent through the gateway's routed client (the chatapi.Chat
+// seam), so routing, tokenizing, admission and accounting are the chat
+// path's, and turns the chat stream back into the Messages event sequence
+// (read with chatapi.Reader, written with chatapi.Writer). It owns no
 // routing, authentication or state: the gateway provides them through Chat
 // and Options.
 //

@@ -4,10 +4,11 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"net/http"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/warmpath/warmpath/internal/chatapi"
 )
 
 // event is one Messages stream event; Type names it (and is repeated as
@@ -83,18 +84,17 @@ type sink interface {
 // interval (a long prefill says nothing otherwise, and proxies cut idle
 // connections). It is safe for use by the translator and its ping timer.
 type sseSink struct {
-	w        http.ResponseWriter
-	rc       *http.ResponseController
 	interval time.Duration // 0: no pings
 
-	mu     sync.Mutex // guards the writes to w, err, closed and timer
+	mu     sync.Mutex // guards the writes to sw, err, closed and timer
+	sw     *chatapi.Writer
 	err    error
 	closed bool
 	timer  *time.Timer
 }
 
-func newSSESink(w http.ResponseWriter, interval time.Duration) *sseSink {
-	s := &sseSink{w: w, rc: http.NewResponseController(w), interval: interval}
+func newSSESink(sw *chatapi.Writer, interval time.Duration) *sseSink {
+	s := &sseSink{sw: sw, interval: interval}
 	if interval > 0 {
 		s.timer = time.AfterFunc(interval, s.tick)
 	}
@@ -104,7 +104,7 @@ func newSSESink(w http.ResponseWriter, interval time.Duration) *sseSink {
 var pingData = []byte(`{"type":"ping"}`)
 
 func (s *sseSink) send(ev *event) error {
-	data, err := marshal(ev)
+	data, err := chatapi.Marshal(ev)
 	if err != nil {
 		return err
 	}
@@ -144,22 +144,8 @@ func (s *sseSink) tick() {
 
 // write writes one frame and flushes it; s.mu is held.
 func (s *sseSink) write(name string, data []byte) {
-	if s.err != nil {
-		return
-	}
-	var b bytes.Buffer
-	b.Grow(len(name) + len(data) + 16)
-	b.WriteString("event: ")
-	b.WriteString(name)
-	b.WriteString("\ndata: ")
-	b.Write(data)
-	b.WriteString("\n\n")
-	if _, err := s.w.Write(b.Bytes()); err != nil {
-		s.err = err
-		return
-	}
-	if err := s.rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
-		s.err = err
+	if s.err == nil {
+		s.err = s.sw.Event(name, data)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/warmpath/warmpath/internal/apierror"
+	"github.com/warmpath/warmpath/internal/chatapi"
 )
 
 // FuzzToChat: any body is either refused with a 400 or translated into
@@ -116,7 +117,7 @@ func FuzzTranslateStream(f *testing.F) {
 				t.Fatalf("tool input %q is not JSON", b.Input)
 			}
 		}
-		if _, err := marshal(acc.msg); err != nil {
+		if _, err := chatapi.Marshal(acc.msg); err != nil {
 			t.Fatal(err)
 		}
 	})

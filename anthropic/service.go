@@ -2,10 +2,7 @@ package anthropic
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
-	"io"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -15,44 +12,8 @@ import (
 	"github.com/tidwall/sjson"
 
 	"github.com/warmpath/warmpath/internal/apierror"
+	"github.com/warmpath/warmpath/internal/chatapi"
 )
-
-// Chat sends chat-completions requests through warmpath's routed client:
-// admission, routing to the replica holding the prefix, retry, accounting.
-// The gateway implements it.
-//
-// Contract: the response is the upstream's (status, headers, a body that
-// streams as text/event-stream of chat.completion.chunk, with usage in the
-// last chunk) when the upstream answered with a success. Every refusal
-// (routing, admission, auth-limit, and the upstream's own error
-// responses) is an error value, an *apierror.Error with the status, the
-// envelope's fields and the retry headers (Retry-After, x-ratelimit-*,
-// passed on); any other error means the context ended or the request
-// could not be sent at all. A response with status >= 400 is never
-// returned.
-type Chat interface {
-	Complete(ctx context.Context, t Turn) (*http.Response, error)
-}
-
-// ChatFunc adapts a function to Chat.
-type ChatFunc func(ctx context.Context, t Turn) (*http.Response, error)
-
-// Complete calls f.
-func (f ChatFunc) Complete(ctx context.Context, t Turn) (*http.Response, error) { return f(ctx, t) }
-
-// Turn is the chat-completions request one Messages request became.
-type Turn struct {
-	// Body is a /v1/chat/completions JSON body, exactly as a client would
-	// POST it. It always streams, with stream_options.include_usage.
-	Body []byte
-	// Header holds the client's request headers less its credentials and
-	// the anthropic-* headers (which only the Messages API reads); the
-	// session headers (X-Claude-Code-Session-Id, x-claude-code-agent-id…)
-	// stay for the gateway's session key. A request without a session
-	// header whose metadata.user_id names a session gets that id as
-	// X-Claude-Code-Session-Id.
-	Header http.Header
-}
 
 // Options configures a Service. Every field has the default its doc
 // states.
@@ -113,12 +74,12 @@ func (o *Options) fill() {
 // use and starts no goroutines.
 type Service struct {
 	opts Options
-	chat Chat
+	chat chatapi.Chat
 	log  *slog.Logger
 }
 
 // New returns a Service over chat.
-func New(opts Options, chat Chat) (*Service, error) {
+func New(opts Options, chat chatapi.Chat) (*Service, error) {
 	if chat == nil {
 		return nil, errors.New("anthropic: a Chat is required")
 	}
@@ -147,9 +108,7 @@ func (s *Service) adapt(fn func(http.ResponseWriter, *http.Request) error) http.
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id := w.Header().Get("X-Request-Id")
 		if id == "" {
-			var b [12]byte
-			_, _ = rand.Read(b[:])
-			id = "req_" + hex.EncodeToString(b[:])
+			id = chatapi.NewRequestID()
 		}
 		w.Header().Set("Request-Id", id)
 		r, err := s.authenticate(r)
@@ -157,14 +116,13 @@ func (s *Service) adapt(fn func(http.ResponseWriter, *http.Request) error) http.
 			err = &apierror.Error{Status: http.StatusMethodNotAllowed, Msg: "Method " + r.Method + " is not allowed for " + r.URL.Path + "."}
 		}
 		if err == nil {
-			r.Body = http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes)
 			err = fn(w, r)
 		}
 		switch {
 		case err == nil:
-		case errors.Is(err, errStreamStarted) && r.Context().Err() != nil:
+		case errors.Is(err, chatapi.ErrStreamStarted) && r.Context().Err() != nil:
 			s.log.Debug("anthropic: client went away mid-stream", "path", r.URL.Path, "request_id", id)
-		case errors.Is(err, errStreamStarted):
+		case errors.Is(err, chatapi.ErrStreamStarted):
 			s.log.Warn("anthropic: stream ended early", "path", r.URL.Path, "err", err, "request_id", id)
 		default:
 			he := writeError(w, err, id)
@@ -174,9 +132,6 @@ func (s *Service) adapt(fn func(http.ResponseWriter, *http.Request) error) http.
 		}
 	})
 }
-
-// errStreamStarted wraps failures after the stream's headers went out.
-var errStreamStarted = errors.New("anthropic: stream already started")
 
 // authenticate returns r under the context Options.Authenticate gave it,
 // without its credential headers, so they never reach an upstream.
@@ -193,8 +148,10 @@ func (s *Service) authenticate(r *http.Request) (*http.Request, error) {
 	return r, nil
 }
 
-func readBody(r *http.Request) ([]byte, error) {
-	body, err := io.ReadAll(r.Body)
+// readBody reads the request's body (at most MaxBodyBytes); a body too
+// large stays an *http.MaxBytesError (413), any other failure is a 400.
+func (s *Service) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	body, err := chatapi.ReadBody(w, r, s.opts.MaxBodyBytes)
 	if err != nil {
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			return nil, err
@@ -207,7 +164,7 @@ func readBody(r *http.Request) ([]byte, error) {
 // messages serves POST /v1/messages: parse, translate, send the chat turn
 // through Chat, and answer as a stream or a Message.
 func (s *Service) messages(w http.ResponseWriter, r *http.Request) error {
-	body, err := readBody(r)
+	body, err := s.readBody(w, r)
 	if err != nil {
 		return err
 	}
@@ -221,7 +178,7 @@ func (s *Service) messages(w http.ResponseWriter, r *http.Request) error {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.opts.TurnTimeout)
 	defer cancel()
-	resp, err := s.chat.Complete(ctx, Turn{Body: chatBody, Header: turnHeader(r.Header, req)})
+	resp, err := s.chat.Complete(ctx, chatapi.Turn{Body: chatBody, Header: turnHeader(r.Header, req)})
 	if err != nil {
 		return err
 	}
@@ -232,7 +189,13 @@ func (s *Service) messages(w http.ResponseWriter, r *http.Request) error {
 	return s.complete(w, req, resp)
 }
 
-// turnHeader is the header a turn is sent with (see Turn.Header).
+// turnHeader is the header a turn is sent with: the client's less its
+// credentials (gone since authenticate) and the anthropic-* headers, which
+// only the Messages API reads; the session headers
+// (X-Claude-Code-Session-Id, x-claude-code-agent-id…) stay for the
+// gateway's session key. A request without a session header whose
+// metadata.user_id names a session gets that id as
+// X-Claude-Code-Session-Id.
 func turnHeader(in http.Header, req *request) http.Header {
 	h := make(http.Header, len(in))
 	for k, v := range in {
@@ -264,13 +227,10 @@ func copyHeader(dst, src http.Header) {
 // stream answers as text/event-stream: message_start and a ping at once,
 // then the translated events as the upstream's chunks arrive.
 func (s *Service) stream(w http.ResponseWriter, req *request, resp *http.Response) error {
-	h := w.Header()
-	copyHeader(h, resp.Header)
-	h.Set("Content-Type", "text/event-stream; charset=utf-8")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
-	out := newSSESink(w, s.opts.PingInterval)
+	copyHeader(w.Header(), resp.Header)
+	sw := chatapi.NewWriter(w, "text/event-stream; charset=utf-8")
+	sw.Start()
+	out := newSSESink(sw, s.opts.PingInterval)
 	defer out.close()
 	t := newTranslator(out, req.Model, req.StopSequences)
 	err := t.start()
@@ -284,7 +244,7 @@ func (s *Service) stream(w http.ResponseWriter, req *request, resp *http.Respons
 		err = errors.New(t.failure.detail.Message)
 	}
 	if err != nil {
-		return errors.Join(errStreamStarted, err)
+		return errors.Join(chatapi.ErrStreamStarted, err)
 	}
 	return nil
 }
@@ -302,21 +262,14 @@ func (s *Service) complete(w http.ResponseWriter, req *request, resp *http.Respo
 	if f := t.failure; f != nil {
 		return &apierror.Error{Status: f.status, Msg: f.detail.Message}
 	}
-	b, err := marshal(acc.msg)
-	if err != nil {
-		return err
-	}
 	copyHeader(w.Header(), resp.Header)
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusOK)
-	_, err = w.Write(append(b, '\n'))
-	return err
+	return chatapi.WriteJSON(w, http.StatusOK, acc.msg)
 }
 
 // countTokens serves POST /v1/messages/count_tokens: the prompt tokens
 // of the chat body the request translates to, with the tools.
 func (s *Service) countTokens(w http.ResponseWriter, r *http.Request) error {
-	body, err := readBody(r)
+	body, err := s.readBody(w, r)
 	if err != nil {
 		return err
 	}
@@ -342,16 +295,13 @@ func (s *Service) countTokens(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	b, _ := marshal(map[string]int{"input_tokens": n})
-	w.Header().Set("Content-Type", "application/json")
-	_, err = w.Write(append(b, '\n'))
-	return err
+	return chatapi.WriteJSON(w, http.StatusOK, map[string]int{"input_tokens": n})
 }
 
 // countByCompletion counts prompt tokens by a one-token completion.
 func (s *Service) countByCompletion(ctx context.Context, h http.Header, req *request, chatBody []byte) (int, error) {
 	chatBody, _ = sjson.SetBytes(chatBody, "max_tokens", 1)
-	resp, err := s.chat.Complete(ctx, Turn{Body: chatBody, Header: turnHeader(h, req)})
+	resp, err := s.chat.Complete(ctx, chatapi.Turn{Body: chatBody, Header: turnHeader(h, req)})
 	if err != nil {
 		return 0, err
 	}

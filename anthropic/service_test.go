@@ -17,18 +17,19 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/warmpath/warmpath/internal/apierror"
+	"github.com/warmpath/warmpath/internal/chatapi"
 	"github.com/warmpath/warmpath/internal/testrun"
 	"github.com/warmpath/warmpath/vllmsim"
 )
 
-// simChat is a Chat that posts every turn to one simulated replica (so a
+// simChat is a chatapi.Chat that posts every turn to one simulated replica (so a
 // conversation's turns share its prefix cache) and records the turns.
 type simChat struct {
 	url    string
 	client *http.Client
 
 	mu    sync.Mutex // guards turns
-	turns []Turn
+	turns []chatapi.Turn
 }
 
 func newSimChat(t *testing.T) *simChat {
@@ -41,7 +42,7 @@ func newSimChat(t *testing.T) *simChat {
 	return &simChat{url: f.Replicas()[0].Info().URL, client: &http.Client{Timeout: time.Minute}}
 }
 
-func (c *simChat) Complete(ctx context.Context, t Turn) (*http.Response, error) {
+func (c *simChat) Complete(ctx context.Context, t chatapi.Turn) (*http.Response, error) {
 	c.mu.Lock()
 	c.turns = append(c.turns, t)
 	c.mu.Unlock()
@@ -53,13 +54,13 @@ func (c *simChat) Complete(ctx context.Context, t Turn) (*http.Response, error) 
 	return c.client.Do(req)
 }
 
-func (c *simChat) last() Turn {
+func (c *simChat) last() chatapi.Turn {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.turns[len(c.turns)-1]
 }
 
-func serveMessages(t *testing.T, chat Chat, opts Options) *httptest.Server {
+func serveMessages(t *testing.T, chat chatapi.Chat, opts Options) *httptest.Server {
 	t.Helper()
 	svc, err := New(opts, chat)
 	if err != nil {
@@ -196,7 +197,7 @@ func TestMessagesToolLoop(t *testing.T) {
 }
 
 func TestMessagesErrors(t *testing.T) {
-	var chat ChatFunc = func(ctx context.Context, tn Turn) (*http.Response, error) {
+	var chat chatapi.ChatFunc = func(ctx context.Context, tn chatapi.Turn) (*http.Response, error) {
 		switch gjson.GetBytes(tn.Body, "model").String() {
 		case "limited":
 			return nil, &apierror.Error{Status: 429, Type: apierror.TypeRateLimit, Code: "rate_limit_exceeded", Msg: "Rate limit reached",
@@ -333,7 +334,7 @@ func (w *syncWriter) count(name string) int {
 func TestStreamPings(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		pr, pw := io.Pipe()
-		var chat ChatFunc = func(context.Context, Turn) (*http.Response, error) {
+		var chat chatapi.ChatFunc = func(context.Context, chatapi.Turn) (*http.Response, error) {
 			return upstream("text/event-stream", pr), nil
 		}
 		svc, err := New(Options{PingInterval: 10 * time.Second}, chat)
@@ -375,7 +376,7 @@ func TestStreamClientGone(t *testing.T) {
 	pr, pw := io.Pipe()
 	defer pw.Close()
 	upCtx := make(chan context.Context, 1)
-	var chat ChatFunc = func(ctx context.Context, _ Turn) (*http.Response, error) {
+	var chat chatapi.ChatFunc = func(ctx context.Context, _ chatapi.Turn) (*http.Response, error) {
 		upCtx <- ctx
 		return upstream("text/event-stream", pr), nil
 	}

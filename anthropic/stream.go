@@ -1,8 +1,6 @@
 package anthropic
 
 import (
-	"bufio"
-	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -15,76 +13,13 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/tidwall/gjson"
+
+	"github.com/warmpath/warmpath/internal/chatapi"
 )
 
-// maxEventBytes bounds one upstream SSE event, or a non-streaming body.
-const maxEventBytes = 8 << 20
-
-var errEventTooLarge = errors.New("anthropic: upstream event exceeds 8 MiB")
-
-// eventReader reads the data of each SSE event of a chat-completions
-// stream.
-type eventReader struct {
-	br   *bufio.Reader
-	line []byte
-	data []byte
-}
-
-func newEventReader(r io.Reader) *eventReader {
-	return &eventReader{br: bufio.NewReaderSize(r, 32<<10)}
-}
-
-// next returns the next event's data (its data lines joined with "\n"),
-// skipping events without data, or the read error (io.EOF at the end). A
-// last event without its blank line still counts.
-func (er *eventReader) next() ([]byte, error) {
-	er.data = er.data[:0]
-	found := false
-	for {
-		l, err := er.readLine()
-		if err != nil {
-			if found && errors.Is(err, io.EOF) {
-				return er.data, nil
-			}
-			return nil, err
-		}
-		switch {
-		case len(l) == 0:
-			if found {
-				return er.data, nil
-			}
-		case bytes.HasPrefix(l, []byte("data:")):
-			if found {
-				er.data = append(er.data, '\n')
-			}
-			er.data = append(er.data, bytes.TrimPrefix(l[5:], []byte(" "))...)
-			found = true
-			if len(er.data) > maxEventBytes {
-				return nil, errEventTooLarge
-			}
-		}
-	}
-}
-
-// readLine returns the next line without its line ending; a last line
-// without one is returned before io.EOF.
-func (er *eventReader) readLine() ([]byte, error) {
-	er.line = er.line[:0]
-	for {
-		chunk, err := er.br.ReadSlice('\n')
-		er.line = append(er.line, chunk...)
-		if len(er.line) > maxEventBytes {
-			return nil, errEventTooLarge
-		}
-		switch {
-		case errors.Is(err, bufio.ErrBufferFull):
-			continue
-		case err != nil && (len(er.line) == 0 || !errors.Is(err, io.EOF)):
-			return nil, err
-		}
-		return bytes.TrimRight(er.line, "\r\n"), nil
-	}
-}
+// eventTooLarge is what a client hears of an upstream event (or a
+// non-streaming body) over chatapi.MaxEventBytes.
+const eventTooLarge = "anthropic: upstream event exceeds 8 MiB"
 
 // translator turns one chat completion (stream chunks, or a whole
 // completion) into the Messages event sequence: message_start; for each
@@ -131,27 +66,23 @@ func (t *translator) start() error {
 // error event has been sent, or the sink's error.
 func (t *translator) run(resp *http.Response) error {
 	if !isEventStream(resp.Header.Get("Content-Type")) {
-		body, err := io.ReadAll(io.LimitReader(resp.Body, maxEventBytes+1))
+		body, err := io.ReadAll(io.LimitReader(resp.Body, chatapi.MaxEventBytes+1))
 		switch {
 		case err != nil:
 			return t.fail(http.StatusBadGateway, "reading the upstream answer: "+err.Error())
-		case len(body) > maxEventBytes:
-			return t.fail(http.StatusBadGateway, errEventTooLarge.Error())
+		case len(body) > chatapi.MaxEventBytes:
+			return t.fail(http.StatusBadGateway, eventTooLarge)
 		}
 		if err := t.chunk(body); err != nil || t.done {
 			return err
 		}
 		return t.end()
 	}
-	er := newEventReader(resp.Body)
+	er := chatapi.NewReader(resp.Body)
 	for !t.done {
-		data, err := er.next()
+		data, err := er.Next()
 		switch {
-		case errors.Is(err, io.EOF):
-			return t.fail(http.StatusBadGateway, "the upstream stream ended before the answer was complete")
-		case err != nil:
-			return t.fail(http.StatusBadGateway, "reading the upstream stream: "+err.Error())
-		case bytes.Equal(data, []byte("[DONE]")):
+		case errors.Is(err, chatapi.ErrDone):
 			if err := t.end(); err != nil {
 				return err
 			}
@@ -160,8 +91,14 @@ func (t *translator) run(resp *http.Response) error {
 			// early. Nothing follows [DONE], and vLLM closes the stream
 			// right after it; the gateway's idle timeout bounds one that
 			// does not.
-			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxEventBytes))
+			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, chatapi.MaxEventBytes))
 			return nil
+		case errors.Is(err, io.EOF):
+			return t.fail(http.StatusBadGateway, "the upstream stream ended before the answer was complete")
+		case errors.Is(err, chatapi.ErrEventTooLarge):
+			return t.fail(http.StatusBadGateway, "reading the upstream stream: "+eventTooLarge)
+		case err != nil:
+			return t.fail(http.StatusBadGateway, "reading the upstream stream: "+err.Error())
 		}
 		if err := t.chunk(data); err != nil {
 			return err

@@ -300,24 +300,6 @@ func TestToolInputMalformed(t *testing.T) {
 	}
 }
 
-func TestEventReader(t *testing.T) {
-	in := ": comment\n\nevent: x\ndata: a\ndata: b\r\n\r\ndata:c\n\nid: 1\n\ndata: " + strings.Repeat("z", 70000) + "\n\ndata: last"
-	er := newEventReader(strings.NewReader(in))
-	for _, want := range []string{"a\nb", "c", strings.Repeat("z", 70000), "last"} {
-		got, err := er.next()
-		if err != nil || string(got) != want {
-			t.Fatalf("next = %.40q, %v; want %.40q", got, err, want)
-		}
-	}
-	if _, err := er.next(); err != io.EOF {
-		t.Fatalf("after the last event: %v; want EOF", err)
-	}
-	big := newEventReader(strings.NewReader("data: " + strings.Repeat("y", maxEventBytes+10) + "\n\n"))
-	if _, err := big.next(); err != errEventTooLarge {
-		t.Fatalf("oversized event: %v", err)
-	}
-}
-
 // eofReader reports whether its reader was read to the end.
 type eofReader struct {
 	io.Reader

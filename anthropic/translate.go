@@ -9,6 +9,8 @@ import (
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
+
+	"github.com/warmpath/warmpath/internal/chatapi"
 )
 
 // chatRequest is the /v1/chat/completions body a Messages request becomes.
@@ -74,11 +76,11 @@ func (c chatContent) MarshalJSON() ([]byte, error) {
 	texts := make([]string, 0, len(c))
 	for _, p := range c {
 		if p.Type != "text" {
-			return marshal([]chatPart(c))
+			return chatapi.Marshal([]chatPart(c))
 		}
 		texts = append(texts, p.Text)
 	}
-	return marshal(strings.Join(texts, "\n"))
+	return chatapi.Marshal(strings.Join(texts, "\n"))
 }
 
 type chatToolCall struct {
@@ -101,18 +103,6 @@ type chatToolDef struct {
 	Name        string          `json:"name"`
 	Description string          `json:"description,omitempty"`
 	Parameters  json.RawMessage `json:"parameters"`
-}
-
-// marshal is json.Marshal without HTML escaping, so "<system-reminder>"
-// stays as it is.
-func marshal(v any) ([]byte, error) {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
-		return nil, err
-	}
-	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
 }
 
 // billingPrefix starts the attribution line Claude Code puts in its first
@@ -160,7 +150,7 @@ func toChat(r *request) ([]byte, error) {
 	if err := outputConfig(r, &cr); err != nil {
 		return nil, err
 	}
-	return marshal(cr)
+	return chatapi.Marshal(cr)
 }
 
 // outputConfig maps output_config: effort to reasoning_effort (chat knows

@@ -7,8 +7,10 @@
 // One request is a pipeline of named steps, each in the file its name
 // suggests:
 //
-//	handler   routes.go    chi router ─▶ requestID ─▶ auth ─▶ inference:
-//	                       reads the body once (size-limited)
+//	handler   routes.go    chi router ─▶ chatapi.RequestID ─▶ auth ─▶
+//	                       inference: reads the body once (size-limited,
+//	                       chatapi.ReadBody); the Responses and Messages
+//	                       fronts reach Do through frontChat (chatapi.Chat)
 //	parse     request/     request.Parse: the routing fields with gjson,
 //	                       the session key (package session), the class
 //	admit     admission.go the tenant's limits, routing's I/O (placement.go),
@@ -42,8 +44,10 @@
 // client. The chat and completions handlers are thin users of it (parse,
 // Do, copy the response); the Responses API (responses.go, package
 // responses) and the Anthropic Messages API (messages.go, package
-// anthropic, which answers in its own error envelope) are others. No routing state
-// or error travels through a context value.
+// anthropic, which answers in its own error envelope) are others, through
+// one chatapi.Chat (frontChat in responses.go) and the kit of package
+// internal/chatapi they all share. No routing state or error travels
+// through a context value.
 //
 // Streams are never buffered: each SSE event is released as soon as its
 // terminating blank line arrives, and the handler flushes every write. The

@@ -5,7 +5,6 @@ import (
 	"net/http"
 
 	"github.com/warmpath/warmpath/anthropic"
-	"github.com/warmpath/warmpath/gateway/request"
 	"github.com/warmpath/warmpath/tenancy"
 )
 
@@ -20,7 +19,7 @@ func (g *Gateway) newMessages() (*anthropic.Service, error) {
 		Models:       g.fleet.Models,
 		MaxBodyBytes: g.cfg.MaxBodyBytes,
 		Logger:       g.log.With("component", "anthropic"),
-	}, messagesChat{g})
+	}, frontChat{g})
 }
 
 // authenticateMessages is the tenancy check of /v1/messages: the same
@@ -32,24 +31,6 @@ func (g *Gateway) authenticateMessages(ctx context.Context, h http.Header) (cont
 		return ctx, err
 	}
 	return tenancy.NewContext(ctx, p), nil
-}
-
-// messagesChat is the routed client as the Messages API sees it
-// (anthropic.Chat).
-type messagesChat struct{ g *Gateway }
-
-var _ anthropic.Chat = messagesChat{}
-
-// Complete implements anthropic.Chat: the turn runs as the request's
-// principal; a refusal is an *apierror.Error (Gateway.complete), which
-// the Messages API writes in its own envelope.
-func (c messagesChat) Complete(ctx context.Context, t anthropic.Turn) (*http.Response, error) {
-	p, _ := tenancy.FromContext(ctx)
-	req, err := request.Parse(request.Chat, t.Header, t.Body, p)
-	if err != nil {
-		return nil, err
-	}
-	return c.g.complete(ctx, req)
 }
 
 // messagesHandler mounts the Messages API under the gateway's request

@@ -8,6 +8,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/warmpath/warmpath/internal/apierror"
+	"github.com/warmpath/warmpath/internal/chatapi"
 	"github.com/warmpath/warmpath/misses"
 	"github.com/warmpath/warmpath/tenancy"
 )
@@ -100,7 +101,7 @@ func (g *Gateway) prefixBreaksHandler(w http.ResponseWriter, r *http.Request) er
 		}
 		excerpts = t.BreakExcerpts
 	}
-	return writeJSON(w, http.StatusOK, g.miss.prefixBreaks(id, excerpts))
+	return chatapi.WriteJSON(w, http.StatusOK, g.miss.prefixBreaks(id, excerpts))
 }
 
 // missStatus is the status page's miss section: uncached tokens by cause

@@ -7,6 +7,7 @@ import (
 
 	"github.com/warmpath/warmpath/gateway/request"
 	"github.com/warmpath/warmpath/internal/apierror"
+	"github.com/warmpath/warmpath/internal/chatapi"
 	"github.com/warmpath/warmpath/responses"
 	"github.com/warmpath/warmpath/session"
 	"github.com/warmpath/warmpath/tenancy"
@@ -54,7 +55,7 @@ func (g *Gateway) newResponses() (*responses.Service, error) {
 		Tokenize:          g.countTokens,
 		Logger:            g.log.With("component", "responses"),
 		Registerer:        g.wrapped,
-	}, responsesChat{g})
+	}, frontChat{g})
 }
 
 // tenantOf is the authenticated tenant of a request's context.
@@ -65,20 +66,22 @@ func tenantOf(ctx context.Context) string {
 	return ""
 }
 
-// responsesChat is the routed client as the Responses API sees it
-// (responses.Chat): each turn is a chat-completions request through
-// Gateway.Do, keyed by its chain.
-type responsesChat struct{ g *Gateway }
+// frontChat is the routed client as the API fronts see it
+// (chatapi.Chat, used by packages responses and anthropic): each turn is
+// a chat-completions request through Gateway.Do, keyed by the session the
+// front names (a Responses chain) or the one Do derives.
+type frontChat struct{ g *Gateway }
 
-var _ responses.Chat = responsesChat{}
+var _ chatapi.Chat = frontChat{}
 
-// Complete implements responses.Chat. A turn runs as the principal of the
-// request that created it; a background turn, whose request is gone, as
-// its tenant (tenancy.Authenticator.ForTenant: the tenant's limits, not
-// its key's).
-func (c responsesChat) Complete(ctx context.Context, t responses.Turn) (*http.Response, error) {
+// Complete implements chatapi.Chat. A turn runs as the principal of the
+// request it came with; one of another tenant (Turn.Tenant), such as a
+// background turn whose request is gone, runs as that tenant
+// (tenancy.Authenticator.ForTenant: the tenant's limits, not its key's).
+// A refusal is an *apierror.Error (complete).
+func (c frontChat) Complete(ctx context.Context, t chatapi.Turn) (*http.Response, error) {
 	p, ok := tenancy.FromContext(ctx)
-	if !ok || p.TenantID != t.Tenant {
+	if !ok || (t.Tenant != "" && p.TenantID != t.Tenant) {
 		var err error
 		if p, err = c.g.tenants.auth.ForTenant(ctx, t.Tenant); err != nil {
 			return nil, err

@@ -1,13 +1,8 @@
 package gateway
 
 import (
-	"crypto/rand"
-	"encoding/hex"
-	"encoding/json"
-	"io"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -15,6 +10,7 @@ import (
 
 	"github.com/warmpath/warmpath/gateway/request"
 	"github.com/warmpath/warmpath/internal/apierror"
+	"github.com/warmpath/warmpath/internal/chatapi"
 	"github.com/warmpath/warmpath/tenancy"
 )
 
@@ -114,7 +110,7 @@ func (g *Gateway) routes() http.Handler {
 	if g.trace.on() {
 		r.Use(g.trace.middleware)
 	}
-	r.Use(requestID, g.bodyDeadline)
+	r.Use(chatapi.RequestID, g.bodyDeadline)
 	r.NotFound(g.serve("not_found", func(w http.ResponseWriter, r *http.Request) error {
 		return apierror.NotFound("unknown_url", "Unknown request URL: %s %s.", r.Method, r.URL.Path)
 	}))
@@ -156,28 +152,12 @@ func (g *Gateway) routes() http.Handler {
 	return r
 }
 
-// requestID gives every response an X-Request-Id (the client's, if it sent
-// a sane one); the OpenAI SDKs surface it in errors.
-func requestID(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id := r.Header.Get("X-Request-Id")
-		if id == "" || len(id) > 128 || strings.ContainsFunc(id, func(c rune) bool { return c < 0x21 || c > 0x7e }) {
-			var b [12]byte
-			_, _ = rand.Read(b[:])
-			id = "req_" + hex.EncodeToString(b[:])
-		}
-		w.Header().Set("X-Request-Id", id)
-		r.Header.Set("X-Request-Id", id) // passed on to the engine, which logs it
-		next.ServeHTTP(w, r)
-	})
-}
-
 // inference handles POST /v1/chat/completions and /v1/completions: read
 // the body once (size-limited), parse it, send it through the routed
 // client (Do) and stream the answer back.
 func (g *Gateway) inference(api request.API) handler {
 	return func(w http.ResponseWriter, r *http.Request) error {
-		body, err := readBody(w, r, g.cfg.MaxBodyBytes)
+		body, err := chatapi.ReadBody(w, r, g.cfg.MaxBodyBytes)
 		if err != nil {
 			return bodyError(err)
 		}
@@ -197,23 +177,6 @@ func (g *Gateway) inference(api request.API) handler {
 		copyResponse(w, resp)
 		return nil
 	}
-}
-
-// readBody reads r's body, at most limit bytes. A body whose length the
-// client declared is read into one buffer of that size (net/http ends the
-// body there): io.ReadAll grows its buffer from 512 bytes, which for a
-// 16k-token prompt (~100 KB) is a dozen allocations and copies.
-func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
-	body := http.MaxBytesReader(w, r.Body, limit)
-	n := r.ContentLength
-	if n <= 0 || n > limit {
-		return io.ReadAll(body)
-	}
-	buf := make([]byte, n)
-	if _, err := io.ReadFull(body, buf); err != nil {
-		return nil, err
-	}
-	return buf, nil
 }
 
 // ready reports whether at least one replica can take traffic.
@@ -251,7 +214,7 @@ func (g *Gateway) listModels(w http.ResponseWriter, r *http.Request) error {
 			data = append(data, g.model(id))
 		}
 	}
-	return writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
+	return chatapi.WriteJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
 }
 
 func (g *Gateway) getModel(w http.ResponseWriter, r *http.Request) error {
@@ -261,19 +224,8 @@ func (g *Gateway) getModel(w http.ResponseWriter, r *http.Request) error {
 	}
 	for _, m := range g.fleet.Models() {
 		if m == id {
-			return writeJSON(w, http.StatusOK, g.model(id))
+			return chatapi.WriteJSON(w, http.StatusOK, g.model(id))
 		}
 	}
 	return apierror.NotFound("model_not_found", "The model '%s' does not exist.", id)
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_, err = w.Write(append(b, '\n'))
-	return err
 }

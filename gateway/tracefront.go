@@ -23,7 +23,7 @@ import (
 
 	"github.com/warmpath/warmpath/gateway/proxy"
 	"github.com/warmpath/warmpath/internal/apierror"
-	"github.com/warmpath/warmpath/responses"
+	"github.com/warmpath/warmpath/internal/chatapi"
 	"github.com/warmpath/warmpath/tenancy"
 )
 
@@ -162,7 +162,7 @@ func bodyBroke(span trace.Span, err error, stream bool) {
 // response, whose context the stored headers carry (front). The caller
 // ends it with the response body (endWithBody). ctx is returned as is
 // when tracing is off or the turn is not a background run.
-func (t *tracing) backgroundSpan(ctx context.Context, turn responses.Turn) (context.Context, trace.Span) {
+func (t *tracing) backgroundSpan(ctx context.Context, turn chatapi.Turn) (context.Context, trace.Span) {
 	if !t.on() || !turn.Background || trace.SpanContextFromContext(ctx).IsValid() {
 		return ctx, nil
 	}

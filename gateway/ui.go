@@ -11,6 +11,7 @@ import (
 
 	"github.com/warmpath/warmpath/gateway/request"
 	"github.com/warmpath/warmpath/internal/apierror"
+	"github.com/warmpath/warmpath/internal/chatapi"
 	"github.com/warmpath/warmpath/scoring"
 )
 
@@ -135,7 +136,7 @@ func (g *Gateway) status(w http.ResponseWriter, r *http.Request) error {
 	if err := g.adminOnly(r); err != nil {
 		return err
 	}
-	return writeJSON(w, http.StatusOK, g.statusReport(time.Now()))
+	return chatapi.WriteJSON(w, http.StatusOK, g.statusReport(time.Now()))
 }
 
 // statusReport is the status page's JSON at now.

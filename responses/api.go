@@ -1,8 +1,9 @@
 package responses
 
 import (
-	"bytes"
 	"encoding/json"
+
+	"github.com/warmpath/warmpath/internal/chatapi"
 )
 
 // Response is the Responses API object, as returned by POST /v1/responses,
@@ -152,26 +153,26 @@ func (p Part) MarshalJSON() ([]byte, error) {
 		if len(lp) == 0 {
 			lp = emptyArray
 		}
-		return marshal(struct {
+		return chatapi.Marshal(struct {
 			Type        string          `json:"type"`
 			Text        string          `json:"text"`
 			Annotations json.RawMessage `json:"annotations"`
 			Logprobs    json.RawMessage `json:"logprobs"`
 		}{p.Type, p.Text, emptyArray, lp})
 	case "refusal":
-		return marshal(struct {
+		return chatapi.Marshal(struct {
 			Type    string `json:"type"`
 			Refusal string `json:"refusal"`
 		}{p.Type, p.Refusal})
 	case "input_image":
-		return marshal(struct {
+		return chatapi.Marshal(struct {
 			Type     string `json:"type"`
 			ImageURL string `json:"image_url,omitempty"`
 			FileID   string `json:"file_id,omitempty"`
 			Detail   string `json:"detail"`
 		}{p.Type, p.ImageURL, p.FileID, p.Detail})
 	}
-	return marshal(struct {
+	return chatapi.Marshal(struct {
 		Type string `json:"type"`
 		Text string `json:"text"`
 	}{p.Type, p.Text})
@@ -185,7 +186,7 @@ func (it Item) MarshalJSON() ([]byte, error) {
 	}
 	switch it.Type {
 	case ItemFunctionCall:
-		return marshal(struct {
+		return chatapi.Marshal(struct {
 			Type      string `json:"type"`
 			ID        string `json:"id"`
 			CallID    string `json:"call_id"`
@@ -199,7 +200,7 @@ func (it Item) MarshalJSON() ([]byte, error) {
 		if len(out) == 0 {
 			out = json.RawMessage(`""`)
 		}
-		return marshal(struct {
+		return chatapi.Marshal(struct {
 			Type   string          `json:"type"`
 			ID     string          `json:"id"`
 			CallID string          `json:"call_id"`
@@ -211,7 +212,7 @@ func (it Item) MarshalJSON() ([]byte, error) {
 		if summary == nil {
 			summary = []Part{}
 		}
-		return marshal(struct {
+		return chatapi.Marshal(struct {
 			Type             string  `json:"type"`
 			ID               string  `json:"id"`
 			Summary          []Part  `json:"summary"`
@@ -220,7 +221,7 @@ func (it Item) MarshalJSON() ([]byte, error) {
 			Status           string  `json:"status,omitempty"`
 		}{it.Type, it.ID, summary, it.Content, it.EncryptedContent, it.Status})
 	}
-	return marshal(struct {
+	return chatapi.Marshal(struct {
 		Type    string `json:"type"`
 		ID      string `json:"id"`
 		Status  string `json:"status"`
@@ -256,16 +257,4 @@ func newItemList(items []Item, hasMore bool) itemList {
 		l.FirstID, l.LastID = &items[0].ID, &items[len(items)-1].ID
 	}
 	return l
-}
-
-// marshal is json.Marshal without HTML escaping, so text and tool
-// arguments keep their bytes (<, >, & stay as they are).
-func marshal(v any) ([]byte, error) {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
-		return nil, err
-	}
-	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
 }

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/warmpath/warmpath/internal/chatapi"
 	"github.com/warmpath/warmpath/internal/redistest"
 	"github.com/warmpath/warmpath/vllmsim"
 )
@@ -200,7 +201,7 @@ func testPreviousResponseChain(t *testing.T, tp *redistest.Topology) {
 }
 
 func jsonString(s string) string {
-	b, _ := marshal(s)
+	b, _ := chatapi.Marshal(s)
 	return string(b)
 }
 
@@ -464,7 +465,7 @@ func testConversationConcurrentTurns(t *testing.T, tp *redistest.Topology) {
 	entered := make(chan struct{})
 	proceed := make(chan struct{})
 	var once sync.Once
-	e.chat.before = func(Turn) {
+	e.chat.before = func(chatapi.Turn) {
 		once.Do(func() { close(entered); <-proceed })
 	}
 	first := make(chan int, 1)

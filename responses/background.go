@@ -13,6 +13,7 @@ import (
 
 	"github.com/warmpath/warmpath/internal/apierror"
 	"github.com/warmpath/warmpath/internal/backoff"
+	"github.com/warmpath/warmpath/internal/chatapi"
 	"github.com/warmpath/warmpath/internal/periodic"
 )
 
@@ -48,7 +49,7 @@ func (s *Service) enqueue(w http.ResponseWriter, r *http.Request, t *turn, body 
 		return apierror.Unavailable(err, "the response store is unavailable")
 	}
 	if !t.p.stream {
-		return writeJSON(w, t.resp)
+		return chatapi.WriteJSON(w, http.StatusOK, t.resp)
 	}
 	return s.tail(w, r, t.tenant, t.resp.ID, -1)
 }
@@ -68,11 +69,11 @@ func (s *Service) validateHistory(ctx context.Context, t *turn) error {
 }
 
 func (s *store) queue(ctx context.Context, t *turn, body []byte) error {
-	obj, err := marshal(t.resp)
+	obj, err := chatapi.Marshal(t.resp)
 	if err != nil {
 		return fmt.Errorf("responses: encode %s: %w", t.resp.ID, err)
 	}
-	in, err := marshal(nonNilItems(t.input))
+	in, err := chatapi.Marshal(nonNilItems(t.input))
 	if err != nil {
 		return fmt.Errorf("responses: encode input of %s: %w", t.resp.ID, err)
 	}
@@ -82,7 +83,7 @@ func (s *store) queue(ctx context.Context, t *turn, body []byte) error {
 		fBody, body, fHdr, headerJSON(t.header), fIDs, "[]")
 	pipe.PExpire(ctx, rec, s.ttl)
 	for seq, typ := range []string{"response.created", "response.queued"} {
-		ev, _ := marshal(&event{Type: typ, SequenceNumber: seq, Response: t.resp})
+		ev, _ := chatapi.Marshal(&event{Type: typ, SequenceNumber: seq, Response: t.resp})
 		pipe.XAdd(ctx, &redis.XAddArgs{Stream: evk, ID: seqID(seq), Values: []any{fieldTyp, typ, fieldEv, ev}})
 	}
 	pipe.PExpire(ctx, evk, s.evTTL)
@@ -103,7 +104,7 @@ func (s *Service) tail(w http.ResponseWriter, r *http.Request, tenant, id string
 	ctx := r.Context()
 	key := s.st.eventsKey(tenant, id)
 	last := seqID(after)
-	sw := newSSEWriter(w)
+	sw := chatapi.NewWriter(w, "")
 	for {
 		res, err := s.opts.Redis.XRead(ctx, &redis.XReadArgs{Streams: []string{key, last}, Count: 256, Block: s.pollBlock()}).Result()
 		switch {
@@ -125,15 +126,15 @@ func (s *Service) tail(w http.ResponseWriter, r *http.Request, tenant, id string
 			}
 			typ, _ := m.Values[fieldTyp].(string)
 			data, _ := m.Values[fieldEv].(string)
-			if err := sw.raw(typ, []byte(data)); err != nil {
-				return fmt.Errorf("%w: %w", errStreamStarted, err)
+			if err := sw.Event(typ, []byte(data)); err != nil {
+				return fmt.Errorf("%w: %w", chatapi.ErrStreamStarted, err)
 			}
 		}
 	}
 }
 
 // drain sends whatever follows last without blocking.
-func (s *Service) drain(ctx context.Context, sw *sseWriter, key, last string) error {
+func (s *Service) drain(ctx context.Context, sw *chatapi.Writer, key, last string) error {
 	msgs, err := s.opts.Redis.XRange(ctx, key, "("+last, "+").Result()
 	if err != nil {
 		return s.tailError(sw, err)
@@ -144,16 +145,16 @@ func (s *Service) drain(ctx context.Context, sw *sseWriter, key, last string) er
 		}
 		typ, _ := m.Values[fieldTyp].(string)
 		data, _ := m.Values[fieldEv].(string)
-		if err := sw.raw(typ, []byte(data)); err != nil {
-			return fmt.Errorf("%w: %w", errStreamStarted, err)
+		if err := sw.Event(typ, []byte(data)); err != nil {
+			return fmt.Errorf("%w: %w", chatapi.ErrStreamStarted, err)
 		}
 	}
 	return nil
 }
 
-func (s *Service) tailError(sw *sseWriter, err error) error {
-	if sw.started {
-		return fmt.Errorf("%w: %w", errStreamStarted, err)
+func (s *Service) tailError(sw *chatapi.Writer, err error) error {
+	if sw.Started() {
+		return fmt.Errorf("%w: %w", chatapi.ErrStreamStarted, err)
 	}
 	return apierror.Unavailable(err, "the response store is unavailable")
 }
@@ -414,7 +415,7 @@ func (s *Service) failBackground(ctx context.Context, t *turn, b *builder, cause
 func (s *Service) streamEmitter(ctx context.Context, tenant, id string) emitFunc {
 	key := s.st.eventsKey(tenant, id)
 	return func(ev *event) error {
-		data, err := marshal(ev)
+		data, err := chatapi.Marshal(ev)
 		if err != nil {
 			return fmt.Errorf("responses: encode %s: %w", ev.Type, err)
 		}

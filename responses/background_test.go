@@ -11,22 +11,23 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/warmpath/warmpath/internal/chatapi"
 	"github.com/warmpath/warmpath/internal/redistest"
 	"github.com/warmpath/warmpath/vllmsim"
 )
 
-// gate holds every turn of a Chat until released, announcing each one.
+// gate holds every turn of a chatapi.Chat until released, announcing each one.
 type gate struct {
-	next    Chat
-	entered chan Turn
+	next    chatapi.Chat
+	entered chan chatapi.Turn
 	release chan struct{}
 }
 
-func newGate(next Chat) *gate {
-	return &gate{next: next, entered: make(chan Turn, 16), release: make(chan struct{})}
+func newGate(next chatapi.Chat) *gate {
+	return &gate{next: next, entered: make(chan chatapi.Turn, 16), release: make(chan struct{})}
 }
 
-func (g *gate) Complete(ctx context.Context, t Turn) (*http.Response, error) {
+func (g *gate) Complete(ctx context.Context, t chatapi.Turn) (*http.Response, error) {
 	g.entered <- t
 	select {
 	case <-g.release:
@@ -65,7 +66,7 @@ func TestBackgroundRunAndResume(t *testing.T) { redistest.Each(t, testBackground
 
 func testBackgroundRunAndResume(t *testing.T, tp *redistest.Topology) {
 	var g *gate
-	e := newEnvWith(t, tp, vllmsim.Config{}, func(c *simChat) Chat { g = newGate(c); return g })
+	e := newEnvWith(t, tp, vllmsim.Config{}, func(c *simChat) chatapi.Chat { g = newGate(c); return g })
 	r := e.create(t, "", map[string]any{"input": "Write a haiku.", "background": true})
 	if r.Status != StatusQueued || !r.Background {
 		t.Fatalf("create: status %q background %v; want queued", r.Status, r.Background)
@@ -113,7 +114,7 @@ func TestBackgroundCancel(t *testing.T) { redistest.Each(t, testBackgroundCancel
 
 func testBackgroundCancel(t *testing.T, tp *redistest.Topology) {
 	var g *gate
-	e := newEnvWith(t, tp, vllmsim.Config{}, func(c *simChat) Chat { g = newGate(c); return g },
+	e := newEnvWith(t, tp, vllmsim.Config{}, func(c *simChat) chatapi.Chat { g = newGate(c); return g },
 		func(o *Options) { o.BackgroundWorkers = 1 })
 	running := e.create(t, "", map[string]any{"input": "one", "background": true})
 	<-g.entered
@@ -200,7 +201,7 @@ func TestRedisRestartMidRun(t *testing.T) {
 	e.start(t, chat)
 	r1 := e.create(t, "", map[string]any{"input": "first"})
 	chat.mu.Lock()
-	chat.before = func(Turn) { srv.Stop() }
+	chat.before = func(chatapi.Turn) { srv.Stop() }
 	chat.mu.Unlock()
 	evs := e.stream(t, "", map[string]any{"input": "second", "previous_response_id": r1.ID})
 	last := evs[len(evs)-1]

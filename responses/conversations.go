@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/warmpath/warmpath/internal/apierror"
+	"github.com/warmpath/warmpath/internal/chatapi"
 	"github.com/warmpath/warmpath/internal/periodic"
 )
 
@@ -85,7 +86,7 @@ func (s *store) appendItems(ctx context.Context, tenant, conv, lock string, item
 	keys := []string{s.convKey(tenant, conv), s.convItemsKey(tenant, conv), s.lockKey(tenant, conv)}
 	args := []any{s.convTTL.Milliseconds(), lock}
 	for _, it := range items {
-		j, err := marshal(it)
+		j, err := chatapi.Marshal(it)
 		if err != nil {
 			return fmt.Errorf("responses: encode item %s: %w", it.ID, err)
 		}
@@ -109,7 +110,7 @@ func (s *store) appendItems(ctx context.Context, tenant, conv, lock string, item
 }
 
 func (s *store) createConversation(ctx context.Context, tenant string, c *Conversation, items []Item) error {
-	obj, err := marshal(c)
+	obj, err := chatapi.Marshal(c)
 	if err != nil {
 		return fmt.Errorf("responses: encode conversation: %w", err)
 	}
@@ -146,7 +147,7 @@ return 1
 `)
 
 func (s *store) updateConversation(ctx context.Context, tenant string, c *Conversation) error {
-	obj, err := marshal(c)
+	obj, err := chatapi.Marshal(c)
 	if err != nil {
 		return fmt.Errorf("responses: encode conversation: %w", err)
 	}
@@ -298,7 +299,7 @@ func (s *Service) parseItems(ctx context.Context, tenant string, raw json.RawMes
 }
 
 func (s *Service) createConversation(w http.ResponseWriter, r *http.Request) error {
-	body, err := readBody(r)
+	body, err := s.readBody(w, r)
 	if err != nil {
 		return err
 	}
@@ -327,7 +328,7 @@ func (s *Service) createConversation(w http.ResponseWriter, r *http.Request) err
 	if err := s.st.createConversation(ctx, tenant, c, items); err != nil {
 		return apierror.Unavailable(err, "the conversation store is unavailable")
 	}
-	return writeJSON(w, c)
+	return chatapi.WriteJSON(w, http.StatusOK, c)
 }
 
 func (s *Service) getConversation(w http.ResponseWriter, r *http.Request) error {
@@ -336,11 +337,11 @@ func (s *Service) getConversation(w http.ResponseWriter, r *http.Request) error 
 	if err != nil {
 		return s.convError(err, id)
 	}
-	return writeJSON(w, c)
+	return chatapi.WriteJSON(w, http.StatusOK, c)
 }
 
 func (s *Service) updateConversation(w http.ResponseWriter, r *http.Request) error {
-	body, err := readBody(r)
+	body, err := s.readBody(w, r)
 	if err != nil {
 		return err
 	}
@@ -367,7 +368,7 @@ func (s *Service) updateConversation(w http.ResponseWriter, r *http.Request) err
 	if err := s.st.updateConversation(ctx, tenant, c); err != nil {
 		return s.convError(err, id)
 	}
-	return writeJSON(w, c)
+	return chatapi.WriteJSON(w, http.StatusOK, c)
 }
 
 func (s *Service) deleteConversation(w http.ResponseWriter, r *http.Request) error {
@@ -375,11 +376,11 @@ func (s *Service) deleteConversation(w http.ResponseWriter, r *http.Request) err
 	if err := s.st.deleteConversation(r.Context(), s.opts.Tenant(r.Context()), id); err != nil {
 		return s.convError(err, id)
 	}
-	return writeJSON(w, map[string]any{"id": id, "object": "conversation.deleted", "deleted": true})
+	return chatapi.WriteJSON(w, http.StatusOK, map[string]any{"id": id, "object": "conversation.deleted", "deleted": true})
 }
 
 func (s *Service) addConversationItems(w http.ResponseWriter, r *http.Request) error {
-	body, err := readBody(r)
+	body, err := s.readBody(w, r)
 	if err != nil {
 		return err
 	}
@@ -408,7 +409,7 @@ func (s *Service) addConversationItems(w http.ResponseWriter, r *http.Request) e
 	if err := s.st.appendItems(ctx, tenant, id, t.lock, items); err != nil {
 		return s.convError(err, id)
 	}
-	return writeJSON(w, newItemList(items, false))
+	return chatapi.WriteJSON(w, http.StatusOK, newItemList(items, false))
 }
 
 func (s *Service) listConversationItems(w http.ResponseWriter, r *http.Request) error {
@@ -445,7 +446,7 @@ func (s *Service) listConversationItems(w http.ResponseWriter, r *http.Request) 
 			out = append(out, si.Item)
 		}
 	}
-	return writeJSON(w, newItemList(out, more))
+	return chatapi.WriteJSON(w, http.StatusOK, newItemList(out, more))
 }
 
 func (s *Service) getConversationItem(w http.ResponseWriter, r *http.Request) error {
@@ -470,7 +471,7 @@ func (s *Service) getConversationItem(w http.ResponseWriter, r *http.Request) er
 	if !ok {
 		return apierror.NotFound("", "Item with id '%s' not found in conversation '%s'.", iid, id)
 	}
-	return writeJSON(w, si.Item)
+	return chatapi.WriteJSON(w, http.StatusOK, si.Item)
 }
 
 func (s *Service) deleteConversationItem(w http.ResponseWriter, r *http.Request) error {
@@ -493,5 +494,5 @@ func (s *Service) deleteConversationItem(w http.ResponseWriter, r *http.Request)
 		}
 		return s.convError(err, id)
 	}
-	return writeJSON(w, c)
+	return chatapi.WriteJSON(w, http.StatusOK, c)
 }

@@ -1,9 +1,11 @@
 // Package responses serves OpenAI's Responses API (/v1/responses…) and
 // Conversations API (/v1/conversations…) over a self-hosted vLLM fleet. It
 // translates each turn into a /v1/chat/completions request sent through
-// the gateway's routed client (the [Chat] seam), turns the chat stream back
-// into the Responses event sequence, and keeps responses, items and
-// conversations in Redis so that any gateway replica can continue a chain.
+// the gateway's routed client (the chatapi.Chat seam), turns the chat
+// stream back into the Responses event sequence (read with
+// chatapi.Reader, written with chatapi.Writer), and keeps responses,
+// items and conversations in Redis so that any gateway replica can
+// continue a chain.
 // It owns no routing, authentication or admission: the gateway provides
 // them through Chat and Options.Tenant.
 //
@@ -31,7 +33,7 @@
 // input. So turn N+1's upstream messages begin byte for byte with turn N's
 // followed by its rendered output, and the replica's prefix cache holds.
 //
-// # Session keys (Turn.Session)
+// # Session keys (chatapi.Turn.Session)
 //
 // A chained turn uses its chain's key, fixed at the chain's root; a
 // conversation turn the conversation ID; an unchained turn the client's

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/warmpath/warmpath/internal/apierror"
+	"github.com/warmpath/warmpath/internal/chatapi"
 )
 
 var translateSeeds = []string{
@@ -78,7 +79,7 @@ func FuzzTranslate(f *testing.F) {
 			t.Fatalf("chat body invalid (%v): %s", err, b)
 		}
 		for _, it := range items {
-			j, err := marshal(it)
+			j, err := chatapi.Marshal(it)
 			if err != nil {
 				t.Fatalf("marshal %+v: %v", it, err)
 			}
@@ -86,7 +87,7 @@ func FuzzTranslate(f *testing.F) {
 			if err != nil {
 				t.Fatalf("stored item does not decode: %v: %s", err, j)
 			}
-			j2, _ := marshal(back)
+			j2, _ := chatapi.Marshal(back)
 			if !bytes.Equal(j, j2) {
 				t.Fatalf("item round trip differs:\n%s\n%s", j, j2)
 			}
@@ -119,7 +120,7 @@ func FuzzChatStream(f *testing.F) {
 		resp := &Response{ID: "resp_f", Object: "response", Output: []Item{}}
 		seq := 0
 		b := newBuilder(resp, 0, map[string]bool{"ns.f": true}, func(ev *event) error {
-			data, err := marshal(ev)
+			data, err := chatapi.Marshal(ev)
 			if err != nil || !json.Valid(data) || ev.SequenceNumber != seq {
 				t.Fatalf("event %d invalid (%v): %s", seq, err, data)
 			}

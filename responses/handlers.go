@@ -5,16 +5,18 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
 
 	"github.com/warmpath/warmpath/internal/apierror"
+	"github.com/warmpath/warmpath/internal/chatapi"
 )
 
-func readBody(r *http.Request) ([]byte, error) {
-	b, err := io.ReadAll(r.Body)
+// readBody reads the request's body (at most MaxBodyBytes); a body too
+// large stays an *http.MaxBytesError (413), any other failure is a 400.
+func (s *Service) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	b, err := chatapi.ReadBody(w, r, s.opts.MaxBodyBytes)
 	if err != nil {
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			return nil, err
@@ -24,19 +26,9 @@ func readBody(r *http.Request) ([]byte, error) {
 	return b, nil
 }
 
-func writeJSON(w http.ResponseWriter, v any) error {
-	b, err := marshal(v)
-	if err != nil {
-		return fmt.Errorf("responses: encode reply: %w", err)
-	}
-	w.Header().Set("Content-Type", "application/json")
-	_, err = w.Write(append(b, '\n'))
-	return err
-}
-
 // create serves POST /v1/responses.
 func (s *Service) create(w http.ResponseWriter, r *http.Request) error {
-	body, err := readBody(r)
+	body, err := s.readBody(w, r)
 	if err != nil {
 		return err
 	}
@@ -74,17 +66,17 @@ func (s *Service) foreground(w http.ResponseWriter, r *http.Request, t *turn) er
 		return err
 	}
 	var emit emitFunc = func(*event) error { return nil }
-	var sw *sseWriter
+	var sw *chatapi.Writer
 	if t.p.stream {
-		sw = newSSEWriter(w)
-		emit = sw.event
+		sw = chatapi.NewWriter(w, "")
+		emit = func(ev *event) error { return sendEvent(sw, ev) }
 	}
 	b := newBuilder(t.resp, 0, t.namespaced, emit)
 	err = s.execute(tctx, t, up, b, false, false)
 	s.metrics.duration.WithLabelValues("foreground").Observe(s.opts.Now().Sub(start).Seconds())
 	if sw != nil {
 		if err != nil {
-			return fmt.Errorf("%w: %w", errStreamStarted, err)
+			return fmt.Errorf("%w: %w", chatapi.ErrStreamStarted, err)
 		}
 		return nil
 	}
@@ -95,46 +87,18 @@ func (s *Service) foreground(w http.ResponseWriter, r *http.Request, t *turn) er
 		return &apierror.Error{Status: http.StatusInternalServerError, Type: apierror.TypeServer, Code: t.resp.Error.Code,
 			Msg: t.resp.Error.Message}
 	}
-	return writeJSON(w, t.resp)
+	return chatapi.WriteJSON(w, http.StatusOK, t.resp)
 }
 
-// sseWriter writes Responses events as "event: <type>\ndata: <json>\n\n",
-// flushing each one. Headers go out with the first event, so errors before
-// it can still be a JSON error response.
-type sseWriter struct {
-	w       http.ResponseWriter
-	rc      *http.ResponseController
-	started bool
-}
-
-func newSSEWriter(w http.ResponseWriter) *sseWriter {
-	return &sseWriter{w: w, rc: http.NewResponseController(w)}
-}
-
-func (sw *sseWriter) event(ev *event) error {
-	data, err := marshal(ev)
+// sendEvent writes a Responses event as "event: <type>\ndata: <json>",
+// flushed at once. The stream's headers go out with the first event, so
+// errors before it can still be a JSON error response.
+func sendEvent(sw *chatapi.Writer, ev *event) error {
+	data, err := chatapi.Marshal(ev)
 	if err != nil {
 		return fmt.Errorf("responses: encode %s: %w", ev.Type, err)
 	}
-	return sw.raw(ev.Type, data)
-}
-
-func (sw *sseWriter) raw(typ string, data []byte) error {
-	if !sw.started {
-		h := sw.w.Header()
-		h.Set("Content-Type", "text/event-stream")
-		h.Set("Cache-Control", "no-cache")
-		h.Set("X-Accel-Buffering", "no")
-		sw.w.WriteHeader(http.StatusOK)
-		sw.started = true
-	}
-	buf := make([]byte, 0, len(typ)+len(data)+16)
-	buf = append(append(append(buf, "event: "...), typ...), "\ndata: "...)
-	buf = append(append(buf, data...), "\n\n"...)
-	if _, err := sw.w.Write(buf); err != nil {
-		return fmt.Errorf("responses: write event: %w", err)
-	}
-	return sw.rc.Flush()
+	return sw.Event(ev.Type, data)
 }
 
 func responseNotFound(id string) error {
@@ -180,7 +144,7 @@ func (s *Service) retrieve(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, st.resp)
+	return chatapi.WriteJSON(w, http.StatusOK, st.resp)
 }
 
 func (s *Service) deleteResponse(w http.ResponseWriter, r *http.Request) error {
@@ -192,7 +156,7 @@ func (s *Service) deleteResponse(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return apierror.Unavailable(err, "the response store is unavailable")
 	}
-	return writeJSON(w, map[string]any{"id": id, "object": "response", "deleted": true})
+	return chatapi.WriteJSON(w, http.StatusOK, map[string]any{"id": id, "object": "response", "deleted": true})
 }
 
 // inputItems serves GET /v1/responses/{id}/input_items.
@@ -209,7 +173,7 @@ func (s *Service) inputItems(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, newItemList(items, more))
+	return chatapi.WriteJSON(w, http.StatusOK, newItemList(items, more))
 }
 
 // page is a list request's limit, order and after cursor.
@@ -268,7 +232,7 @@ func (pg page) apply(items []Item) ([]Item, bool, error) {
 // inputTokens serves POST /v1/responses/input_tokens: the prompt tokens
 // the request would send, history included.
 func (s *Service) inputTokens(w http.ResponseWriter, r *http.Request) error {
-	body, err := readBody(r)
+	body, err := s.readBody(w, r)
 	if err != nil {
 		return err
 	}
@@ -285,7 +249,7 @@ func (s *Service) inputTokens(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, map[string]any{"object": "response.input_tokens", "input_tokens": n})
+	return chatapi.WriteJSON(w, http.StatusOK, map[string]any{"object": "response.input_tokens", "input_tokens": n})
 }
 
 func (s *Service) countTokens(ctx context.Context, t *turn) (int, error) {
@@ -341,7 +305,7 @@ func (s *Service) cancel(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, st.resp)
+	return chatapi.WriteJSON(w, http.StatusOK, st.resp)
 }
 
 // headerJSON keeps a background turn's client headers, minus credentials

@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/warmpath/warmpath/internal/apierror"
+	"github.com/warmpath/warmpath/internal/chatapi"
 	"github.com/warmpath/warmpath/internal/redistest"
 	"github.com/warmpath/warmpath/vllmsim"
 )
@@ -44,7 +45,7 @@ func startSim(t testing.TB, cfg vllmsim.Config) *vllmsim.Fleet {
 	return f
 }
 
-// simChat is a Chat that posts each turn to a simulated replica: the one
+// simChat is a chatapi.Chat that posts each turn to a simulated replica: the one
 // its session was first sent to (round-robin for new sessions), so
 // chained turns land where their prefix is cached. It records every turn.
 type simChat struct {
@@ -52,10 +53,10 @@ type simChat struct {
 	client *http.Client
 
 	mu     sync.Mutex // guards turns, bound, next
-	turns  []Turn
+	turns  []chatapi.Turn
 	bound  map[string]int
 	next   int
-	before func(t Turn) // optional hook, called before sending
+	before func(t chatapi.Turn) // optional hook, called before sending
 }
 
 func newSimChat(f *vllmsim.Fleet) *simChat {
@@ -66,7 +67,7 @@ func newSimChat(f *vllmsim.Fleet) *simChat {
 	return c
 }
 
-func (c *simChat) Complete(ctx context.Context, t Turn) (*http.Response, error) {
+func (c *simChat) Complete(ctx context.Context, t chatapi.Turn) (*http.Response, error) {
 	c.mu.Lock()
 	c.turns = append(c.turns, t)
 	i, ok := c.bound[t.Session]
@@ -91,16 +92,16 @@ func (c *simChat) Complete(ctx context.Context, t Turn) (*http.Response, error) 
 	if err != nil {
 		return nil, err
 	}
-	if resp.StatusCode >= 400 { // the Chat contract: refusals are errors
+	if resp.StatusCode >= 400 { // the chatapi.Chat contract: refusals are errors
 		return nil, apierror.FromResponse(resp)
 	}
 	return resp, nil
 }
 
-func (c *simChat) recorded() []Turn {
+func (c *simChat) recorded() []chatapi.Turn {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return append([]Turn(nil), c.turns...)
+	return append([]chatapi.Turn(nil), c.turns...)
 }
 
 // tenantKey carries the test tenant, taken from the X-Tenant header.
@@ -143,12 +144,12 @@ type envOpt func(*Options)
 // HTTP server for it.
 func newEnv(t testing.TB, tp *redistest.Topology, cfg vllmsim.Config, opts ...envOpt) *env {
 	t.Helper()
-	return newEnvWith(t, tp, cfg, func(c *simChat) Chat { return c }, opts...)
+	return newEnvWith(t, tp, cfg, func(c *simChat) chatapi.Chat { return c }, opts...)
 }
 
-// newEnvWith is newEnv with the Service's Chat wrapped around the
+// newEnvWith is newEnv with the Service's chatapi.Chat wrapped around the
 // simulator's.
-func newEnvWith(t testing.TB, tp *redistest.Topology, cfg vllmsim.Config, wrap func(*simChat) Chat, opts ...envOpt) *env {
+func newEnvWith(t testing.TB, tp *redistest.Topology, cfg vllmsim.Config, wrap func(*simChat) chatapi.Chat, opts ...envOpt) *env {
 	t.Helper()
 	e := newEnvStopped(t, tp, cfg)
 	e.start(t, wrap(e.chat), opts...)
@@ -163,7 +164,7 @@ func newEnvStopped(t testing.TB, tp *redistest.Topology, cfg vllmsim.Config) *en
 	return &env{chat: newSimChat(f), fleet: f, rdb: rdb, prefix: prefix}
 }
 
-func (e *env) start(t testing.TB, chat Chat, opts ...envOpt) {
+func (e *env) start(t testing.TB, chat chatapi.Chat, opts ...envOpt) {
 	t.Helper()
 	o := Options{Redis: e.rdb, KeyPrefix: e.prefix, Tenant: testTenant, Logger: testLogger(t), LeaseTTL: 900 * time.Millisecond}
 	for _, fn := range opts {

@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/warmpath/warmpath/internal/apierror"
+	"github.com/warmpath/warmpath/internal/chatapi"
 )
 
 // createRequest is the CreateResponse body. Unions stay raw until
@@ -302,7 +303,7 @@ func (p *params) parseTools() error {
 		}
 		echo = append(echo, all[i])
 	}
-	p.toolsEcho, _ = marshal(echo)
+	p.toolsEcho, _ = chatapi.Marshal(echo)
 	return p.parseToolChoice()
 }
 
@@ -418,7 +419,7 @@ func (p *params) parseText() error {
 		if t.Verbosity != nil {
 			echo["verbosity"] = *t.Verbosity
 		}
-		p.textEcho, _ = marshal(echo)
+		p.textEcho, _ = chatapi.Marshal(echo)
 		return nil
 	}
 	p.textEcho = bytes.TrimSpace(raw)

@@ -16,58 +16,8 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/warmpath/warmpath/internal/apierror"
+	"github.com/warmpath/warmpath/internal/chatapi"
 )
-
-// Chat sends chat-completions requests through warmpath's routed client:
-// admission, routing to the replica holding the prefix, retry, accounting.
-// The gateway implements it.
-//
-// Contract: the response is the upstream's (status, headers, a body that
-// streams when the body says "stream": true, as text/event-stream of
-// chat.completion.chunk with usage in the last chunk when
-// stream_options.include_usage is true) when the upstream answered with a
-// success. Every refusal (routing, admission, auth-limit, and the
-// upstream's own error responses) is an error value, an *apierror.Error
-// with the status, the envelope's fields and the retry headers; any other
-// error means the context ended or the request could not be sent at all.
-// A response with status >= 400 is never returned.
-type Chat interface {
-	Complete(ctx context.Context, t Turn) (*http.Response, error)
-}
-
-// Turn is one chat-completions request of a Responses turn.
-type Turn struct {
-	// Body is a /v1/chat/completions JSON body, exactly as a client would
-	// POST it. It always streams, with stream_options.include_usage.
-	Body []byte
-	// Session is the session key routing must use: the chain root's
-	// response ID, the conversation ID, or "k:<tenant>:<hint>" for a
-	// client-named session (see doc.go); "" lets the gateway derive one
-	// (harness headers, then the conversation opening). It is not scoped
-	// by tenant unless it says so; response and conversation IDs are
-	// random and never collide.
-	Session string
-	// ResponseID is the ID of the response the turn answers.
-	ResponseID string
-	// Tenant is the tenant the turn runs for, as Options.Tenant returned it
-	// for the creating request. Background turns run in Service.Run's
-	// workers, outside any client request, so the gateway must take the
-	// tenant from here (admission, accounting, cache_salt), not from ctx.
-	Tenant string
-	// Background marks a background-class turn (Responses background:
-	// true).
-	Background bool
-	// Header holds the client's request headers (priority, harness session
-	// headers); for background turns, the ones saved at creation minus
-	// credentials.
-	Header http.Header
-}
-
-// ChatFunc adapts a function to Chat.
-type ChatFunc func(ctx context.Context, t Turn) (*http.Response, error)
-
-// Complete calls f.
-func (f ChatFunc) Complete(ctx context.Context, t Turn) (*http.Response, error) { return f(ctx, t) }
 
 // Options configures a Service. Redis is required; every other field has
 // the default its doc states.
@@ -164,7 +114,7 @@ func orDefault[T comparable](v, d T) T {
 // goroutines.
 type Service struct {
 	opts    Options
-	chat    Chat
+	chat    chatapi.Chat
 	st      *store
 	log     *slog.Logger
 	metrics *metrics
@@ -176,7 +126,7 @@ type Service struct {
 
 // New returns a Service. It validates opts and registers metrics; it starts
 // no goroutines.
-func New(opts Options, chat Chat) (*Service, error) {
+func New(opts Options, chat chatapi.Chat) (*Service, error) {
 	if chat == nil {
 		return nil, errors.New("responses: a Chat is required")
 	}
@@ -222,16 +172,15 @@ func (s *Service) Handler() http.Handler {
 	return mux
 }
 
-// adapt turns an error-returning handler into an http.Handler: the body is
-// size-limited, and every error becomes OpenAI's envelope.
+// adapt turns an error-returning handler into an http.Handler: every
+// error becomes OpenAI's envelope.
 func (s *Service) adapt(fn func(http.ResponseWriter, *http.Request) error) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		r.Body = http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes)
 		err := fn(w, r)
 		if err == nil {
 			return
 		}
-		if errors.Is(err, errStreamStarted) {
+		if errors.Is(err, chatapi.ErrStreamStarted) {
 			s.log.Warn("responses: stream aborted", "path", r.URL.Path, "err", err)
 			return
 		}
@@ -241,10 +190,6 @@ func (s *Service) adapt(fn func(http.ResponseWriter, *http.Request) error) http.
 		}
 	})
 }
-
-// errStreamStarted wraps failures after the SSE headers went out: nothing
-// more can be said to the client.
-var errStreamStarted = errors.New("responses: stream already started")
 
 func (s *Service) notFound(w http.ResponseWriter, r *http.Request) error {
 	return apierror.NotFound("unknown_url", "Unknown request URL: %s %s.", r.Method, r.URL.Path)

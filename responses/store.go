@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/warmpath/warmpath/internal/chatapi"
 )
 
 // store keeps responses, items, conversations and background event
@@ -243,11 +245,11 @@ return 'ok'
 // commit stores a finished response, its items and (for a conversation
 // turn) the conversation's new items in one atomic script.
 func (s *store) commit(ctx context.Context, r *record) error {
-	obj, err := marshal(r.resp)
+	obj, err := chatapi.Marshal(r.resp)
 	if err != nil {
 		return fmt.Errorf("responses: encode %s: %w", r.resp.ID, err)
 	}
-	in, err := marshal(nonNilItems(r.input))
+	in, err := chatapi.Marshal(nonNilItems(r.input))
 	if err != nil {
 		return fmt.Errorf("responses: encode input of %s: %w", r.resp.ID, err)
 	}
@@ -256,10 +258,10 @@ func (s *store) commit(ctx context.Context, r *record) error {
 	for i, it := range all {
 		ids[i] = it.ID
 	}
-	idsJSON, _ := marshal(ids)
+	idsJSON, _ := chatapi.Marshal(ids)
 	errJSON := ""
 	if r.resp.Error != nil {
-		b, _ := marshal(r.resp.Error)
+		b, _ := chatapi.Marshal(r.resp.Error)
 		errJSON = string(b)
 	}
 	fields := []any{fObj, obj, fIn, in, fMsgs, r.msgs, fPrev, r.prev, fSess, r.sess, fIDs, idsJSON,
@@ -277,7 +279,7 @@ func (s *store) commit(ctx context.Context, r *record) error {
 	args := []any{s.ttl.Milliseconds(), s.convTTL.Milliseconds(), r.lock, running, len(fields) / 2}
 	args = append(args, fields...)
 	for _, it := range all {
-		j, err := marshal(it)
+		j, err := chatapi.Marshal(it)
 		if err != nil {
 			return fmt.Errorf("responses: encode item %s: %w", it.ID, err)
 		}

@@ -3,6 +3,8 @@ package responses
 import (
 	"encoding/json"
 	"strings"
+
+	"github.com/warmpath/warmpath/internal/chatapi"
 )
 
 // event is one Responses stream event. Only the fields of its Type are
@@ -286,7 +288,7 @@ func rawArray(lp []json.RawMessage) json.RawMessage {
 	if len(lp) == 0 {
 		return emptyArray
 	}
-	b, _ := marshal(lp)
+	b, _ := chatapi.Marshal(lp)
 	return b
 }
 

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/warmpath/warmpath/internal/chatapi"
 )
 
 // sse renders chat chunks as an upstream stream would.
@@ -24,7 +26,7 @@ func runStream(t *testing.T, body string, namespaced map[string]bool) (*Response
 	resp := &Response{ID: "resp_x", Object: "response", Output: []Item{}}
 	var evs []event
 	b := newBuilder(resp, 0, namespaced, func(ev *event) error {
-		data, err := marshal(ev)
+		data, err := chatapi.Marshal(ev)
 		if err != nil {
 			t.Fatal(err)
 		}

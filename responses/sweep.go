@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/warmpath/warmpath/internal/chatapi"
 	"github.com/warmpath/warmpath/internal/periodic"
 )
 
@@ -87,8 +88,8 @@ func (s *Service) failLapsed(ctx context.Context, rec string, now time.Time) err
 	}
 	failure := &ResponseError{Code: "server_error", Message: "the gateway running this background response stopped before it finished (its lease lapsed)"}
 	resp.Status, resp.Error, resp.Usage = StatusFailed, failure, orUsage(resp.Usage)
-	errJSON, _ := marshal(failure)
-	ev, _ := marshal(&event{Type: "response.failed", SequenceNumber: seq, Response: resp})
+	errJSON, _ := chatapi.Marshal(failure)
+	ev, _ := chatapi.Marshal(&event{Type: "response.failed", SequenceNumber: seq, Response: resp})
 	n, err := failLapsedScript.Run(ctx, s.opts.Redis, []string{rec, evk}, now.UnixMilli(), errJSON, ev, seqID(seq)).Int()
 	if err != nil {
 		return err

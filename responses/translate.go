@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/warmpath/warmpath/internal/apierror"
+	"github.com/warmpath/warmpath/internal/chatapi"
 )
 
 // chatMessage is one vLLM chat-completions message as warmpath renders it.
@@ -62,7 +63,7 @@ func renderItems(items []Item) ([][]byte, error) {
 		if pending == nil {
 			return nil
 		}
-		b, err := marshal(pending)
+		b, err := chatapi.Marshal(pending)
 		pending = nil
 		out = append(out, b)
 		return err
@@ -197,12 +198,12 @@ type streamOptions struct {
 func chatBody(p *params, msgs [][]byte) ([]byte, error) {
 	var b bytes.Buffer
 	b.WriteString(`{"model":`)
-	m, _ := marshal(p.model)
+	m, _ := chatapi.Marshal(p.model)
 	b.Write(m)
 	b.WriteString(`,"messages":[`)
 	n := 0
 	if p.instructions != nil {
-		im, err := marshal(chatMessage{Role: "system", Content: *p.instructions})
+		im, err := chatapi.Marshal(chatMessage{Role: "system", Content: *p.instructions})
 		if err != nil {
 			return nil, err
 		}
@@ -234,7 +235,7 @@ func chatBody(p *params, msgs [][]byte) ([]byte, error) {
 			rest.TopLogprobs = p.raw.TopLogprobs
 		}
 	}
-	r, err := marshal(rest)
+	r, err := chatapi.Marshal(rest)
 	if err != nil {
 		return nil, err
 	}

@@ -1,8 +1,6 @@
 package responses
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -13,6 +11,7 @@ import (
 	"time"
 
 	"github.com/warmpath/warmpath/internal/apierror"
+	"github.com/warmpath/warmpath/internal/chatapi"
 	"github.com/warmpath/warmpath/session"
 )
 
@@ -214,7 +213,7 @@ func (s *Service) call(ctx context.Context, t *turn) (*http.Response, error) {
 	if t.resp != nil {
 		id = t.resp.ID
 	}
-	resp, err := s.chat.Complete(ctx, Turn{Body: body, Session: t.sess, Tenant: t.tenant,
+	resp, err := s.chat.Complete(ctx, chatapi.Turn{Body: body, Session: t.sess, Tenant: t.tenant,
 		Background: t.p.background, Header: t.header, ResponseID: id})
 	if err != nil {
 		if ctx.Err() != nil {
@@ -228,25 +227,26 @@ func (s *Service) call(ctx context.Context, t *turn) (*http.Response, error) {
 	return resp, nil
 }
 
-// maxChunkBytes bounds one upstream SSE event.
-const maxChunkBytes = 8 << 20
-
 // consume reads the upstream chat stream into the builder until [DONE] or
 // the end of the body. A mid-stream upstream error, or a broken stream,
 // is returned as the failure the response ends with; a context error is
 // returned as err.
 func consume(ctx context.Context, body io.Reader, b *builder) (failure *ResponseError, err error) {
-	sc := bufio.NewScanner(body)
-	sc.Buffer(make([]byte, 0, 64<<10), maxChunkBytes)
-	for sc.Scan() {
-		line := sc.Bytes()
-		data, ok := bytes.CutPrefix(line, []byte("data:"))
-		if !ok {
-			continue // event:, id:, comments and blank separators
-		}
-		data = bytes.TrimSpace(data)
-		if string(data) == "[DONE]" {
+	er := chatapi.NewReader(body)
+	for {
+		data, err := er.Next()
+		switch {
+		case errors.Is(err, chatapi.ErrDone):
 			return nil, nil
+		case err != nil && ctx.Err() != nil:
+			return nil, ctx.Err()
+		case errors.Is(err, io.EOF):
+			return nil, nil
+		case errors.Is(err, chatapi.ErrEventTooLarge):
+			// bufio.Scanner's words, which this message had before.
+			return &ResponseError{Code: "server_error", Message: "the model's stream broke: bufio.Scanner: token too long"}, nil
+		case err != nil:
+			return &ResponseError{Code: "server_error", Message: "the model's stream broke: " + err.Error()}, nil
 		}
 		var c chatChunk
 		if err := json.Unmarshal(data, &c); err != nil {
@@ -259,13 +259,6 @@ func consume(ctx context.Context, body io.Reader, b *builder) (failure *Response
 			return nil, err
 		}
 	}
-	if ctx.Err() != nil {
-		return nil, ctx.Err()
-	}
-	if err := sc.Err(); err != nil {
-		return &ResponseError{Code: "server_error", Message: "the model's stream broke: " + err.Error()}, nil
-	}
-	return nil, nil
 }
 
 func chunkError(raw json.RawMessage) *ResponseError {
