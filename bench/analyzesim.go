@@ -220,7 +220,7 @@ func (s *simRun) decide(i int, din *scoring.Input, now float64) (scoring.Plan, e
 	din.Matched = matchPrefix(s.pol, s.fl, s.approx, s.in, i, s.names, s.matched, &s.hits)
 	din.MatchedCPU = matchCPU(s.pol, s.fl, s.in, i, s.matched, s.matchedCPU)
 	if s.pol.Estimated {
-		din.Sharers = s.cal.ObservePrefix(analyzeModel, scoring.HeldPrefix(din.Matched, s.in.approxKeys[i], s.in.blockTokens), now)
+		din.Sharers = s.cal.ObservePrefix(analyzeModel, scoring.HeldPrefix(din.Matched, s.in.approxKeys[i], s.in.blockTokens), scoring.SessionID(din.SessionKey), now)
 	}
 	return s.pol.Decide(din)
 }

@@ -302,7 +302,7 @@ func (g *Gateway) observeDemand(r *turn, in *scoring.Input, keys []uint64) {
 		return
 	}
 	if k := scoring.HeldPrefix(in.Matched, keys, in.BlockSize); k != 0 {
-		in.Sharers = g.cal.ObservePrefix(r.Model(), k, float64(in.Now.UnixMicro())/1e6)
+		in.Sharers = g.cal.ObservePrefix(r.Model(), k, scoring.SessionID(in.SessionKey), float64(in.Now.UnixMicro())/1e6)
 	}
 }
 

@@ -121,17 +121,18 @@ func (c *Calibrator) ObserveTurn(model string, turn int, gap float64) {
 	}
 }
 
-// ObservePrefix records that a request of model, at now seconds (any
-// fixed origin), was scored with the prefix named key as the longest any
-// replica held of its prompt, and returns how many earlier requests of
-// model shared it over the horizon of a conversation's lifetime
+// ObservePrefix records that a request of model and of session (a hash of
+// its session key; 0 for none), at now seconds (any fixed origin), was
+// scored with the prefix named key as the longest any replica held of its
+// prompt, and returns how many earlier requests of model's other
+// conversations shared it over the horizon of a conversation's lifetime
 // (SessionStats.Lifetime; see Demand): the demand the replication term
 // weighs (Input.Sharers). It is 0 until conversations have been seen.
-func (c *Calibrator) ObservePrefix(model string, key uint64, now float64) float64 {
+func (c *Calibrator) ObservePrefix(model string, key, session uint64, now float64) float64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	f := c.model(model)
-	return f.demand.Observe(key, now, f.sessions.Lifetime())
+	return f.demand.Observe(key, session, now, f.sessions.Lifetime())
 }
 
 // model returns model's fit, creating it at the prior. The caller holds

@@ -1,6 +1,10 @@
 package scoring
 
-import "math"
+import (
+	"math"
+
+	"github.com/cespare/xxhash/v2"
+)
 
 // Sizes of a Demand table.
 const (
@@ -14,8 +18,8 @@ const (
 	demandProbe = 4
 )
 
-// Demand counts, per prefix, the requests that shared it: each is one
-// request scored with the prefix as the longest any replica held of its
+// Demand counts, per prefix, the requests of other conversations that
+// shared it: each is one request scored with the prefix as the longest any replica held of its
 // prompt (a new conversation opening with a shared harness, a sub-agent
 // behind its parent's), decayed with time constant horizon, so that a
 // prefix's count is its arrival rate times the horizon: as many requests
@@ -27,17 +31,23 @@ type Demand struct {
 	slots [demandSlots]demandSlot
 }
 
-// demandSlot is one prefix's decayed count as of at.
+// demandSlot is one prefix's decayed count as of at, and the session
+// that observed it last.
 type demandSlot struct {
 	key       uint64
 	count, at float64
+	last      uint64
 }
 
-// Observe records a request sharing the prefix named key at now seconds
-// and returns how many earlier requests shared it, decayed with time
-// constant horizon seconds (0 or less, or not finite: nothing is counted,
-// and nothing recorded). key 0 names no prefix.
-func (d *Demand) Observe(key uint64, now, horizon float64) float64 {
+// Observe records a request of session sharing the prefix named key at
+// now seconds and returns how many earlier requests shared it, decayed
+// with time constant horizon seconds (0 or less, or not finite: nothing is
+// counted, and nothing recorded). key 0 names no prefix. Sharers are other
+// conversations: a request of the session that observed the prefix last
+// counts nothing (a conversation whose cache holds a fixed depth of it
+// names the same prefix turn after turn, and its own next turns follow
+// its binding, not a copy); session 0 is anonymous and always counts.
+func (d *Demand) Observe(key, session uint64, now, horizon float64) float64 {
 	if key == 0 || !(horizon > 0) || math.IsInf(horizon, 0) || math.IsNaN(now) {
 		return 0
 	}
@@ -46,7 +56,10 @@ func (d *Demand) Observe(key uint64, now, horizon float64) float64 {
 		*s = demandSlot{key: key, at: now}
 	}
 	before := s.count * decay(now-s.at, horizon)
-	s.count, s.at = before+1, max(s.at, now)
+	if session != 0 && session == s.last {
+		return before
+	}
+	s.count, s.at, s.last = before+1, max(s.at, now), session
 	return before
 }
 
@@ -95,4 +108,13 @@ func HeldPrefix(matched []int, keys []uint64, blockSize int) uint64 {
 		return 0
 	}
 	return keys[d-1]
+}
+
+// SessionID names a session key for Demand and Calibrator.ObservePrefix:
+// 0 for none.
+func SessionID(key string) uint64 {
+	if key == "" {
+		return 0
+	}
+	return xxhash.Sum64String(key) | 1
 }

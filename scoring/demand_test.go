@@ -11,23 +11,52 @@ import (
 // nothing.
 func TestDemand(t *testing.T) {
 	var d Demand
-	if got := d.Observe(7, 0, 100); got != 0 {
+	if got := d.Observe(7, 0, 0, 100); got != 0 {
 		t.Fatalf("first request: %v earlier; want 0", got)
 	}
-	if got := d.Observe(7, 0, 100); got != 1 {
+	if got := d.Observe(7, 0, 0, 100); got != 1 {
 		t.Errorf("second request at once: %v earlier; want 1", got)
 	}
-	if got, want := d.Observe(7, 100, 100), 2/math.E; !nearly(got, want) {
+	if got, want := d.Observe(7, 0, 100, 100), 2/math.E; !nearly(got, want) {
 		t.Errorf("a horizon later: %v earlier; want 2/e = %v", got, want)
 	}
-	if got := d.Observe(8, 100, 100); got != 0 {
+	if got := d.Observe(8, 0, 100, 100); got != 0 {
 		t.Errorf("another prefix: %v earlier; want 0", got)
 	}
-	if d.Observe(0, 100, 100) != 0 || d.Observe(0, 100, 100) != 0 {
+	if d.Observe(0, 0, 100, 100) != 0 || d.Observe(0, 0, 100, 100) != 0 {
 		t.Error("key 0 counted")
 	}
-	if d.Observe(9, 0, 0) != 0 || d.Observe(9, 0, 0) != 0 || d.Observe(9, 0, math.Inf(1)) != 0 {
+	if d.Observe(9, 0, 0, 0) != 0 || d.Observe(9, 0, 0, 0) != 0 || d.Observe(9, 0, 0, math.Inf(1)) != 0 {
 		t.Error("counted without a horizon")
+	}
+}
+
+// Sharers are other conversations: a session that observed the prefix
+// last adds nothing by observing it again, another session does, and an
+// anonymous request always counts.
+func TestDemandCountsOtherSessions(t *testing.T) {
+	var d Demand
+	a, b := SessionID("a"), SessionID("b")
+	if a == 0 || b == 0 || a == b || SessionID("") != 0 {
+		t.Fatalf("SessionID: a %x, b %x, none %x", a, b, SessionID(""))
+	}
+	d.Observe(7, a, 0, 100)
+	for range 5 {
+		if got := d.Observe(7, a, 0, 100); got != 1 {
+			t.Fatalf("the same conversation again: %v earlier; want its first request only", got)
+		}
+	}
+	if got := d.Observe(7, b, 0, 100); got != 1 {
+		t.Errorf("another conversation: %v earlier; want 1", got)
+	}
+	if got := d.Observe(7, a, 0, 100); got != 2 {
+		t.Errorf("the first conversation after another: %v earlier; want 2", got)
+	}
+	if got := d.Observe(7, 0, 0, 100); got != 3 {
+		t.Errorf("an anonymous request: %v earlier; want 3", got)
+	}
+	if got := d.Observe(7, 0, 0, 100); got != 4 {
+		t.Errorf("a second anonymous request: %v earlier; want 4", got)
 	}
 }
 
@@ -37,13 +66,13 @@ func TestDemandEvictsTheLeastDemanded(t *testing.T) {
 	var d Demand
 	const hot = 12345
 	for range 50 {
-		d.Observe(hot, 0, 1e6)
+		d.Observe(hot, 0, 0, 1e6)
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	for range 20 * demandSlots {
-		d.Observe(rng.Uint64()|1, 1, 1e6)
+		d.Observe(rng.Uint64()|1, 0, 1, 1e6)
 	}
-	if got := d.Observe(hot, 2, 1e6); got < 49 {
+	if got := d.Observe(hot, 0, 2, 1e6); got < 49 {
 		t.Errorf("hot prefix: %v earlier after a flood of one-off prefixes; want its 50", got)
 	}
 }
@@ -76,7 +105,7 @@ func TestHeldPrefix(t *testing.T) {
 // lifetime: nothing before it has seen conversations.
 func TestCalibratorObservePrefix(t *testing.T) {
 	c := NewCalibrator(DefaultCost())
-	if c.ObservePrefix("m", 5, 0) != 0 || c.ObservePrefix("m", 5, 0) != 0 {
+	if c.ObservePrefix("m", 5, 0, 0) != 0 || c.ObservePrefix("m", 5, 0, 0) != 0 {
 		t.Fatal("demand counted before any conversation was seen")
 	}
 	for range 10 {
@@ -88,11 +117,11 @@ func TestCalibratorObservePrefix(t *testing.T) {
 	if life := st.Lifetime(); !(life > 0) {
 		t.Fatalf("lifetime %v", life)
 	}
-	c.ObservePrefix("m", 5, 10)
-	if got := c.ObservePrefix("m", 5, 10); got != 1 {
+	c.ObservePrefix("m", 5, 0, 10)
+	if got := c.ObservePrefix("m", 5, 0, 10); got != 1 {
 		t.Errorf("demand %v; want the one request before", got)
 	}
-	if got := c.ObservePrefix("other", 5, 10); got != 0 {
+	if got := c.ObservePrefix("other", 5, 0, 10); got != 0 {
 		t.Errorf("another model's demand %v; want 0", got)
 	}
 }
@@ -124,6 +153,6 @@ func BenchmarkObservePrefix(b *testing.B) {
 	var now float64
 	for b.Loop() {
 		now += 0.01
-		c.ObservePrefix("m", uint64(now)%64+1, now)
+		c.ObservePrefix("m", uint64(now)%64+1, 0, now)
 	}
 }

@@ -106,8 +106,9 @@
 // request pays for the copy (its TTFT and Others price the prefill of
 // what the replica lacks), and each later request opening the same way
 // may then start there instead of at a holder. Sharers is the prefix's
-// demand, the requests that shared it (were scored with it as the longest
-// held) over the horizon of a conversation's lifetime, remaining turns
+// demand, the requests of other conversations that shared it (were scored
+// with it as the longest held; a conversation's own turns, which name the
+// same prefix while its cache holds a fixed depth of it, count once) over the horizon of a conversation's lifetime, remaining turns
 // after the first × the mean gap ([SessionStats.Lifetime]), decayed with
 // that time constant ([Demand], kept per model by the [Calibrator]): as
 // many as shared it over the last horizon are expected over the next,
