@@ -78,7 +78,7 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 				g.recordExchange(x, got) // first: it may fill in the block keys
 				g.missed(x, got)
 				if !x.req.TokenIDs() {
-					g.ratios.observe(x.req.Model(), x.req.TextBytes(), got.PromptTokens)
+					g.ratios.Observe(x.req.Model(), x.req.TextBytes(), got.PromptTokens)
 				}
 			}
 			if err != nil && !errors.Is(err, context.Canceled) && x.ctx.Err() == nil {

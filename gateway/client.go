@@ -60,7 +60,7 @@ type exchange struct {
 // close it. Errors before any response are *apierror.Error values (or
 // ctx's error). Do is the routed client every API surface uses.
 func (g *Gateway) Do(ctx context.Context, req *request.R) (*http.Response, error) {
-	r := &turn{R: req, bytesPerToken: g.ratios.get(req.Model())}
+	r := &turn{R: req, bytesPerToken: g.ratios.Get(req.Model())}
 	x := &exchange{ctx: ctx, req: r, start: time.Now()}
 	var err error
 	if x.body, err = r.UpstreamBody(g.cfg.Queue.VLLMPriority); err != nil {

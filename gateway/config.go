@@ -18,6 +18,7 @@ import (
 
 	"github.com/warmpath/warmpath/gateway/admission"
 	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/gateway/routing"
 	"github.com/warmpath/warmpath/kvevents"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/scoring/blockindex"
@@ -154,6 +155,13 @@ type KVEventsConfig struct {
 	// Set at most one of Bind and Connect.
 	Connect string `yaml:"connect"`
 }
+
+// routing.tokenizer's values (see package routing).
+const (
+	TokenizerReplicas  = routing.TokenizerReplicas
+	TokenizerSimulator = routing.TokenizerSimulator
+	TokenizerHF        = routing.TokenizerHF
+)
 
 // RoutingConfig chooses and tunes the routing policy.
 type RoutingConfig struct {

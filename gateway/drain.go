@@ -39,9 +39,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	if g.rec != nil {
 		eg.Go(func() error { return g.rec.Run(ectx) })
 	}
-	if g.tok.localTok != nil {
-		eg.Go(func() error { return g.tok.localTok.Run(ectx) })
-	}
+	eg.Go(func() error { return g.tok.Run(ectx) })
 	eg.Go(func() error { return g.writes.Run(ectx) })
 	eg.Go(func() error { return g.flusher.Run(ectx) })
 	eg.Go(func() error { return g.fleet.Run(ectx) })

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,6 +21,7 @@ import (
 	"github.com/warmpath/warmpath/anthropic"
 	"github.com/warmpath/warmpath/gateway/admission"
 	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/gateway/routing"
 	"github.com/warmpath/warmpath/kvevents"
 	"github.com/warmpath/warmpath/record"
 	"github.com/warmpath/warmpath/responses"
@@ -76,19 +76,19 @@ type Gateway struct {
 	rdb         redis.UniversalClient
 	ownsRedis   bool
 	breaker     *redisBreaker // nil without Redis
-	index       *preciseIndex
-	approx      *approxIndex
-	tok         *tokenizer
-	ratios      *tokenRatios // bytes per prompt token, by model
+	index       *routing.PreciseIndex
+	approx      *routing.ApproxIndex
+	tok         *routing.Tokenizer
+	ratios      *routing.TokenRatios // bytes per prompt token, by model
 	tenants     *tenants
-	activity    *activity          // what the status page shows
-	miss        *missTracker       // miss attribution and prefix-break diagnostics (misses.go)
-	rec         *record.Recorder   // nil unless record.dir is set (record.go)
-	tips        *workers           // fill session tips off the request path (tips.go)
-	tipPending  sync.Map           // sessions with a tip job queued or running
-	writes      *workers           // Redis writes off the request path (family placements)
-	flusher     *bindingFlusher    // write completed turns' bindings to Redis in batches
-	responses   *responses.Service // nil without Redis
+	activity    *activity               // what the status page shows
+	miss        *missTracker            // miss attribution and prefix-break diagnostics (misses.go)
+	rec         *record.Recorder        // nil unless record.dir is set (record.go)
+	tips        *routing.Workers        // fill session tips off the request path (tips.go)
+	tipPending  sync.Map                // sessions with a tip job queued or running
+	writes      *routing.Workers        // Redis writes off the request path (family placements)
+	flusher     *routing.BindingFlusher // write completed turns' bindings to Redis in batches
+	responses   *responses.Service      // nil without Redis
 	messages    *anthropic.Service
 	admit       admitFunc
 	waiting     backlog               // requests waiting in admit, by model
@@ -133,9 +133,9 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	g.drainCtx, g.cutStreams = context.WithCancel(context.Background())
 	g.activity = newActivity()
 	g.miss = newMissTracker(cfg.Routing.BlockSize, wrapped)
-	g.ratios = newTokenRatios()
-	g.tips = newWorkers(tipWorkers, tipBacklog, 0)
-	g.writes = newWorkers(writeWorkers, writeBacklog, time.Second)
+	g.ratios = routing.NewTokenRatios()
+	g.tips = routing.NewWorkers(tipWorkers, tipBacklog, 0)
+	g.writes = routing.NewWorkers(writeWorkers, writeBacklog, time.Second)
 	g.tokenizeWarn.period = 10 * time.Second
 	g.cal = scoring.NewCalibrator(scoring.DefaultCost())
 	for _, build := range []func(Options) error{g.buildStores, g.buildRouting, g.buildAdmission, g.buildFronts, g.buildServers} {
@@ -196,8 +196,8 @@ func (g *Gateway) buildStores(o Options) error {
 		g.tracking = g.sessions.Track(c.Options(), log.With("component", "session-tracking"))
 		g.m.watchTracking(g.wrapped, g.tracking)
 	}
-	g.flusher = &bindingFlusher{keys: make(chan string, flushBacklog), flush: g.sessions.FlushAll, timeout: cfg.Redis.Timeout,
-		spacing: bindingSpacing(cfg.Routing.BindingWriteSpacing, g.waiting.peers), finish: time.Second, failed: func() { g.m.redisErrors.WithLabelValues("remember").Inc() }}
+	g.flusher = routing.NewBindingFlusher(g.sessions.FlushAll, cfg.Redis.Timeout, routing.BindingSpacing(cfg.Routing.BindingWriteSpacing, g.waiting.peers),
+		func() { g.m.redisErrors.WithLabelValues("remember").Inc() })
 	return nil
 }
 
@@ -214,10 +214,10 @@ func (g *Gateway) buildRouting(o Options) error {
 	if g.fleet, err = fleet.New(fc); err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
-	if g.index, err = newPreciseIndex(cfg.Routing, g.wrapped); err != nil {
+	if g.index, err = routing.NewPreciseIndex(cfg.Routing.BlockSize, cfg.Routing.IndexMaxEntries, g.wrapped); err != nil {
 		return fmt.Errorf("config: routing: %w", err)
 	}
-	if g.approx, err = newApproxIndex(cfg.Routing); err != nil {
+	if g.approx, err = routing.NewApproxIndex(cfg.Routing.ApproxChunkBytes); err != nil {
 		return fmt.Errorf("config: routing: %w", err)
 	}
 	g.upstream = &http.Transport{
@@ -228,14 +228,11 @@ func (g *Gateway) buildRouting(o Options) error {
 		IdleConnTimeout:       90 * time.Second,
 		ExpectContinueTimeout: time.Second,
 	}
-	g.tok = newTokenizer(&http.Client{Transport: g.upstream, Timeout: cfg.Upstream.TokenizeTimeout}, cfg.Routing.TokenizeCacheBytes, g.m)
-	g.tok.service, g.tok.log = strings.TrimRight(cfg.Routing.TokenizeURL, "/"), g.log.With("component", "tokenizer")
-	lt, err := newLocalTokenizer(cfg.Routing)
+	g.tok, err = routing.NewTokenizer(routing.TokenizerOptions{Client: &http.Client{Transport: g.upstream, Timeout: cfg.Upstream.TokenizeTimeout},
+		CacheBytes: cfg.Routing.TokenizeCacheBytes, Service: cfg.Routing.TokenizeURL, Local: cfg.Routing.Tokenizer, Dirs: cfg.Routing.TokenizerDirs,
+		VerifyEvery: cfg.Routing.TokenizerVerifyEvery, Logger: g.log.With("component", "tokenizer"), Registerer: g.wrapped})
 	if err != nil {
 		return fmt.Errorf("config: %w", err)
-	}
-	if lt != nil {
-		g.tok.localTok = newLocalTokens(lt, cfg.Routing.TokenizerVerifyEvery)
 	}
 	return nil
 }
@@ -362,6 +359,13 @@ func (rc RedisConfig) Client() (redis.UniversalClient, error) {
 	}
 	return redis.NewUniversalClient(uo), nil
 }
+
+// Redis writes off the request path (a session family's placement): the
+// pool's size and backlog.
+const (
+	writeWorkers = 2
+	writeBacklog = 4096
+)
 
 // clusterStateReload is how often a cluster client reloads the slot map
 // while it is in use: how long after a failover a gateway keeps dialling

@@ -83,7 +83,7 @@ func (g *Gateway) runKVEvents(ctx context.Context) error {
 			if !live[rep] {
 				cancel()
 				delete(subs, rep)
-				g.index.forget(rep.Spec.Name)
+				g.index.Forget(rep.Spec.Name)
 			}
 		}
 	})
@@ -140,7 +140,7 @@ func (g *Gateway) registerModel(rep *fleet.Replica) bool {
 	if model == "" {
 		return false
 	}
-	g.index.setModel(rep.Spec.Name, model)
+	g.index.SetModel(rep.Spec.Name, model)
 	return true
 }
 
@@ -183,10 +183,10 @@ func (g *Gateway) syncReplicas(ctx context.Context) {
 		for _, rep := range reps {
 			g.registerModel(rep) // models discovered later (central topology)
 			st := rep.State()
-			g.approx.sizeTo(rep.Spec.Name, st.NumGPUBlocks*st.BlockSize)
+			g.approx.SizeTo(rep.Spec.Name, st.NumGPUBlocks*st.BlockSize)
 			if n := cpuKeys(rep, st, g.cfg.Routing.BlockSize); n > 0 && cpu[rep.Spec.Name] != n {
 				cpu[rep.Spec.Name] = n
-				_ = g.index.ix.SetCPUCapacity(rep.Spec.Name, n) // errs only when the replica table is full
+				_ = g.index.Blocks().SetCPUCapacity(rep.Spec.Name, n) // errs only when the replica table is full
 			}
 			if seen, ok := restarts[rep]; ok && st.Restarts > seen {
 				g.index.Clear(rep.Spec.Name)

@@ -26,10 +26,6 @@ type metrics struct {
 	decisions       *prometheus.CounterVec // reason
 	rebinds         *prometheus.CounterVec // reason
 	copies          prometheus.Counter
-	tokenizer       *prometheus.CounterVec // result
-	tokBackoff      *prometheus.GaugeVec   // replica
-	tokChecks       *prometheus.CounterVec // result
-	tokMismatch     *prometheus.CounterVec // model
 	tokenizeAvoided prometheus.Counter
 	tokenizeUnseen  prometheus.Counter
 	tips            *prometheus.CounterVec
@@ -97,10 +93,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		decisions:       counterVec("warmpath_routing_decisions_total", "Routing decisions by reason: sticky (bound replica, no scoring), scored, retry.", "reason"),
 		rebinds:         counterVec("warmpath_session_rebinds_total", "Sessions moved off their bound replica, by why.", "reason"),
 		copies:          prometheus.NewCounter(prometheus.CounterOpts{Name: "warmpath_prefix_copies_total", Help: "Requests placed on a replica holding less of their prompt than the best holder with a positive replication term: a copy of a shared prefix made for the requests that will share it."}),
-		tokenizer:       counterVec("warmpath_tokenizer_calls_total", "Prompt tokenizations, by result: local (in process, routing.tokenizer), cached, ok, error, unavailable (every tokenizer backed off; no call made). Identical prompts in flight share one call.", "result"),
-		tokBackoff:      gaugeVec("warmpath_tokenizer_backoff", "1 while the gateway does not ask a replica's (or the tokenize_url service's, replica=\"tokenize_url\") /tokenize, which had none to offer; 0 once it answers again.", "replica"),
-		tokChecks:       counterVec("warmpath_tokenizer_checks_total", "In-process tokenizations (routing.tokenizer) compared with a replica's /tokenize off the request path, by result: match, mismatch, failed (no answer), dropped (the checker's backlog was full).", "result"),
-		tokMismatch:     counterVec("warmpath_tokenizer_mismatch_total", "Checks that found the in-process tokenizer's ids differ from a replica's /tokenize; the model is then tokenized by the replicas.", "model"),
 		tokenizeAvoided: prometheus.NewCounter(prometheus.CounterOpts{Name: "warmpath_tokenizer_avoided_total", Help: "Turns routed without tokenizing (sticky sessions whose replica still holds their prefix)."}),
 		tokenizeUnseen:  prometheus.NewCounter(prometheus.CounterOpts{Name: "warmpath_tokenizer_unseen_total", Help: "Scored turns routed on load without tokenizing: no replica was sent their opening (routing.skip_unseen on)."}),
 		tips:            counterVec("warmpath_session_tips_total", "Prompts routed without the tokenizer, tokenized off the request path (blocks speculated, session tip filled), by result: filled, stale (no session, or it moved or already had one), failed (tokenizer or Redis), dropped (the workers' backlog was full).", "result"),
@@ -123,8 +115,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	reg.MustRegister(phases)
 	reg.MustRegister(m.requests, m.duration, m.ttft, m.ttftError, m.promptTokens, m.cachedTokens, m.predictedTokens,
-		m.cachedFraction, m.mispredicted, m.mispredictedTok, m.decisions, m.rebinds, m.copies, m.tokenizer, m.tokBackoff,
-		m.tokChecks, m.tokMismatch,
+		m.cachedFraction, m.mispredicted, m.mispredictedTok, m.decisions, m.rebinds, m.copies,
 		m.tokenizeAvoided, m.tokenizeUnseen, m.tips, m.retries, m.upstreamErrors, m.redisErrors, m.streamsCut, m.connsRejected,
 		m.replicaRestarts, m.inflight)
 	return m

@@ -85,12 +85,9 @@ func (g *Gateway) recordExchange(x *exchange, u request.Usage) {
 // tokenizing (a sticky turn) still gets its block keys, which replay
 // needs; the miss attribution then places its break exactly too.
 func (g *Gateway) localKeys(r *turn) []uint64 {
-	if !g.tok.localFor(r.Model()) {
+	ids, ok := g.tok.LocalIDs(r.R)
+	if !ok {
 		return nil
 	}
-	ids, err := r.LocalTokens(g.tok.localTok.impl)
-	if err != nil {
-		return nil
-	}
-	return g.index.keys(ids, r.Model(), r.CacheSalt())
+	return g.index.Keys(ids, r.Model(), r.CacheSalt())
 }

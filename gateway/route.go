@@ -10,6 +10,7 @@ import (
 
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/gateway/request"
+	"github.com/warmpath/warmpath/gateway/routing"
 	"github.com/warmpath/warmpath/internal/apierror"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/session"
@@ -144,7 +145,7 @@ func (g *Gateway) gather(ctx context.Context, r *turn) ([]*fleet.Replica, *scori
 		}
 		if i := slices.IndexFunc(reps, func(rep *fleet.Replica) bool { return rep.Spec.Name == bind.Replica }); i >= 0 {
 			in.BoundHolds = g.stillHolds(reps[i], bind)
-			in.Endpoints[i].PromptBlocksOnly = !g.index.cachesGenerated(bind.Replica)
+			in.Endpoints[i].PromptBlocksOnly = !g.index.CachesGenerated(bind.Replica)
 		}
 	} else if rel := r.Session().Relatives(); rel != "" && err == nil {
 		// A conversation's first turn: where do its relatives run?
@@ -253,8 +254,8 @@ func (g *Gateway) matchPrefix(ctx context.Context, r *turn, reps []*fleet.Replic
 			// A prompt whose opening no replica was sent (as far as this
 			// gateway's record of sent text tells) has nothing to match:
 			// route it on load without the tokenizer round trip.
-			chunks = g.approx.keys(r.ApproxText(), r.Model(), r.CacheSalt())
-			if len(chunks) > 0 && !g.approx.seen(chunks[0], names) {
+			chunks = g.approx.Keys(r.ApproxText(), r.Model(), r.CacheSalt())
+			if len(chunks) > 0 && !g.approx.Seen(chunks[0], names) {
 				g.m.tokenizeUnseen.Inc()
 				in.Matched = make([]int, len(names))
 				return nil, chunks
@@ -264,11 +265,11 @@ func (g *Gateway) matchPrefix(ctx context.Context, r *turn, reps []*fleet.Replic
 		if call == nil {
 			call = g.startTokenize(ctx, r.R, reps, in.Endpoints)
 		}
-		tokens, err := call.wait(ctx)
-		r.tokenized = tokenized{start: call.started, end: time.Now(), source: call.source, tokens: len(tokens), err: err}
+		tokens, err := call.Wait(ctx)
+		r.tokenized = tokenized{start: call.Started, end: time.Now(), source: call.Source, tokens: len(tokens), err: err}
 		if err != nil {
 			// Tokenizers backed off were logged when they refused.
-			if !errors.Is(err, errTokenizeUnavailable) {
+			if !errors.Is(err, routing.ErrTokenizeUnavailable) {
 				if ok, held := g.tokenizeWarn.allow(); ok {
 					g.log.WarnContext(ctx, "tokenize failed; routing without prefix information", "request_id", r.ID(), "err", err, "held_back", held)
 				}
@@ -277,12 +278,12 @@ func (g *Gateway) matchPrefix(ctx context.Context, r *turn, reps []*fleet.Replic
 			return nil, nil
 		}
 		in.PromptTokens = len(tokens)
-		keys = g.index.keys(tokens, r.Model(), r.CacheSalt())
-		in.Matched, in.MatchedCPU = g.index.matchTiers(keys, names, len(tokens), engineBlocks(in.Endpoints))
+		keys = g.index.Keys(tokens, r.Model(), r.CacheSalt())
+		in.Matched, in.MatchedCPU = g.index.MatchTiers(keys, names, len(tokens), engineBlocks(in.Endpoints))
 		return keys, chunks
 	case g.policy.UsesApprox:
-		chunks = g.approx.keys(r.ApproxText(), r.Model(), r.CacheSalt())
-		in.Matched = g.approx.matchTokens(chunks, names, in.PromptTokens, r.bytesPerToken)
+		chunks = g.approx.Keys(r.ApproxText(), r.Model(), r.CacheSalt())
+		in.Matched = g.approx.MatchTokens(chunks, names, in.PromptTokens, r.bytesPerToken)
 	}
 	return keys, chunks
 }
@@ -290,7 +291,7 @@ func (g *Gateway) matchPrefix(ctx context.Context, r *turn, reps []*fleet.Replic
 // skipUnseen reports whether routing.skip_unseen applies to r: not when
 // an in-process tokenizer makes its ids cheap.
 func (g *Gateway) skipUnseen(r *turn) bool {
-	return g.cfg.Routing.SkipUnseen && !g.tok.localFor(r.Model())
+	return g.cfg.Routing.SkipUnseen && !g.tok.LocalFor(r.Model())
 }
 
 // observeDemand counts r as a request sharing the longest prefix of its
@@ -325,16 +326,16 @@ func (g *Gateway) commit(ctx context.Context, r *turn, rt *route, bind session.B
 	chosen := rt.eps[p.Chosen()].ID
 	rt.keys = keys
 	if chunks != nil {
-		g.approx.record(chosen, chunks)
+		g.approx.Record(chosen, chunks)
 	}
 	if ttl := g.cfg.Routing.SpeculativeTTL; keys != nil && ttl > 0 {
 		if len(keys) < speculateAsideKeys {
-			g.index.speculate(chosen, keys, ttl)
+			g.index.Speculate(chosen, keys, ttl)
 		} else {
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
-				g.index.speculate(chosen, keys, ttl)
+				g.index.Speculate(chosen, keys, ttl)
 			}()
 			rt.speculated = done
 		}
@@ -366,7 +367,7 @@ func (g *Gateway) commit(ctx context.Context, r *turn, rt *route, bind session.B
 		// It is advice, not a binding, so it goes through the write pool
 		// and no turn waits for it; a full backlog drops it.
 		fb := session.Binding{Binding: scoring.Binding{Replica: rt.eps[p.Chosen()].ID}}
-		g.writes.try(func(ctx context.Context) {
+		g.writes.Try(func(ctx context.Context) {
 			if _, err := g.sessions.Remember(ctx, fam, fb, false); err != nil {
 				g.m.redisErrors.WithLabelValues("remember").Inc()
 			}
@@ -424,7 +425,7 @@ func (g *Gateway) rememberCompleted(rt *route, replica string, u request.Usage) 
 	if !g.updateCompleted(rt, replica, u) && !rt.proposed {
 		return
 	}
-	g.flusher.add(rt.session)
+	g.flusher.Add(rt.session)
 }
 
 // publishBinding writes a first turn's binding, which commit kept in
@@ -437,7 +438,7 @@ func (g *Gateway) publishBinding(rt *route) {
 	if !rt.fresh || rt.session == "" {
 		return
 	}
-	g.flusher.add(rt.session)
+	g.flusher.Add(rt.session)
 }
 
 // updateCompleted updates the session's binding in process memory with
@@ -457,23 +458,23 @@ func (g *Gateway) updateCompleted(rt *route, replica string, u request.Usage) bo
 // trusted: the gateway cannot see their evictions.
 func (g *Gateway) stillHolds(rep *fleet.Replica, b session.Binding) bool {
 	name := rep.Spec.Name
-	return b.StillHeld(func(tip uint64) bool { return !g.index.receiving(name) || g.index.holds(name, tip) })
+	return b.StillHeld(func(tip uint64) bool { return !g.index.Receiving(name) || g.index.Holds(name, tip) })
 }
 
 // tokenize gets r's token ids from the available replicas.
 func (g *Gateway) tokenize(ctx context.Context, r *request.R, reps []*fleet.Replica, eps []scoring.Endpoint) ([]uint32, error) {
-	return g.startTokenize(ctx, r, reps, eps).wait(ctx)
+	return g.startTokenize(ctx, r, reps, eps).Wait(ctx)
 }
 
 // startTokenize starts tokenize's work without waiting for the answer.
-func (g *Gateway) startTokenize(ctx context.Context, r *request.R, reps []*fleet.Replica, eps []scoring.Endpoint) *tokenCall {
+func (g *Gateway) startTokenize(ctx context.Context, r *request.R, reps []*fleet.Replica, eps []scoring.Endpoint) *routing.TokenCall {
 	up := make([]*fleet.Replica, 0, len(reps))
 	for i, rep := range reps {
 		if !eps[i].Unhealthy {
 			up = append(up, rep)
 		}
 	}
-	return g.tok.start(ctx, r, up)
+	return g.tok.Start(ctx, r, up)
 }
 
 // debugHeaders names the chosen replica, the decision and each replica's

@@ -43,7 +43,7 @@ func TestSessionSticks(t *testing.T) {
 			// speculated clears them (its events, or their replay, take
 			// over): wait for it, or a loaded machine sees the session's
 			// tip missing and rebinds turn 2.
-			testrun.Eventually(t, 10*time.Second, func() bool { return gw.index.receiving(home) }, "KV events from the session's replica")
+			testrun.Eventually(t, 10*time.Second, func() bool { return gw.index.Receiving(home) }, "KV events from the session's replica")
 			continue
 		}
 		if r.replica() != home {
@@ -124,7 +124,7 @@ func TestSharedPrefixGoesWhereCached(t *testing.T) {
 				"messages": []msg{{"system", shared}, {"user", "alice asks"}}}, nil)
 			home := first.replica()
 			// Wait for the engine's BlockStored events to reach the index.
-			testrun.Eventually(t, 5*time.Second, func() bool { return gw.index.receiving(home) }, "KV events")
+			testrun.Eventually(t, 5*time.Second, func() bool { return gw.index.Receiving(home) }, "KV events")
 			for i := range 5 {
 				r := chat(t, gw.URL, map[string]any{"model": "qwen3-32b", "max_tokens": 4,
 					"messages": []msg{{"system", shared}, {"user", fmt.Sprintf("user %d asks something else", i)}}}, nil)

@@ -51,7 +51,7 @@ func (g *Gateway) tipLater(j tipJob) {
 		defer g.tipPending.Delete(j.session)
 		g.tip(ctx, j)
 	}
-	if !g.tips.try(job) {
+	if !g.tips.Try(job) {
 		g.tipPending.Delete(j.session)
 		g.m.tips.WithLabelValues("dropped").Inc()
 	}
@@ -67,13 +67,13 @@ func (g *Gateway) tip(ctx context.Context, j tipJob) {
 		g.m.tips.WithLabelValues("failed").Inc()
 		return
 	}
-	keys := g.index.keys(tokens, j.req.Model(), j.req.CacheSalt())
+	keys := g.index.Keys(tokens, j.req.Model(), j.req.CacheSalt())
 	if len(keys) == 0 {
 		g.m.tips.WithLabelValues("stale").Inc() // shorter than a block: nothing to watch
 		return
 	}
 	if g.cfg.Routing.SpeculativeTTL > 0 {
-		g.index.speculate(j.replica, keys, g.cfg.Routing.SpeculativeTTL)
+		g.index.Speculate(j.replica, keys, g.cfg.Routing.SpeculativeTTL)
 	}
 	result := "stale"
 	_, err = g.sessions.Update(tctx, j.session, j.binding, func(b *session.Binding) bool {

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/warmpath/warmpath/gateway/request"
+	"github.com/warmpath/warmpath/gateway/routing"
 )
 
 // turn is a request on its way through this gateway: the parsed request
@@ -15,7 +16,7 @@ type turn struct {
 	bytesPerToken float64
 	// early is the tokenization route started before the session lookup
 	// (tokenizeEarly), nil when it did not.
-	early *tokenCall
+	early *routing.TokenCall
 	// placement is the request's routing, prepared before admission
 	// (placement.go); nil until then.
 	placement *placement

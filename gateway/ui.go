@@ -140,13 +140,13 @@ func (g *Gateway) status(w http.ResponseWriter, r *http.Request) error {
 
 // statusReport is the status page's JSON at now.
 func (g *Gateway) statusReport(now time.Time) map[string]any {
-	stats := g.index.ix.Stats()
+	stats := g.index.Blocks().Stats()
 	var reps []uiReplica
 	for _, rep := range g.fleet.Snapshot().Replicas {
 		st := rep.State()
 		_, why := rep.Saturated(now)
 		age := -1.0
-		if t := g.index.lastEvent(rep.Spec.Name); !t.IsZero() {
+		if t := g.index.LastEvent(rep.Spec.Name); !t.IsZero() {
 			age = now.Sub(t).Seconds()
 		}
 		reps = append(reps, uiReplica{Name: rep.Spec.Name, URL: rep.Spec.URL, Models: st.Models, Healthy: st.Healthy,

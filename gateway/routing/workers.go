@@ -1,15 +1,15 @@
-package gateway
+package routing
 
 import (
 	"context"
 	"time"
 )
 
-// workers runs jobs queued by the request path on a fixed pool of
+// Workers runs jobs queued by the request path on a fixed pool of
 // goroutines, so the work (a tokenization, a Redis write) costs the
 // request nothing. A full backlog refuses new jobs: the caller decides
 // whether to drop the job or do it itself.
-type workers struct {
+type Workers struct {
 	n    int
 	jobs chan func(context.Context)
 	// finish, when positive, is how long the pool keeps running queued jobs
@@ -18,12 +18,14 @@ type workers struct {
 	finish time.Duration
 }
 
-func newWorkers(n, backlog int, finish time.Duration) *workers {
-	return &workers{n: n, jobs: make(chan func(context.Context), backlog), finish: finish}
+// NewWorkers returns a pool of n goroutines (once Run) with a backlog of
+// queued jobs.
+func NewWorkers(n, backlog int, finish time.Duration) *Workers {
+	return &Workers{n: n, jobs: make(chan func(context.Context), backlog), finish: finish}
 }
 
-// try queues job, or reports false when the backlog is full.
-func (w *workers) try(job func(context.Context)) bool {
+// Try queues job, or reports false when the backlog is full.
+func (w *Workers) Try(job func(context.Context)) bool {
 	select {
 	case w.jobs <- job:
 		return true
@@ -33,7 +35,7 @@ func (w *workers) try(job func(context.Context)) bool {
 }
 
 // Run runs the pool until ctx ends, then the queued jobs for up to finish.
-func (w *workers) Run(ctx context.Context) error {
+func (w *Workers) Run(ctx context.Context) error {
 	done := make(chan struct{})
 	for range w.n {
 		go func() {
@@ -65,10 +67,3 @@ func (w *workers) Run(ctx context.Context) error {
 	}
 	return nil
 }
-
-// Redis writes off the request path (a session family's placement): the
-// pool's size and backlog.
-const (
-	writeWorkers = 2
-	writeBacklog = 4096
-)
