@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -25,8 +24,6 @@ import (
 	"github.com/warmpath/warmpath/kvevents"
 	"github.com/warmpath/warmpath/record"
 	"github.com/warmpath/warmpath/responses"
-	"github.com/warmpath/warmpath/scoring"
-	"github.com/warmpath/warmpath/session"
 )
 
 // Options are a gateway's dependencies that do not come from configuration.
@@ -70,31 +67,20 @@ type Gateway struct {
 	m           *metrics
 	kvm         *kvevents.Metrics
 	fleet       *fleet.Fleet
-	policy      *scoring.Policy
-	cal         *scoring.Calibrator // the TTFT model's per-model calibration
-	sessions    *session.Store
+	router      *routing.Router // the routing stage: policy, indexes, tokenizer, session bindings
 	rdb         redis.UniversalClient
 	ownsRedis   bool
 	breaker     *redisBreaker // nil without Redis
-	index       *routing.PreciseIndex
-	approx      *routing.ApproxIndex
-	tok         *routing.Tokenizer
-	ratios      *routing.TokenRatios // bytes per prompt token, by model
 	tenants     *tenants
-	activity    *activity               // what the status page shows
-	miss        *missTracker            // miss attribution and prefix-break diagnostics (misses.go)
-	rec         *record.Recorder        // nil unless record.dir is set (record.go)
-	tips        *routing.Workers        // fill session tips off the request path (tips.go)
-	tipPending  sync.Map                // sessions with a tip job queued or running
-	writes      *routing.Workers        // Redis writes off the request path (family placements)
-	flusher     *routing.BindingFlusher // write completed turns' bindings to Redis in batches
-	responses   *responses.Service      // nil without Redis
+	activity    *activity          // what the status page shows
+	miss        *missTracker       // miss attribution and prefix-break diagnostics (misses.go)
+	rec         *record.Recorder   // nil unless record.dir is set (record.go)
+	responses   *responses.Service // nil without Redis
 	messages    *anthropic.Service
 	admit       admitFunc
 	waiting     backlog               // requests waiting in admit, by model
 	queue       *admission.Queue      // nil: no fair queue (queue.disabled)
 	shareQueue  *backlogSync          // shares waiting with the other gateways; nil without a queue or Redis
-	tracking    *session.Tracking     // keeps sticky lookups off Redis; nil without a single Redis server
 	wrapped     prometheus.Registerer // reg with the policy label
 	upstream    *http.Transport
 	upstreamKey string
@@ -133,12 +119,8 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	g.drainCtx, g.cutStreams = context.WithCancel(context.Background())
 	g.activity = newActivity()
 	g.miss = newMissTracker(cfg.Routing.BlockSize, wrapped)
-	g.ratios = routing.NewTokenRatios()
-	g.tips = routing.NewWorkers(tipWorkers, tipBacklog, 0)
-	g.writes = routing.NewWorkers(writeWorkers, writeBacklog, time.Second)
 	g.tokenizeWarn.period = 10 * time.Second
-	g.cal = scoring.NewCalibrator(scoring.DefaultCost())
-	for _, build := range []func(Options) error{g.buildStores, g.buildRouting, g.buildAdmission, g.buildFronts, g.buildServers} {
+	for _, build := range []func(Options) error{g.buildStores, g.buildFleet, g.buildAdmission, g.buildRouting, g.buildFronts, g.buildServers} {
 		if err := build(o); err != nil {
 			g.close()
 			return nil, err
@@ -170,8 +152,7 @@ func settle(cfg Config, o Options) (Config, *slog.Logger, error) {
 }
 
 // buildStores connects what is kept in Redis (or in process): tenants and
-// keys, the session store and its tracking, the binding flusher, and the
-// recorder.
+// keys, and the recorder.
 func (g *Gateway) buildStores(o Options) error {
 	cfg, log := &g.cfg, g.log
 	var err error
@@ -191,34 +172,17 @@ func (g *Gateway) buildStores(o Options) error {
 	if g.rec, err = newRecorder(cfg.Record, g.tenants.cfg.SaltSecret, log, g.wrapped); err != nil {
 		return err
 	}
-	g.sessions = session.NewStore(g.rdb, session.Options{Prefix: cfg.Redis.KeyPrefix, TTL: cfg.Routing.SessionTTL, Timeout: cfg.Redis.Timeout, LocalTrust: cfg.Routing.SessionLocalTrust})
-	if c, ok := g.rdb.(*redis.Client); ok && cfg.Redis.Tracking == "on" && cfg.Redis.MasterName == "" {
-		g.tracking = g.sessions.Track(c.Options(), log.With("component", "session-tracking"))
-		g.m.watchTracking(g.wrapped, g.tracking)
-	}
-	g.flusher = routing.NewBindingFlusher(g.sessions.FlushAll, cfg.Redis.Timeout, routing.BindingSpacing(cfg.Routing.BindingWriteSpacing, g.waiting.peers),
-		func() { g.m.redisErrors.WithLabelValues("remember").Inc() })
 	return nil
 }
 
-// buildRouting builds the fleet, the policy, the prefix indexes, the
-// upstream transport and the tokenizer.
-func (g *Gateway) buildRouting(o Options) error {
+// buildFleet builds the fleet and the upstream transport.
+func (g *Gateway) buildFleet(o Options) error {
 	cfg := &g.cfg
 	var err error
-	if g.policy, err = scoring.NewPolicy(cfg.Routing.Policy, cfg.Routing.Weights); err != nil {
-		return fmt.Errorf("config: routing: %w", err)
-	}
 	fc := cfg.fleetConfig(o, g.log, g.wrapped)
 	fc.OnUpdate = g.replicaUpdated
 	if g.fleet, err = fleet.New(fc); err != nil {
 		return fmt.Errorf("config: %w", err)
-	}
-	if g.index, err = routing.NewPreciseIndex(cfg.Routing.BlockSize, cfg.Routing.IndexMaxEntries, g.wrapped); err != nil {
-		return fmt.Errorf("config: routing: %w", err)
-	}
-	if g.approx, err = routing.NewApproxIndex(cfg.Routing.ApproxChunkBytes); err != nil {
-		return fmt.Errorf("config: routing: %w", err)
 	}
 	g.upstream = &http.Transport{
 		Proxy:                 nil,
@@ -228,13 +192,21 @@ func (g *Gateway) buildRouting(o Options) error {
 		IdleConnTimeout:       90 * time.Second,
 		ExpectContinueTimeout: time.Second,
 	}
-	g.tok, err = routing.NewTokenizer(routing.TokenizerOptions{Client: &http.Client{Transport: g.upstream, Timeout: cfg.Upstream.TokenizeTimeout},
-		CacheBytes: cfg.Routing.TokenizeCacheBytes, Service: cfg.Routing.TokenizeURL, Local: cfg.Routing.Tokenizer, Dirs: cfg.Routing.TokenizerDirs,
-		VerifyEvery: cfg.Routing.TokenizerVerifyEvery, Logger: g.log.With("component", "tokenizer"), Registerer: g.wrapped})
-	if err != nil {
-		return fmt.Errorf("config: %w", err)
-	}
 	return nil
+}
+
+// buildRouting builds the routing stage over the fleet and admission's
+// judgment of room.
+func (g *Gateway) buildRouting(Options) error {
+	cfg := &g.cfg
+	_, single := g.rdb.(*redis.Client)
+	var err error
+	g.router, err = routing.New(cfg.Routing, routing.Deps{Fleet: g.fleet, Capacity: g.capacity(), Backlog: &g.waiting,
+		Redis: g.rdb, KeyPrefix: cfg.Redis.KeyPrefix, RedisTimeout: cfg.Redis.Timeout,
+		Tracking: single && cfg.Redis.Tracking == "on" && cfg.Redis.MasterName == "",
+		Tokenize: &http.Client{Transport: g.upstream, Timeout: cfg.Upstream.TokenizeTimeout}, RedisErrors: g.m.redisErrors,
+		Decided: g.decided, TokenizeFailed: g.tokenizeFailed, Logger: g.log, Registerer: g.wrapped})
+	return err
 }
 
 // buildAdmission builds the fair queue (unless queue.disabled) and, with
@@ -360,13 +332,6 @@ func (rc RedisConfig) Client() (redis.UniversalClient, error) {
 	return redis.NewUniversalClient(uo), nil
 }
 
-// Redis writes off the request path (a session family's placement): the
-// pool's size and backlog.
-const (
-	writeWorkers = 2
-	writeBacklog = 4096
-)
-
 // clusterStateReload is how often a cluster client reloads the slot map
 // while it is in use: how long after a failover a gateway keeps dialling
 // the dead master (CLUSTER SLOTS, one small reply, a second per gateway).
@@ -380,7 +345,7 @@ func (g *Gateway) Addr() string { return g.ln.Addr().String() }
 func (g *Gateway) Handler() http.Handler { return g.srv.Handler }
 
 // Policy returns the name of the routing policy in force.
-func (g *Gateway) Policy() string { return g.policy.Name }
+func (g *Gateway) Policy() string { return g.router.Policy().Name }
 
 // Registry returns the registry behind /metrics.
 func (g *Gateway) Registry() *prometheus.Registry { return g.reg }

@@ -34,8 +34,8 @@ func TestHFTokenizerCheckedAgainstReplicas(t *testing.T) {
 	cfg.Routing.Tokenizer = TokenizerHF
 	cfg.Routing.TokenizerDirs = map[string]string{vllmsim.DefaultModel: qwen3Dir(t)}
 	g, logs := startLoggedGateway(t, cfg)
-	if !g.tok.LocalFor(vllmsim.DefaultModel) || g.tok.LocalFor("unlisted") {
-		t.Errorf("localFor: listed %v, unlisted %v; want true, false", g.tok.LocalFor(vllmsim.DefaultModel), g.tok.LocalFor("unlisted"))
+	if !g.router.Tokenizer().LocalFor(vllmsim.DefaultModel) || g.router.Tokenizer().LocalFor("unlisted") {
+		t.Errorf("localFor: listed %v, unlisted %v; want true, false", g.router.Tokenizer().LocalFor(vllmsim.DefaultModel), g.router.Tokenizer().LocalFor("unlisted"))
 	}
 	routed(t, g.URL, userPrompt("hf0w", 40))
 	if got := counter(t, g.reg, "warmpath_tokenizer_calls_total", map[string]string{"result": "local"}); got != 1 {
@@ -48,7 +48,7 @@ func TestHFTokenizerCheckedAgainstReplicas(t *testing.T) {
 	if got := counter(t, g.reg, "warmpath_tokenizer_calls_total", map[string]string{"result": "ok"}); got != 1 {
 		t.Errorf("tokenizations by a replica = %v; want the prompt after the mismatch", got)
 	}
-	if g.tok.LocalFor(vllmsim.DefaultModel) {
+	if g.router.Tokenizer().LocalFor(vllmsim.DefaultModel) {
 		t.Error("the model is still tokenized in process after a mismatch")
 	}
 	if lines := logs.matching("the in-process tokenizer disagrees"); len(lines) != 1 {

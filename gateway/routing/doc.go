@@ -9,4 +9,14 @@
 // bindings with their writes to Redis (batched off the response path).
 // The decision itself is scoring's (scoring.Policy.Decide); the binding
 // rules are session's.
+//
+// A Router (New, from the routing: block's Config and explicit Deps)
+// holds that state. Per request, the gateway wraps the parsed request in
+// a Turn; Router.Prepare does routing's I/O before admission and leaves
+// a Placement on it (which the fair queue asks, Placement.Place, as it
+// considers the request); Router.Route makes the Route the request is
+// forwarded on; RememberCompleted and PublishBinding write the binding
+// back as the answer streams. Router.Run runs its workers: the binding
+// flusher, the tip and write pools, the in-process tokenizer's checker
+// and the session tracking.
 package routing
