@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// BindingFlusher writes session bindings to Redis off the response path,
+// bindingFlusher writes session bindings to Redis off the response path,
 // in batches: one goroutine takes every key queued (at most flushBatch)
 // and writes them in one pipelined round trip (session.Store.FlushAll).
 // Writes start at most once every spacing: a binding made after a quiet
@@ -26,7 +26,7 @@ import (
 // round trip per turn; at 20 ms an execution trace of 3,000 turns counted
 // 77 writer wakes instead of 397, and the gateway's CPU per 1,000 short
 // turns at 200/s fell from about 2.0× the plain proxy's to 1.7–1.8×.
-type BindingFlusher struct {
+type bindingFlusher struct {
 	keys    chan string
 	flush   func(ctx context.Context, keys []string) error
 	failed  func() // counts a batch whose write failed
@@ -52,18 +52,18 @@ const (
 	PeerBindingWriteSpacing    = 5 * time.Millisecond
 )
 
-// NewBindingFlusher returns a flusher writing with flush (bounded by
-// timeout), spaced by spacing (see BindingSpacing), calling failed for
+// newBindingFlusher returns a flusher writing with flush (bounded by
+// timeout), spaced by spacing (see bindingSpacing), calling failed for
 // each batch whose write failed; it writes for up to a second after Run's
 // context ends.
-func NewBindingFlusher(flush func(ctx context.Context, keys []string) error, timeout time.Duration, spacing func() time.Duration, failed func()) *BindingFlusher {
-	return &BindingFlusher{keys: make(chan string, flushBacklog), flush: flush, failed: failed, timeout: timeout, spacing: spacing, finish: time.Second}
+func newBindingFlusher(flush func(ctx context.Context, keys []string) error, timeout time.Duration, spacing func() time.Duration, failed func()) *bindingFlusher {
+	return &bindingFlusher{keys: make(chan string, flushBacklog), flush: flush, failed: failed, timeout: timeout, spacing: spacing, finish: time.Second}
 }
 
-// BindingSpacing is the binding writer's spacing: set when
+// bindingSpacing is the binding writer's spacing: set when
 // routing.binding_write_spacing is (negative: none), else the default for
 // whether other gateways are seen now.
-func BindingSpacing(set time.Duration, peers func() int) func() time.Duration {
+func bindingSpacing(set time.Duration, peers func() int) func() time.Duration {
 	if set != 0 {
 		set = max(0, set)
 		return func() time.Duration { return set }
@@ -76,9 +76,9 @@ func BindingSpacing(set time.Duration, peers func() int) func() time.Duration {
 	}
 }
 
-// Add queues key's binding for writing; with the backlog full it writes
+// add queues key's binding for writing; with the backlog full it writes
 // it at once rather than lose it.
-func (f *BindingFlusher) Add(key string) {
+func (f *bindingFlusher) add(key string) {
 	select {
 	case f.keys <- key:
 	default:
@@ -88,7 +88,7 @@ func (f *BindingFlusher) Add(key string) {
 
 // Run writes queued bindings until ctx ends, then the backlog for up to
 // finish.
-func (f *BindingFlusher) Run(ctx context.Context) error {
+func (f *bindingFlusher) Run(ctx context.Context) error {
 	batch := make([]string, 0, flushBatch)
 	var last time.Time
 	for {
@@ -111,7 +111,7 @@ func (f *BindingFlusher) Run(ctx context.Context) error {
 
 // space waits until spacing has passed since last; false when ctx ended
 // first.
-func (f *BindingFlusher) space(ctx context.Context, last time.Time) bool {
+func (f *bindingFlusher) space(ctx context.Context, last time.Time) bool {
 	if f.spacing == nil {
 		return true
 	}
@@ -130,7 +130,7 @@ func (f *BindingFlusher) space(ctx context.Context, last time.Time) bool {
 }
 
 // take appends what is queued now to batch, up to flushBatch keys.
-func (f *BindingFlusher) take(batch []string) []string {
+func (f *bindingFlusher) take(batch []string) []string {
 	for len(batch) < flushBatch {
 		select {
 		case k := <-f.keys:
@@ -143,7 +143,7 @@ func (f *BindingFlusher) take(batch []string) []string {
 }
 
 // write writes one batch, bounded by the Redis timeout.
-func (f *BindingFlusher) write(ctx context.Context, keys []string) {
+func (f *bindingFlusher) write(ctx context.Context, keys []string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.timeout)
 	defer cancel()
 	if err := f.flush(ctx, keys); err != nil {
@@ -152,7 +152,7 @@ func (f *BindingFlusher) write(ctx context.Context, keys []string) {
 }
 
 // drain writes what is queued when Run's context ends, for up to finish.
-func (f *BindingFlusher) drain(ctx context.Context, batch []string) {
+func (f *bindingFlusher) drain(ctx context.Context, batch []string) {
 	for deadline := time.Now().Add(f.finish); time.Now().Before(deadline); {
 		if batch = f.take(batch[:0]); len(batch) == 0 {
 			return

@@ -28,23 +28,23 @@ func (l *flushLog) flush(_ context.Context, keys []string) error {
 func TestBindingFlusherSpacing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		log := &flushLog{start: time.Now()}
-		f := &BindingFlusher{keys: make(chan string, flushBacklog), flush: log.flush, failed: func() { t.Error("a write failed") },
+		f := &bindingFlusher{keys: make(chan string, flushBacklog), flush: log.flush, failed: func() { t.Error("a write failed") },
 			timeout: time.Second, spacing: func() time.Duration { return 5 * time.Millisecond }, finish: time.Second}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { _ = f.Run(ctx); close(done) }()
 
-		f.Add("a") // after a quiet spacing: written at once
+		f.add("a") // after a quiet spacing: written at once
 		synctest.Wait()
 		time.Sleep(time.Millisecond)
-		f.Add("b") // within the spacing: waits for it, with what follows
+		f.add("b") // within the spacing: waits for it, with what follows
 		time.Sleep(time.Millisecond)
-		f.Add("c")
+		f.add("c")
 		time.Sleep(10 * time.Millisecond)
-		f.Add("d") // a quiet spacing later: at once again
+		f.add("d") // a quiet spacing later: at once again
 		synctest.Wait()
 		time.Sleep(time.Millisecond)
-		f.Add("e") // waiting out the spacing when the context ends: written then
+		f.add("e") // waiting out the spacing when the context ends: written then
 		synctest.Wait()
 		cancel()
 		<-done
@@ -63,13 +63,13 @@ func TestBindingFlusherSpacing(t *testing.T) {
 func TestBindingFlusherNoSpacing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		log := &flushLog{start: time.Now()}
-		f := &BindingFlusher{keys: make(chan string, flushBacklog), flush: log.flush, failed: func() { t.Error("a write failed") },
+		f := &bindingFlusher{keys: make(chan string, flushBacklog), flush: log.flush, failed: func() { t.Error("a write failed") },
 			timeout: time.Second, finish: time.Second}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { _ = f.Run(ctx); close(done) }()
 		for _, k := range []string{"a", "b"} {
-			f.Add(k)
+			f.add(k)
 			synctest.Wait()
 			time.Sleep(time.Millisecond)
 		}
@@ -87,7 +87,7 @@ func TestBindingFlusherNoSpacing(t *testing.T) {
 func TestBindingSpacing(t *testing.T) {
 	peers := 0
 	seen := func() int { return peers }
-	auto := BindingSpacing(0, seen)
+	auto := bindingSpacing(0, seen)
 	if got := auto(); got != DefaultBindingWriteSpacing {
 		t.Errorf("alone: %v; want %v", got, DefaultBindingWriteSpacing)
 	}
@@ -95,10 +95,10 @@ func TestBindingSpacing(t *testing.T) {
 	if got := auto(); got != PeerBindingWriteSpacing {
 		t.Errorf("beside a peer: %v; want %v", got, PeerBindingWriteSpacing)
 	}
-	if got := BindingSpacing(50*time.Millisecond, seen)(); got != 50*time.Millisecond {
+	if got := bindingSpacing(50*time.Millisecond, seen)(); got != 50*time.Millisecond {
 		t.Errorf("set 50ms beside a peer: %v", got)
 	}
-	if got := BindingSpacing(-time.Millisecond, seen)(); got != 0 {
+	if got := bindingSpacing(-time.Millisecond, seen)(); got != 0 {
 		t.Errorf("set negative: %v; want 0", got)
 	}
 }

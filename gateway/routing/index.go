@@ -37,7 +37,7 @@ var (
 // milliseconds under load, and not inside a request's lookup.
 const matchGrace = 250 * time.Millisecond
 
-func NewPreciseIndex(blockSize, maxEntries int, reg prometheus.Registerer) (*PreciseIndex, error) {
+func newPreciseIndex(blockSize, maxEntries int, reg prometheus.Registerer) (*PreciseIndex, error) {
 	ix, err := blockindex.New(blockindex.Config{BlockSize: blockSize, MaxEntries: maxEntries, MatchGrace: matchGrace})
 	if err != nil {
 		return nil, err
@@ -230,7 +230,7 @@ type ApproxIndex struct {
 	a *blockindex.Approx
 }
 
-func NewApproxIndex(chunkBytes int) (*ApproxIndex, error) {
+func newApproxIndex(chunkBytes int) (*ApproxIndex, error) {
 	a, err := blockindex.NewApprox(blockindex.ApproxConfig{ChunkBytes: chunkBytes})
 	if err != nil {
 		return nil, err

@@ -110,7 +110,7 @@ func newLocalTokenizer(kind string, dirs map[string]string) (localTokenizer, err
 type localTokens struct {
 	impl    localTokenizer
 	every   uint64   // sampled check period; 0 checks only a model's first prompt
-	checker *Workers // one worker: checks are cheap and may be dropped
+	checker *workers // one worker: checks are cheap and may be dropped
 	models  sync.Map // model → *localModel
 }
 
@@ -125,7 +125,7 @@ type localModel struct {
 const checkBacklog = 64
 
 func newLocalTokens(impl localTokenizer, every int) *localTokens {
-	return &localTokens{impl: impl, every: uint64(max(every, 0)), checker: NewWorkers(1, checkBacklog, 0)}
+	return &localTokens{impl: impl, every: uint64(max(every, 0)), checker: newWorkers(1, checkBacklog, 0)}
 }
 
 func (l *localTokens) model(name string) *localModel {
@@ -200,7 +200,7 @@ func (t *Tokenizer) checkLater(model string, lm *localModel, first bool, body []
 		}
 		t.check(ctx, model, lm, body, ids, reps)
 	}
-	if !t.localTok.checker.Try(job) {
+	if !t.localTok.checker.try(job) {
 		if first {
 			lm.pending.Store(false)
 		}

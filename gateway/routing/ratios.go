@@ -11,30 +11,30 @@ const (
 	ratioModels = 1024
 )
 
-// TokenRatios learns, per model, how many bytes of request text make one
+// tokenRatios learns, per model, how many bytes of request text make one
 // prompt token, as an exponentially weighted mean over the requests whose
 // answer reported usage. Prompts are estimated with it wherever they are
 // not tokenized (a sticky turn's first guess, admission, a replica fleet
 // without /tokenize), instead of a fixed four bytes a token that templates,
 // code and non-English text make wrong by half or more. It is safe for
 // concurrent use.
-type TokenRatios struct {
+type tokenRatios struct {
 	mu sync.RWMutex // guards m
 	m  map[string]float64
 }
 
-func NewTokenRatios() *TokenRatios { return &TokenRatios{m: map[string]float64{}} }
+func newTokenRatios() *tokenRatios { return &tokenRatios{m: map[string]float64{}} }
 
-// Get returns model's bytes per token, 0 while unknown.
-func (t *TokenRatios) Get(model string) float64 {
+// get returns model's bytes per token, 0 while unknown.
+func (t *tokenRatios) get(model string) float64 {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	return t.m[model]
 }
 
-// Observe learns from one answered request: textBytes of text made
+// observe learns from one answered request: textBytes of text made
 // promptTokens tokens.
-func (t *TokenRatios) Observe(model string, textBytes, promptTokens int) {
+func (t *tokenRatios) observe(model string, textBytes, promptTokens int) {
 	if textBytes <= 0 || promptTokens <= 0 {
 		return
 	}

@@ -362,7 +362,7 @@ func (g *Router) commit(ctx context.Context, r *Turn, rt *Route, bind session.Bi
 		// It is advice, not a binding, so it goes through the write pool
 		// and no turn waits for it; a full backlog drops it.
 		fb := session.Binding{Binding: scoring.Binding{Replica: rt.Eps[p.Chosen()].ID}}
-		g.writes.Try(func(ctx context.Context) {
+		g.writes.try(func(ctx context.Context) {
 			if _, err := g.sessions.Remember(ctx, fam, fb, false); err != nil {
 				g.m.redisErrors.WithLabelValues("remember").Inc()
 			}
@@ -421,7 +421,7 @@ func (g *Router) RememberCompleted(rt *Route, replica string, u request.Usage) {
 	if !g.updateCompleted(rt, replica, u) && !rt.proposed {
 		return
 	}
-	g.flusher.Add(rt.session)
+	g.flusher.add(rt.session)
 }
 
 // PublishBinding writes a first turn's binding, which commit kept in
@@ -434,7 +434,7 @@ func (g *Router) PublishBinding(rt *Route) {
 	if !rt.fresh || rt.session == "" {
 		return
 	}
-	g.flusher.Add(rt.session)
+	g.flusher.add(rt.session)
 }
 
 // updateCompleted updates the session's binding in process memory with

@@ -39,11 +39,11 @@ type Router struct {
 	index      *PreciseIndex
 	approx     *ApproxIndex
 	tok        *Tokenizer
-	ratios     *TokenRatios    // bytes per prompt token, by model
-	tips       *Workers        // fill session tips off the request path (tips.go)
+	ratios     *tokenRatios    // bytes per prompt token, by model
+	tips       *workers        // fill session tips off the request path (tips.go)
 	tipPending sync.Map        // sessions with a tip job queued or running
-	writes     *Workers        // Redis writes off the request path (family placements)
-	flusher    *BindingFlusher // write completed turns' bindings to Redis in batches
+	writes     *workers        // Redis writes off the request path (family placements)
+	flusher    *bindingFlusher // write completed turns' bindings to Redis in batches
 	capacity   *admission.Capacity
 	backlog    Backlog
 	// tokenizeTimeout bounds a /tokenize call (upstream.tokenize_timeout).
@@ -110,7 +110,7 @@ const (
 func New(cfg Config, d Deps) (*Router, error) {
 	g := &Router{cfg: cfg, log: d.Logger, fleet: d.Fleet, capacity: d.Capacity, backlog: d.Backlog,
 		decided: d.Decided, tokenizeFailed: d.TokenizeFailed, cal: scoring.NewCalibrator(scoring.DefaultCost()),
-		ratios: NewTokenRatios(), tips: NewWorkers(tipWorkers, tipBacklog, 0), writes: NewWorkers(writeWorkers, writeBacklog, time.Second)}
+		ratios: newTokenRatios(), tips: newWorkers(tipWorkers, tipBacklog, 0), writes: newWorkers(writeWorkers, writeBacklog, time.Second)}
 	if d.Tokenize != nil {
 		g.tokenizeTimeout = d.Tokenize.Timeout
 	}
@@ -122,13 +122,13 @@ func New(cfg Config, d Deps) (*Router, error) {
 	if g.policy, err = scoring.NewPolicy(cfg.Policy, cfg.Weights); err != nil {
 		return nil, fmt.Errorf("config: routing: %w", err)
 	}
-	if g.index, err = NewPreciseIndex(cfg.BlockSize, cfg.IndexMaxEntries, d.Registerer); err != nil {
+	if g.index, err = newPreciseIndex(cfg.BlockSize, cfg.IndexMaxEntries, d.Registerer); err != nil {
 		return nil, fmt.Errorf("config: routing: %w", err)
 	}
-	if g.approx, err = NewApproxIndex(cfg.ApproxChunkBytes); err != nil {
+	if g.approx, err = newApproxIndex(cfg.ApproxChunkBytes); err != nil {
 		return nil, fmt.Errorf("config: routing: %w", err)
 	}
-	g.tok, err = NewTokenizer(TokenizerOptions{Client: d.Tokenize, CacheBytes: cfg.TokenizeCacheBytes, Service: cfg.TokenizeURL,
+	g.tok, err = buildTokenizer(tokenizerOptions{Client: d.Tokenize, CacheBytes: cfg.TokenizeCacheBytes, Service: cfg.TokenizeURL,
 		Local: cfg.Tokenizer, Dirs: cfg.TokenizerDirs, VerifyEvery: cfg.TokenizerVerifyEvery,
 		Logger: g.log.With("component", "tokenizer"), Registerer: d.Registerer})
 	if err != nil {
@@ -139,7 +139,7 @@ func New(cfg Config, d Deps) (*Router, error) {
 		g.tracking = g.sessions.Track(c.Options(), g.log.With("component", "session-tracking"))
 		g.m.watchTracking(d.Registerer, g.tracking)
 	}
-	g.flusher = NewBindingFlusher(g.sessions.FlushAll, d.RedisTimeout, BindingSpacing(cfg.BindingWriteSpacing, d.Backlog.Peers),
+	g.flusher = newBindingFlusher(g.sessions.FlushAll, d.RedisTimeout, bindingSpacing(cfg.BindingWriteSpacing, d.Backlog.Peers),
 		func() { g.m.redisErrors.WithLabelValues("remember").Inc() })
 	return g, nil
 }
@@ -183,12 +183,12 @@ func (g *Router) Sessions() *session.Store { return g.sessions }
 
 // BytesPerToken returns model's learned bytes per prompt token, 0 while
 // unknown.
-func (g *Router) BytesPerToken(model string) float64 { return g.ratios.Get(model) }
+func (g *Router) BytesPerToken(model string) float64 { return g.ratios.get(model) }
 
 // ObserveTokens learns the model's bytes-per-token ratio from an
 // answered request whose text made promptTokens tokens.
 func (g *Router) ObserveTokens(r *request.R, promptTokens int) {
-	g.ratios.Observe(r.Model(), r.TextBytes(), promptTokens)
+	g.ratios.observe(r.Model(), r.TextBytes(), promptTokens)
 }
 
 // ObserveTTFT calibrates the TTFT model: the estimate e for model's

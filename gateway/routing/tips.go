@@ -46,7 +46,7 @@ func (g *Router) tipLater(j tipJob) {
 		defer g.tipPending.Delete(j.session)
 		g.tip(ctx, j)
 	}
-	if !g.tips.Try(job) {
+	if !g.tips.try(job) {
 		g.tipPending.Delete(j.session)
 		g.m.tips.WithLabelValues("dropped").Inc()
 	}

@@ -60,8 +60,8 @@ type Tokenizer struct {
 // backoff metric.
 const serviceTarget = "tokenize_url"
 
-// TokenizerOptions configure NewTokenizer.
-type TokenizerOptions struct {
+// tokenizerOptions configure buildTokenizer.
+type tokenizerOptions struct {
 	// Client calls /tokenize (its Timeout bounds a call).
 	Client *http.Client
 	// CacheBytes bounds the cache of tokenized prompts
@@ -82,9 +82,9 @@ type TokenizerOptions struct {
 	Registerer  prometheus.Registerer
 }
 
-// NewTokenizer builds the tokenizer and registers its metrics; it loads
+// buildTokenizer builds the tokenizer and registers its metrics; it loads
 // the in-process tokenizer's files, failing when they do not load.
-func NewTokenizer(o TokenizerOptions) (*Tokenizer, error) {
+func buildTokenizer(o tokenizerOptions) (*Tokenizer, error) {
 	lt, err := newLocalTokenizer(o.Local, o.Dirs)
 	if err != nil {
 		return nil, err

@@ -10,7 +10,7 @@ import (
 // (package request) and what admission and routing learn of it.
 type Turn struct {
 	*request.R
-	// BytesPerToken is the model's learned ratio (see TokenRatios), 0
+	// BytesPerToken is the model's learned ratio (see tokenRatios), 0
 	// while unknown; set before routing.
 	BytesPerToken float64
 	// early is the tokenization route started before the session lookup

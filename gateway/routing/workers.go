@@ -5,11 +5,11 @@ import (
 	"time"
 )
 
-// Workers runs jobs queued by the request path on a fixed pool of
+// workers runs jobs queued by the request path on a fixed pool of
 // goroutines, so the work (a tokenization, a Redis write) costs the
 // request nothing. A full backlog refuses new jobs: the caller decides
 // whether to drop the job or do it itself.
-type Workers struct {
+type workers struct {
 	n    int
 	jobs chan func(context.Context)
 	// finish, when positive, is how long the pool keeps running queued jobs
@@ -18,14 +18,14 @@ type Workers struct {
 	finish time.Duration
 }
 
-// NewWorkers returns a pool of n goroutines (once Run) with a backlog of
+// newWorkers returns a pool of n goroutines (once Run) with a backlog of
 // queued jobs.
-func NewWorkers(n, backlog int, finish time.Duration) *Workers {
-	return &Workers{n: n, jobs: make(chan func(context.Context), backlog), finish: finish}
+func newWorkers(n, backlog int, finish time.Duration) *workers {
+	return &workers{n: n, jobs: make(chan func(context.Context), backlog), finish: finish}
 }
 
-// Try queues job, or reports false when the backlog is full.
-func (w *Workers) Try(job func(context.Context)) bool {
+// try queues job, or reports false when the backlog is full.
+func (w *workers) try(job func(context.Context)) bool {
 	select {
 	case w.jobs <- job:
 		return true
@@ -35,7 +35,7 @@ func (w *Workers) Try(job func(context.Context)) bool {
 }
 
 // Run runs the pool until ctx ends, then the queued jobs for up to finish.
-func (w *Workers) Run(ctx context.Context) error {
+func (w *workers) Run(ctx context.Context) error {
 	done := make(chan struct{})
 	for range w.n {
 		go func() {

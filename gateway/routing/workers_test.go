@@ -10,14 +10,14 @@ import (
 // A pool that finishes on shutdown runs every job queued before its
 // context ended; a full backlog refuses.
 func TestWorkersFinishQueuedJobs(t *testing.T) {
-	w := NewWorkers(2, 3, time.Minute)
+	w := newWorkers(2, 3, time.Minute)
 	var ran atomic.Int32
 	for range 3 {
-		if !w.Try(func(context.Context) { ran.Add(1) }) {
+		if !w.try(func(context.Context) { ran.Add(1) }) {
 			t.Fatal("backlog refused a job below its size")
 		}
 	}
-	if w.Try(func(context.Context) {}) {
+	if w.try(func(context.Context) {}) {
 		t.Fatal("a full backlog took a job")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
