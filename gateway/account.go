@@ -46,7 +46,7 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 				// A whole answer of declared length ends (done, which
 				// writes the binding) before its last bytes are passed
 				// on: one write, not two, and none later than before.
-				g.publishBinding(x.route)
+				g.router.PublishBinding(x.route)
 			}
 			if x.req.Stream() {
 				since := time.Since(x.start)
@@ -71,14 +71,14 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 			if !have || err != nil {
 				completed = request.Usage{}
 			}
-			g.rememberCompleted(x.route, x.replica.Spec.Name, completed)
+			g.router.RememberCompleted(x.route, x.replica.Spec.Name, completed)
 			if have {
 				g.m.account(g.tenant(x), x.req.Model(), got, x.predicted, g.cfg.Routing.BlockSize)
 				g.activity.served(time.Now(), g.tenant(x), got)
 				g.recordExchange(x, got) // first: it may fill in the block keys
 				g.missed(x, got)
 				if !x.req.TokenIDs() {
-					g.ratios.observe(x.req.Model(), x.req.TextBytes(), got.PromptTokens)
+					g.router.ObserveTokens(x.req.R, got.PromptTokens)
 				}
 			}
 			if err != nil && !errors.Is(err, context.Canceled) && x.ctx.Err() == nil {
@@ -109,13 +109,13 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 // per-replica histogram and the observation to the model's calibration.
 // Retried requests are left out (their time includes the failed attempt).
 func (g *Gateway) checkEstimate(x *exchange) {
-	e, ok := x.route.estimate(x.replica.Spec.Name)
+	e, ok := x.route.Estimate(x.replica.Spec.Name)
 	if !ok || x.attempts != 1 {
 		return
 	}
-	observed := time.Since(x.route.at).Seconds()
+	observed := time.Since(x.route.At).Seconds()
 	g.m.ttftError.WithLabelValues(x.replica.Spec.Name).Observe(e.TTFT - observed)
-	g.cal.Observe(x.req.Model(), e, observed)
+	g.router.ObserveTTFT(x.req.Model(), e, observed)
 }
 
 // upstreamError reads a replica's error answer (bounded) and rewrites it

@@ -9,6 +9,7 @@ import (
 
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/gateway/request"
+	"github.com/warmpath/warmpath/gateway/routing"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/tenancy"
 )
@@ -33,13 +34,13 @@ func releaseNothing(request.Usage) {}
 func (g *Gateway) admitExchange(ctx context.Context, x *exchange) error {
 	r := x.req
 	if p := r.Principal(); p != nil && g.tenants.limit != nil {
-		lease, err := g.tenants.limit.Admit(ctx, p, r.Model(), r.estimatedTokens()+r.MaxTokens())
+		lease, err := g.tenants.limit.Admit(ctx, p, r.Model(), r.Estimate()+r.MaxTokens())
 		if err != nil {
 			return err
 		}
 		x.lease = lease
 	}
-	if _, err := g.prepare(ctx, r); err != nil {
+	if _, err := g.router.Prepare(ctx, r); err != nil {
 		if x.lease != nil {
 			x.lease.Done(-1)
 		}
@@ -48,7 +49,7 @@ func (g *Gateway) admitExchange(ctx context.Context, x *exchange) error {
 	x.prepared = time.Now()
 	release, err := g.waiting.wait(r, func() (func(request.Usage), error) { return g.admit(ctx, r) })
 	if err != nil {
-		r.placement.unclaim()
+		r.Placement.Unclaim()
 		if x.lease != nil {
 			x.lease.Done(-1)
 		}
@@ -69,7 +70,7 @@ func (g *Gateway) finish(x *exchange, u request.Usage, have bool) {
 	x.finished = true
 	endAnswered(x.span, u, have)
 	x.pending.Finish()
-	x.req.placement.unclaim()
+	x.req.Placement.Unclaim()
 	x.release(u)
 	if x.lease != nil {
 		tokens := -1
@@ -84,10 +85,12 @@ func (g *Gateway) finish(x *exchange, u request.Usage, have bool) {
 	}
 }
 
+var _ routing.Backlog = (*backlog)(nil)
+
 // backlog counts, per model, the requests waiting in the admission (g.admit): the
 // queue the warmpath policy prices a decision's replica time against
 // (scoring.Input.Backlog). It also keeps, for each waiting request the
-// queue has placed (placement.place), the replica its latest plan chose
+// queue has placed (routing.Placement.Place), the replica its latest plan chose
 // and that plan's uncached prefill, while it found no room there: the
 // requests held for room on a replica, which reach its engine before any
 // request behind them in the queue (scoring.Endpoint.GatewayAhead). The zero value is empty and
@@ -100,8 +103,8 @@ type backlog struct {
 	// order holds each waiting request's arrival in the admission (g.admit) (the
 	// queue's order, but for its tenant fairness and turn priority), and
 	// plans the placed ones' latest plans.
-	order map[*placement]arrival
-	plans map[*placement]planned
+	order map[*routing.Placement]arrival
+	plans map[*routing.Placement]planned
 	// remote is the other gateways' backlog (backlogSync), nil without.
 	remote atomic.Pointer[remoteBacklog]
 }
@@ -127,34 +130,34 @@ func (b *backlog) wait(r *turn, admit func() (func(request.Usage), error)) (func
 	n := b.counter(r.Model())
 	n.Add(1)
 	defer n.Add(-1)
-	if p := r.placement; p != nil {
+	if p := r.Placement; p != nil {
 		b.enter(p)
 		defer b.leave(p)
 	}
 	return admit()
 }
 
-func (b *backlog) enter(p *placement) {
+func (b *backlog) enter(p *routing.Placement) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.order == nil {
-		b.order, b.plans = map[*placement]arrival{}, map[*placement]planned{}
+		b.order, b.plans = map[*routing.Placement]arrival{}, map[*routing.Placement]planned{}
 	}
 	b.order[p] = arrival{seq: b.seq.Add(1), at: time.Now().UnixNano()}
 }
 
-func (b *backlog) leave(p *placement) {
+func (b *backlog) leave(p *routing.Placement) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	delete(b.order, p)
 	delete(b.plans, p)
 }
 
-// plan records the plan p's placement made while it waits: its chosen
+// Plan records the plan p's placement made while it waits: its chosen
 // replica rep, and whether rep had room for it. A request with room is
 // being dispatched, and the room it claimed counts it from then on; one
 // without is held for rep.
-func (b *backlog) plan(p *placement, rep *fleet.Replica, plan *scoring.Plan, room bool) {
+func (b *backlog) Plan(p *routing.Placement, rep *fleet.Replica, plan *scoring.Plan, room bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	a, ok := b.order[p]
@@ -166,13 +169,13 @@ func (b *backlog) plan(p *placement, rep *fleet.Replica, plan *scoring.Plan, roo
 	b.plans[p] = planned{arrival: a, rep: rep, tokens: tokens}
 }
 
-// fill sets, on eps (the endpoints of reps), the other waiting requests
+// Fill sets, on eps (the endpoints of reps), the other waiting requests
 // held for each replica, this gateway's and the others': those ahead of
 // p (before it in the admission (g.admit), while p waits there; another gateway's
 // by the time they arrived) in GatewayAhead and their uncached prefill
 // in GatewayAheadTokens, the others in GatewayBehind. Once p has left
 // the queue every one is behind it.
-func (b *backlog) fill(p *placement, reps []*fleet.Replica, eps []scoring.Endpoint) {
+func (b *backlog) Fill(p *routing.Placement, reps []*fleet.Replica, eps []scoring.Endpoint) {
 	b.mu.Lock()
 	mine, waiting := b.order[p]
 	for q, pl := range b.plans {
@@ -205,9 +208,9 @@ func hold(e *scoring.Endpoint, ahead bool, tokens int64) {
 	}
 }
 
-// of returns how many of model's requests wait now, in this gateway's
+// Of returns how many of model's requests wait now, in this gateway's
 // Admitter and, as last exchanged, in the other gateways'.
-func (b *backlog) of(model string) int {
+func (b *backlog) Of(model string) int {
 	n := 0
 	if v, ok := b.models.Load(model); ok {
 		n = int(max(0, v.(*atomic.Int64).Load()))
@@ -218,8 +221,8 @@ func (b *backlog) of(model string) int {
 	return n
 }
 
-// peers returns how many other gateways the last exchange saw.
-func (b *backlog) peers() int {
+// Peers returns how many other gateways the last exchange saw.
+func (b *backlog) Peers() int {
 	if r := b.remote.Load(); r != nil {
 		return r.peers
 	}

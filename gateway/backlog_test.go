@@ -8,6 +8,7 @@ import (
 
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/gateway/request"
+	"github.com/warmpath/warmpath/gateway/routing"
 	"github.com/warmpath/warmpath/internal/redistest"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/tenancy/fairq"
@@ -27,15 +28,15 @@ func TestBacklogCountsWaiting(t *testing.T) {
 		})
 	}()
 	<-entered
-	if got := b.of("m"); got != 1 {
+	if got := b.Of("m"); got != 1 {
 		t.Errorf("backlog while admitting = %d; want 1", got)
 	}
-	if got := b.of("other"); got != 0 {
+	if got := b.Of("other"); got != 0 {
 		t.Errorf("another model's backlog = %d; want 0", got)
 	}
 	close(release)
 	<-done
-	if got := b.of("m"); got != 0 {
+	if got := b.Of("m"); got != 0 {
 		t.Errorf("backlog after admission = %d; want 0", got)
 	}
 }
@@ -48,19 +49,19 @@ func TestBacklogPlans(t *testing.T) {
 	var b backlog
 	a, c := new(fleet.Replica), new(fleet.Replica)
 	reps := []*fleet.Replica{a, c}
-	p1, p2, p3 := new(placement), new(placement), new(placement)
-	for _, p := range []*placement{p1, p2, p3} {
+	p1, p2, p3 := new(routing.Placement), new(routing.Placement), new(routing.Placement)
+	for _, p := range []*routing.Placement{p1, p2, p3} {
 		b.enter(p)
 	}
 	plan := func(prompt, hit int) *scoring.Plan {
 		return &scoring.Plan{PromptTokens: prompt, Predicted: []int{hit}}
 	}
-	b.plan(p1, a, plan(1000, 200), false)
-	b.plan(p3, a, plan(500, 0), false)
-	b.plan(p2, c, plan(300, 100), false)
-	fill := func(p *placement) []scoring.Endpoint {
+	b.Plan(p1, a, plan(1000, 200), false)
+	b.Plan(p3, a, plan(500, 0), false)
+	b.Plan(p2, c, plan(300, 100), false)
+	fill := func(p *routing.Placement) []scoring.Endpoint {
 		eps := make([]scoring.Endpoint, len(reps))
-		b.fill(p, reps, eps)
+		b.Fill(p, reps, eps)
 		return eps
 	}
 	check := func(name string, e scoring.Endpoint, ahead int, tokens int64, behind int) {
@@ -79,14 +80,14 @@ func TestBacklogPlans(t *testing.T) {
 	eps = fill(p1)
 	check("p1 on a", eps[0], 0, 0, 1)
 	check("p1 on c", eps[1], 0, 0, 1)
-	b.plan(p2, c, plan(300, 100), true) // room on c: dispatched
+	b.Plan(p2, c, plan(300, 100), true) // room on c: dispatched
 	check("p3 on c once p2 has room", fill(p3)[1], 0, 0, 0)
-	b.plan(p2, a, plan(300, 0), false)
+	b.Plan(p2, a, plan(300, 0), false)
 	b.leave(p2)
 	eps = fill(p2)
 	check("p2 routed, on a", eps[0], 0, 0, 2)
 	// A plan made after the request left the queue is not kept.
-	b.plan(p2, c, plan(300, 0), false)
+	b.Plan(p2, c, plan(300, 0), false)
 	check("p3 on c after p2 left", fill(p3)[1], 0, 0, 0)
 }
 
@@ -107,14 +108,14 @@ func TestBacklogShared(t *testing.T) {
 	repA, repB := &fleet.Replica{Spec: fleet.ReplicaSpec{Name: "r1"}}, &fleet.Replica{Spec: fleet.ReplicaSpec{Name: "r1"}}
 	a.counter("m").Add(3)
 	b.counter("m").Add(1)
-	held, early, late := new(placement), new(placement), new(placement)
+	held, early, late := new(routing.Placement), new(routing.Placement), new(routing.Placement)
 	a.enter(held)
 	b.enter(early)
 	b.enter(late)
 	// Arrival times set apart (the clock may not tick between enters).
 	a.order[held] = arrival{seq: 1, at: 200}
 	b.order[early], b.order[late] = arrival{seq: 1, at: 100}, arrival{seq: 2, at: 300}
-	a.plan(held, repA, &scoring.Plan{PromptTokens: 1000, Predicted: []int{200}}, false)
+	a.Plan(held, repA, &scoring.Plan{PromptTokens: 1000, Predicted: []int{200}}, false)
 
 	ctx := t.Context()
 	now := time.Now()
@@ -123,15 +124,15 @@ func TestBacklogShared(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got := b.of("m"); got != 4 {
+	if got := b.Of("m"); got != 4 {
 		t.Errorf("b's backlog %d; want 4 (1 + a's 3)", got)
 	}
-	if got := a.of("m"); got != 4 {
+	if got := a.Of("m"); got != 4 {
 		t.Errorf("a's backlog %d; want 4 (3 + b's 1)", got)
 	}
-	fill := func(p *placement) scoring.Endpoint {
+	fill := func(p *routing.Placement) scoring.Endpoint {
 		eps := make([]scoring.Endpoint, 1)
-		b.fill(p, []*fleet.Replica{repB}, eps)
+		b.Fill(p, []*fleet.Replica{repB}, eps)
 		return eps[0]
 	}
 	if e := fill(late); e.GatewayAhead != 1 || e.GatewayAheadTokens != 800 || e.GatewayBehind != 0 {
@@ -149,7 +150,7 @@ func TestBacklogShared(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got := b.of("m"); got != 1 {
+	if got := b.Of("m"); got != 1 {
 		t.Errorf("b's backlog with a gone %d; want 1", got)
 	}
 	if n, err := rdb.HExists(ctx, key, "a").Result(); err != nil || n {

@@ -11,6 +11,7 @@ import (
 	"github.com/warmpath/warmpath/gateway/admission"
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/gateway/request"
+	"github.com/warmpath/warmpath/gateway/routing"
 	"github.com/warmpath/warmpath/tenancy"
 )
 
@@ -23,7 +24,7 @@ type exchange struct {
 	req     *turn
 	start   time.Time
 	body    []byte // upstream body
-	route   *route
+	route   *routing.Route
 	release func(request.Usage) // admission's
 	lease   *tenancy.Lease      // the sender's limits; nil without them
 	// finished is set by finish; only the goroutine that owns the
@@ -60,7 +61,7 @@ type exchange struct {
 // close it. Errors before any response are *apierror.Error values (or
 // ctx's error). Do is the routed client every API surface uses.
 func (g *Gateway) Do(ctx context.Context, req *request.R) (*http.Response, error) {
-	r := &turn{R: req, bytesPerToken: g.ratios.get(req.Model())}
+	r := &turn{R: req, BytesPerToken: g.router.BytesPerToken(req.Model())}
 	x := &exchange{ctx: ctx, req: r, start: time.Now()}
 	var err error
 	if x.body, err = r.UpstreamBody(g.cfg.Queue.VLLMPriority); err != nil {
@@ -69,16 +70,16 @@ func (g *Gateway) Do(ctx context.Context, req *request.R) (*http.Response, error
 	if err = g.admitExchange(ctx, x); err != nil {
 		return nil, err
 	}
-	if x.route, err = g.route(ctx, r); err != nil {
+	if x.route, err = g.router.Route(ctx, r); err != nil {
 		g.finish(x, request.Usage{}, false)
 		return nil, err
 	}
 	x.routed = time.Now()
-	g.trace.recordPhases(ctx, x, g.policy.Name)
+	g.trace.recordPhases(ctx, x, g.router.Policy().Name)
 	g.m.observePhases(x)
 	g.startPending(x)
 	resp, err := g.forward(ctx, x)
-	x.route.joinSpeculation()
+	x.route.JoinSpeculation()
 	if err != nil {
 		g.finish(x, request.Usage{}, false)
 		return nil, err

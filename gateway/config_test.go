@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/gateway/routing"
 	"github.com/warmpath/warmpath/scoring"
 )
 
@@ -119,8 +120,8 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 		{name: "bad replica url", cfg: Config{Replicas: []fleet.ReplicaSpec{good, {URL: "10.0.0.7:8000"}}}, field: "replicas[1].url"},
 		{name: "duplicate replica", cfg: Config{Replicas: []fleet.ReplicaSpec{good, good}}, field: "replicas[1].name"},
 		{name: "bad kv endpoint", cfg: Config{Replicas: []fleet.ReplicaSpec{{URL: "http://a:1", KVEndpoint: "10.0.0.7:5557"}}}, field: "replicas[0].kv_events"},
-		{name: "bad policy", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Routing: RoutingConfig{Policy: "fastest"}}, field: "routing.policy"},
-		{name: "bad weight", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Routing: RoutingConfig{Weights: map[string]float64{"magic": 1}}}, field: "routing.weights"},
+		{name: "bad policy", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Routing: routing.Config{Policy: "fastest"}}, field: "routing.policy"},
+		{name: "bad weight", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Routing: routing.Config{Weights: map[string]float64{"magic": 1}}}, field: "routing.weights"},
 		{name: "bad topology", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, KVEvents: KVEventsConfig{Topology: "mesh"}}, field: "kv_events.topology"},
 		{name: "bad redis url", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Redis: RedisConfig{URL: "http://redis"}}, field: "redis.url"},
 		{name: "redis url and addrs", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Redis: RedisConfig{URL: "redis://r:6379", Addrs: []string{"r:6379"}}}, field: "redis"},
@@ -129,8 +130,8 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 		{name: "cluster without addrs", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Redis: RedisConfig{URL: "redis://r:6379", Cluster: true}}, field: "redis.cluster"},
 		{name: "cluster with master name", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Redis: RedisConfig{Addrs: []string{"s:26379"}, MasterName: "m", Cluster: true}}, field: "redis.cluster"},
 		{name: "discovery without port", cfg: Config{Discovery: []fleet.DNSSpec{{Name: "vllm"}}}, field: "discovery[0].port"},
-		{name: "bad block size", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Routing: RoutingConfig{BlockSize: -1}}, field: "routing.block_size"},
-		{name: "bad kv usage", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Routing: RoutingConfig{Saturation: scoring.Saturation{MaxKVUsage: 2}}}, field: "routing.max_kv_usage"},
+		{name: "bad block size", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Routing: routing.Config{BlockSize: -1}}, field: "routing.block_size"},
+		{name: "bad kv usage", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Routing: routing.Config{Saturation: scoring.Saturation{MaxKVUsage: 2}}}, field: "routing.max_kv_usage"},
 		{name: "bad sim", cfg: Config{Sim: SimConfig{Replicas: 500}}, field: "sim.replicas"},
 		{name: "rank 1 events on the replay port", cfg: Config{Replicas: []fleet.ReplicaSpec{{URL: "http://a:1", KVEndpoint: "tcp://a:5557",
 			ReplayEndpoint: "tcp://a:5558", DataParallelSize: 2}}}, field: "replicas[0].kv_replay: kvevents: with 2 data-parallel ranks"},
@@ -143,15 +144,15 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 		{name: "connect per replica", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, KVEvents: KVEventsConfig{Connect: "tcp://relay:5560"}},
 			field: "kv_events.connect"},
 		{name: "bad kv topic", cfg: Config{Replicas: []fleet.ReplicaSpec{{URL: "http://a:1", KVTopic: "kv@a b@m"}}}, field: "replicas[0].kv_topic"},
-		{name: "bad tokenize url", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Routing: RoutingConfig{TokenizeURL: "render:8000"}},
+		{name: "bad tokenize url", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Routing: routing.Config{TokenizeURL: "render:8000"}},
 			field: "routing.tokenize_url"},
-		{name: "bad tokenizer", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Routing: RoutingConfig{Tokenizer: "/models/qwen"}},
+		{name: "bad tokenizer", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Routing: routing.Config{Tokenizer: "/models/qwen"}},
 			field: "routing.tokenizer"},
-		{name: "hf without dirs", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Routing: RoutingConfig{Tokenizer: TokenizerHF}},
+		{name: "hf without dirs", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Routing: routing.Config{Tokenizer: TokenizerHF}},
 			field: "routing.tokenizer_dirs"},
-		{name: "dirs without hf", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Routing: RoutingConfig{TokenizerDirs: map[string]string{"m": "/d"}}},
+		{name: "dirs without hf", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Routing: routing.Config{TokenizerDirs: map[string]string{"m": "/d"}}},
 			field: "routing.tokenizer_dirs"},
-		{name: "empty tokenizer dir", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Routing: RoutingConfig{Tokenizer: TokenizerHF,
+		{name: "empty tokenizer dir", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Routing: routing.Config{Tokenizer: TokenizerHF,
 			TokenizerDirs: map[string]string{"m": ""}}}, field: "routing.tokenizer_dirs"},
 	}
 	for _, tt := range tests {
@@ -186,7 +187,7 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 func TestDeprecatedClaimMinTokensWarns(t *testing.T) {
 	for _, set := range []int{0, 1024} {
 		var buf bytes.Buffer
-		c := Config{Routing: RoutingConfig{ClaimMinTokens: set}}
+		c := Config{Routing: routing.Config{ClaimMinTokens: set}}
 		c.warnDeprecated(slog.New(slog.NewTextHandler(&buf, nil)))
 		if got := strings.Contains(buf.String(), "routing.claim_min_tokens is ignored"); got != (set != 0) {
 			t.Errorf("claim_min_tokens %d: warned %v: %q", set, got, buf.String())

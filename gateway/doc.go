@@ -13,13 +13,13 @@
 //	                       fronts reach Do through frontChat (chatapi.Chat)
 //	parse     request/     request.Parse: the routing fields with gjson,
 //	                       the session key (package session), the class
-//	admit     admission.go the tenant's limits, routing's I/O (placement.go),
+//	admit     admission.go the tenant's limits, routing's I/O (Router.Prepare),
 //	          admission/   then the fair queue (package admission over
 //	                       tenancy/fairq): at once while a replica has
 //	                       room (admission.Capacity), else wait in
 //	                       per-tenant queues (class from request.Parse);
 //	                       queue.disabled admits every request at once
-//	route     route.go     gather (fleet snapshot ─▶ scoring.Endpoint,
+//	route     routing/     Router.Route: gather (fleet snapshot ─▶ scoring.Endpoint,
 //	                       session binding from Redis; a background request
 //	                       does not see the replicas admission reserves for
 //	                       interactive turns) ─▶ scoring.Decide
@@ -40,7 +40,7 @@
 //
 // Gateway.Do runs admit → route → forward → account for one parsed
 // request (package request, the leaf every stage reads; the gateway
-// wraps it in a turn with what admission and routing learn) and returns the upstream response as a stream: the routed
+// wraps it in a routing.Turn with what admission and routing learn) and returns the upstream response as a stream: the routed
 // client. The chat and completions handlers are thin users of it (parse,
 // Do, copy the response); the Responses API (responses.go, package
 // responses) and the Anthropic Messages API (messages.go, package
@@ -62,13 +62,13 @@
 // the per-replica topology; in the central topology one goroutine for the
 // socket bound per rank, or connected to a kv-relay, whose topics are
 // resolved to fleet names by kv_topic, name or URL host:port), which feed
-// the precise prefix index; with routing.tokenizer set, the worker that
-// checks the in-process tokenizer against the replicas' /tokenize
-// (localtok.go); the two session-tip workers (tips.go), the two that
-// publish session families' placements (background.go) and the one that
-// writes session bindings to Redis in batches off the response path
-// (flusher.go, publishBinding, rememberCompleted; queued writes get a
-// second on shutdown); the Responses API's background workers when Redis
+// the precise prefix index; the router's Run (package routing): with
+// routing.tokenizer set, the worker that checks the in-process tokenizer
+// against the replicas' /tokenize, the two session-tip workers, the two
+// that publish session families' placements, the one that writes session
+// bindings to Redis in batches off the response path (PublishBinding,
+// RememberCompleted; queued writes get a second on shutdown) and the
+// session tracking; the Responses API's background workers when Redis
 // is configured; the fair queue's Run (counter exchange with Redis,
 // re-checks, share gauges; every scrape also kicks it); with record.dir
 // set, the recorder's writer (package record); and a

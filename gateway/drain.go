@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
-
-	"github.com/warmpath/warmpath/session"
 )
 
 // Run serves until ctx ends, with every goroutine the gateway needs: the
@@ -35,31 +33,16 @@ func (g *Gateway) Run(ctx context.Context) error {
 	if g.responses != nil {
 		eg.Go(func() error { return ignoreCanceled(g.responses.Run(ectx)) })
 	}
-	eg.Go(func() error { return g.tips.Run(ectx) })
+	eg.Go(func() error { return g.router.Run(ectx) })
 	if g.rec != nil {
 		eg.Go(func() error { return g.rec.Run(ectx) })
 	}
-	if g.tok.localTok != nil {
-		eg.Go(func() error { return g.tok.localTok.Run(ectx) })
-	}
-	eg.Go(func() error { return g.writes.Run(ectx) })
-	eg.Go(func() error { return g.flusher.Run(ectx) })
 	eg.Go(func() error { return g.fleet.Run(ectx) })
 	if g.queue != nil {
 		eg.Go(func() error { return g.queue.Run(ectx) })
 	}
 	if g.shareQueue != nil {
 		eg.Go(func() error { return g.shareQueue.Run(ectx) })
-	}
-	if g.tracking != nil {
-		eg.Go(func() error {
-			if err := g.tracking.Run(ectx); errors.Is(err, session.ErrTrackingUnsupported) {
-				g.log.Info("session tracking off: every sticky turn asks Redis", "err", err)
-			} else if err != nil {
-				return err
-			}
-			return nil
-		})
 	}
 	eg.Go(func() error { return g.runKVEvents(ectx) })
 	servers := []*http.Server{g.srv}

@@ -96,8 +96,8 @@ func simTokens(msgs []msg) []uint32 {
 
 // indexHit is what the gateway's index holds of msgs for replica.
 func (g *testGateway) indexHit(replica string, msgs []msg) blockindex.Hit {
-	keys := g.index.keys(simTokens(msgs), "qwen3-32b", "")
-	return g.index.ix.Match(keys, []string{replica}, nil)[0]
+	keys := g.router.Index().Keys(simTokens(msgs), "qwen3-32b", "")
+	return g.router.Index().Blocks().Match(keys, []string{replica}, nil)[0]
 }
 
 // indexDepth is how many leading blocks of msgs the gateway's index holds
@@ -292,7 +292,7 @@ func TestTwoGatewaysOneRelay(t *testing.T) {
 			g.waitIndexed(t, homes[i], p)
 		}
 	}
-	s0, s1 := gws[0].index.ix.Stats(), gws[1].index.ix.Stats()
+	s0, s1 := gws[0].router.Index().Blocks().Stats(), gws[1].router.Index().Blocks().Stats()
 	for _, s := range specs {
 		if a, b := s0.Replicas[s.Name], s1.Replicas[s.Name]; a.Entries == 0 || a.Entries != b.Entries || a.EngineBlocks != b.EngineBlocks {
 			t.Errorf("replica %s: gateway 0 indexes %+v, gateway 1 %+v", s.Name, a, b)
@@ -307,7 +307,7 @@ func TestTwoGatewaysOneRelay(t *testing.T) {
 		tokens := simTokens(next)
 		var predicted [2][]int
 		for k, g := range gws {
-			predicted[k] = g.index.matchTokens(g.index.keys(tokens, "qwen3-32b", ""), names, len(tokens), make([]int, len(names)))
+			predicted[k] = g.router.Index().MatchTokens(g.router.Index().Keys(tokens, "qwen3-32b", ""), names, len(tokens), make([]int, len(names)))
 		}
 		if fmt.Sprint(predicted[0]) != fmt.Sprint(predicted[1]) {
 			t.Errorf("prompt %d: gateway 0 predicts %v cached tokens on %v, gateway 1 %v", i, predicted[0], names, predicted[1])
@@ -378,7 +378,7 @@ func TestKVTopicNamesTheEngine(t *testing.T) {
 	p := userPrompt("topic", 200)
 	direct(t, a.URL, p)
 	g.waitIndexed(t, "engine-a", p)
-	if st := g.index.ix.Stats(); len(st.Replicas) != 1 {
+	if st := g.router.Index().Blocks().Stats(); len(st.Replicas) != 1 {
 		t.Errorf("index holds replicas %v; want engine-a only", st.Replicas)
 	}
 	if r := routed(t, g.URL, append(append([]msg{}, p...), msg{"user", "more"})); predictedCached(t, r) == 0 {
@@ -398,7 +398,7 @@ func TestKVTopicNamesTheEngine(t *testing.T) {
 	if len(warned) != 1 || !strings.Contains(warned[0], "kv_topic") {
 		t.Errorf("warnings about the unknown engine: %q; want one with a kv_topic hint", warned)
 	}
-	if _, ok := g.index.ix.Stats().Replicas[b.Name]; ok {
+	if _, ok := g.router.Index().Blocks().Stats().Replicas[b.Name]; ok {
 		t.Errorf("the index holds %s, which is not in the fleet", b.Name)
 	}
 }
@@ -569,34 +569,6 @@ func TestPredictionsRespectTheEngine(t *testing.T) {
 	}
 }
 
-// The generated-blocks detector needs genRun one-block stores chaining
-// from each other on one rank; a prompt's multi-block store, a chain
-// split over ranks or a CPU offload does not count.
-func TestGenDetector(t *testing.T) {
-	stored := func(parent uint64, medium string, hashes ...uint64) kvevents.Event {
-		return &kvevents.BlockStored{BlockHashes: hashes, ParentBlockHash: &parent, Medium: medium}
-	}
-	batch := func(rank int, evs ...kvevents.Event) kvevents.Batch {
-		return kvevents.Batch{Events: evs, DPRank: &rank}
-	}
-	var d genDetector
-	d.observe("r", batch(0, stored(1, "GPU", 2, 3, 4)))              // a prompt
-	d.observe("r", batch(0, stored(4, "GPU", 5)))                    // its boundary block
-	d.observe("r", batch(1, stored(5, "GPU", 6)))                    // another rank: a chain of its own
-	d.observe("r", batch(0, stored(5, "CPU", 6), stored(9, "", 10))) // an offload; an unrelated block
-	if d.seen("r") {
-		t.Fatal("seen before a run of two")
-	}
-	d.observe("r", batch(0, stored(5, "GPU", 6))) // the boundary block's successor: decoding
-	if !d.seen("r") || d.seen("other") {
-		t.Errorf("seen(r) = %v, seen(other) = %v; want true, false", d.seen("r"), d.seen("other"))
-	}
-	d.forget("r")
-	if d.seen("r") {
-		t.Error("seen after forget")
-	}
-}
-
 // TestCPUTierRouting runs engines with a small GPU cache and a CPU offload
 // tier that reports no removals (LMCache): a prompt evicted on GPU but
 // held on CPU still draws its continuation, predicted as the engine
@@ -623,8 +595,8 @@ func TestCPUTierRouting(t *testing.T) {
 		direct(t, homeURL, p)
 		g.waitIndexed(t, home, p)
 	}
-	keys := g.index.keys(simTokens(a), "qwen3-32b", "")
-	if h := g.index.ix.Match(keys, []string{home}, nil)[0]; h.CPU == 0 || h.Blocks*16 >= len(simTokens(a))-16 {
+	keys := g.router.Index().Keys(simTokens(a), "qwen3-32b", "")
+	if h := g.router.Index().Blocks().Match(keys, []string{home}, nil)[0]; h.CPU == 0 || h.Blocks*16 >= len(simTokens(a))-16 {
 		t.Fatalf("prompt a: index %+v; want it evicted on GPU and held on CPU", h)
 	}
 	next := append(append([]msg{}, a...), msg{"user", "continue"})
@@ -640,7 +612,7 @@ func TestCPUTierRouting(t *testing.T) {
 		direct(t, homeURL, userPrompt(fmt.Sprintf("cpumore%d", i), 300))
 	}
 	testrun.Eventually(t, 10*time.Second, func() bool {
-		return g.index.ix.Stats().Replicas[home].CPUEntries == int64(f.Replicas()[0].Stats().CPUBlocksUsed)
+		return g.router.Index().Blocks().Stats().Replicas[home].CPUEntries == int64(f.Replicas()[0].Stats().CPUBlocksUsed)
 	}, "the index's CPU tier bounded as the engine's")
 	if n := counter(t, g.reg, "warmpath_index_stored_blocks_total", map[string]string{"tier": "CPU"}); n == 0 {
 		t.Error("warmpath_index_stored_blocks_total{tier=CPU} = 0")

@@ -65,8 +65,8 @@ func TestEvictedPrefixStopsAttracting(t *testing.T) {
 		t.Fatal("the flood evicted nothing; raise it")
 	}
 	testrun.Eventually(t, 5*time.Second, func() bool {
-		keys := gw.index.keys(vllmsim.TokenizeChat([]vllmsim.Message{{Role: "system", Content: shared}}, nil, false), "qwen3-32b", "")
-		return gw.index.matchTokens(keys, []string{home}, 1<<20, nil)[0] < 16*10
+		keys := gw.router.Index().Keys(vllmsim.TokenizeChat([]vllmsim.Message{{Role: "system", Content: shared}}, nil, false), "qwen3-32b", "")
+		return gw.router.Index().MatchTokens(keys, []string{home}, 1<<20, nil)[0] < 16*10
 	}, "BlockRemoved events to reach the index")
 
 	r := probe("after eviction")

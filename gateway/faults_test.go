@@ -105,7 +105,7 @@ func TestReplicaRestartClearsIndex(t *testing.T) {
 			rep = r
 		}
 	}
-	testrun.Eventually(t, 5*time.Second, func() bool { return gw.index.ix.Stats().Replicas[home].Entries > 30 }, "index entries for the home replica")
+	testrun.Eventually(t, 5*time.Second, func() bool { return gw.router.Index().Blocks().Stats().Replicas[home].Entries > 30 }, "index entries for the home replica")
 	rep.Restart()
 	// The engine publishes nothing on restart; the next batch it publishes
 	// (seq 0 again) tells the subscriber. Poke the restarted replica
@@ -148,7 +148,7 @@ func TestCentralTopology(t *testing.T) {
 		// A prompt of at least one full block, so the engine stores (and
 		// publishes) something.
 		chat(t, "http://"+home, map[string]any{"model": "qwen3-32b", "max_tokens": 1, "messages": []msg{{"user", words(fmt.Sprint("poke", time.Now().UnixNano()), 40)}}}, nil)
-		return gw.index.receiving(home) && gw.index.holds(home, gw.index.keys(vllmsim.TokenizeChat([]vllmsim.Message{{Role: "system", Content: shared}}, nil, false), "qwen3-32b", "")[40])
+		return gw.router.Index().Receiving(home) && gw.router.Index().Holds(home, gw.router.Index().Keys(vllmsim.TokenizeChat([]vllmsim.Message{{Role: "system", Content: shared}}, nil, false), "qwen3-32b", "")[40])
 	}, "events over the central socket")
 	for i := range 4 {
 		r := chat(t, gw.URL, map[string]any{"model": "qwen3-32b", "max_tokens": 2, "messages": []msg{{"system", shared}, {"user", fmt.Sprint("b", i)}}}, nil)
@@ -567,7 +567,7 @@ func TestIdleRestartForgetsCache(t *testing.T) {
 	gw := startGateway(t, cfg, rdb)
 	c := newConversation(words("idle restart", 400), "first")
 	home := c.turn(t, gw.URL, "second").replica()
-	testrun.Eventually(t, 5*time.Second, func() bool { return gw.index.ix.Stats().Replicas[home].Entries > 20 }, "the home replica's blocks indexed")
+	testrun.Eventually(t, 5*time.Second, func() bool { return gw.router.Index().Blocks().Stats().Replicas[home].Entries > 20 }, "the home replica's blocks indexed")
 	// Idle, as a replica is once scraped after serving.
 	testrun.Eventually(t, 5*time.Second, func() bool { return gw.fleet.Replica(home).State().PrefixQueries > 0 }, "a scrape after the turn")
 	for _, r := range sim.Replicas() {
@@ -579,7 +579,7 @@ func TestIdleRestartForgetsCache(t *testing.T) {
 	testrun.Eventually(t, 5*time.Second, func() bool {
 		return counter(t, gw.reg, "warmpath_replica_restarts_total", map[string]string{"replica": home}) == 1
 	}, "the restart seen on /metrics")
-	if n := gw.index.ix.Stats().Replicas[home].Entries; n != 0 {
+	if n := gw.router.Index().Blocks().Stats().Replicas[home].Entries; n != 0 {
 		t.Errorf("%d index entries left for the restarted replica", n)
 	}
 	r := c.turn(t, gw.URL, "after the restart")

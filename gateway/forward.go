@@ -42,11 +42,11 @@ const maxAttempts = 2
 // error status, the last answer is returned (and normalized by account).
 func (g *Gateway) forward(ctx context.Context, x *exchange) (*http.Response, error) {
 	var lastErr error
-	n := min(maxAttempts, len(x.route.plan.Order))
+	n := min(maxAttempts, len(x.route.Plan.Order))
 	for i := range n {
-		rep, predicted := x.route.candidate(i)
-		fl := rep.Begin(int64(max(0, x.route.plan.PromptTokens-predicted)))
-		x.req.placement.unclaim() // the replica's in-flight count has it now
+		rep, predicted := x.route.Candidate(i)
+		fl := rep.Begin(int64(max(0, x.route.Plan.PromptTokens-predicted)))
+		x.req.Placement.Unclaim() // the replica's in-flight count has it now
 		if i == 0 {
 			g.refill(x.req)
 		}
@@ -62,7 +62,7 @@ func (g *Gateway) forward(ctx context.Context, x *exchange) (*http.Response, err
 			x.replica, x.flight, x.predicted, x.sent, x.answered = rep, fl, predicted, sent, time.Now()
 			x.span = answered(span, resp)
 			if i > 0 {
-				g.m.decisions.WithLabelValues("retry").Inc()
+				g.router.Retried()
 			}
 			return resp, nil
 		}

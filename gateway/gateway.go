@@ -8,8 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -22,11 +20,10 @@ import (
 	"github.com/warmpath/warmpath/anthropic"
 	"github.com/warmpath/warmpath/gateway/admission"
 	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/gateway/routing"
 	"github.com/warmpath/warmpath/kvevents"
 	"github.com/warmpath/warmpath/record"
 	"github.com/warmpath/warmpath/responses"
-	"github.com/warmpath/warmpath/scoring"
-	"github.com/warmpath/warmpath/session"
 )
 
 // Options are a gateway's dependencies that do not come from configuration.
@@ -70,31 +67,20 @@ type Gateway struct {
 	m           *metrics
 	kvm         *kvevents.Metrics
 	fleet       *fleet.Fleet
-	policy      *scoring.Policy
-	cal         *scoring.Calibrator // the TTFT model's per-model calibration
-	sessions    *session.Store
+	router      *routing.Router // the routing stage: policy, indexes, tokenizer, session bindings
 	rdb         redis.UniversalClient
 	ownsRedis   bool
 	breaker     *redisBreaker // nil without Redis
-	index       *preciseIndex
-	approx      *approxIndex
-	tok         *tokenizer
-	ratios      *tokenRatios // bytes per prompt token, by model
 	tenants     *tenants
 	activity    *activity          // what the status page shows
 	miss        *missTracker       // miss attribution and prefix-break diagnostics (misses.go)
 	rec         *record.Recorder   // nil unless record.dir is set (record.go)
-	tips        *workers           // fill session tips off the request path (tips.go)
-	tipPending  sync.Map           // sessions with a tip job queued or running
-	writes      *workers           // Redis writes off the request path (family placements)
-	flusher     *bindingFlusher    // write completed turns' bindings to Redis in batches
 	responses   *responses.Service // nil without Redis
 	messages    *anthropic.Service
 	admit       admitFunc
 	waiting     backlog               // requests waiting in admit, by model
 	queue       *admission.Queue      // nil: no fair queue (queue.disabled)
 	shareQueue  *backlogSync          // shares waiting with the other gateways; nil without a queue or Redis
-	tracking    *session.Tracking     // keeps sticky lookups off Redis; nil without a single Redis server
 	wrapped     prometheus.Registerer // reg with the policy label
 	upstream    *http.Transport
 	upstreamKey string
@@ -133,12 +119,8 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	g.drainCtx, g.cutStreams = context.WithCancel(context.Background())
 	g.activity = newActivity()
 	g.miss = newMissTracker(cfg.Routing.BlockSize, wrapped)
-	g.ratios = newTokenRatios()
-	g.tips = newWorkers(tipWorkers, tipBacklog, 0)
-	g.writes = newWorkers(writeWorkers, writeBacklog, time.Second)
 	g.tokenizeWarn.period = 10 * time.Second
-	g.cal = scoring.NewCalibrator(scoring.DefaultCost())
-	for _, build := range []func(Options) error{g.buildStores, g.buildRouting, g.buildAdmission, g.buildFronts, g.buildServers} {
+	for _, build := range []func(Options) error{g.buildStores, g.buildFleet, g.buildAdmission, g.buildRouting, g.buildFronts, g.buildServers} {
 		if err := build(o); err != nil {
 			g.close()
 			return nil, err
@@ -170,8 +152,7 @@ func settle(cfg Config, o Options) (Config, *slog.Logger, error) {
 }
 
 // buildStores connects what is kept in Redis (or in process): tenants and
-// keys, the session store and its tracking, the binding flusher, and the
-// recorder.
+// keys, and the recorder.
 func (g *Gateway) buildStores(o Options) error {
 	cfg, log := &g.cfg, g.log
 	var err error
@@ -191,34 +172,17 @@ func (g *Gateway) buildStores(o Options) error {
 	if g.rec, err = newRecorder(cfg.Record, g.tenants.cfg.SaltSecret, log, g.wrapped); err != nil {
 		return err
 	}
-	g.sessions = session.NewStore(g.rdb, session.Options{Prefix: cfg.Redis.KeyPrefix, TTL: cfg.Routing.SessionTTL, Timeout: cfg.Redis.Timeout, LocalTrust: cfg.Routing.SessionLocalTrust})
-	if c, ok := g.rdb.(*redis.Client); ok && cfg.Redis.Tracking == "on" && cfg.Redis.MasterName == "" {
-		g.tracking = g.sessions.Track(c.Options(), log.With("component", "session-tracking"))
-		g.m.watchTracking(g.wrapped, g.tracking)
-	}
-	g.flusher = &bindingFlusher{keys: make(chan string, flushBacklog), flush: g.sessions.FlushAll, timeout: cfg.Redis.Timeout,
-		spacing: bindingSpacing(cfg.Routing.BindingWriteSpacing, g.waiting.peers), finish: time.Second, failed: func() { g.m.redisErrors.WithLabelValues("remember").Inc() }}
 	return nil
 }
 
-// buildRouting builds the fleet, the policy, the prefix indexes, the
-// upstream transport and the tokenizer.
-func (g *Gateway) buildRouting(o Options) error {
+// buildFleet builds the fleet and the upstream transport.
+func (g *Gateway) buildFleet(o Options) error {
 	cfg := &g.cfg
 	var err error
-	if g.policy, err = scoring.NewPolicy(cfg.Routing.Policy, cfg.Routing.Weights); err != nil {
-		return fmt.Errorf("config: routing: %w", err)
-	}
 	fc := cfg.fleetConfig(o, g.log, g.wrapped)
 	fc.OnUpdate = g.replicaUpdated
 	if g.fleet, err = fleet.New(fc); err != nil {
 		return fmt.Errorf("config: %w", err)
-	}
-	if g.index, err = newPreciseIndex(cfg.Routing, g.wrapped); err != nil {
-		return fmt.Errorf("config: routing: %w", err)
-	}
-	if g.approx, err = newApproxIndex(cfg.Routing); err != nil {
-		return fmt.Errorf("config: routing: %w", err)
 	}
 	g.upstream = &http.Transport{
 		Proxy:                 nil,
@@ -228,16 +192,21 @@ func (g *Gateway) buildRouting(o Options) error {
 		IdleConnTimeout:       90 * time.Second,
 		ExpectContinueTimeout: time.Second,
 	}
-	g.tok = newTokenizer(&http.Client{Transport: g.upstream, Timeout: cfg.Upstream.TokenizeTimeout}, cfg.Routing.TokenizeCacheBytes, g.m)
-	g.tok.service, g.tok.log = strings.TrimRight(cfg.Routing.TokenizeURL, "/"), g.log.With("component", "tokenizer")
-	lt, err := newLocalTokenizer(cfg.Routing)
-	if err != nil {
-		return fmt.Errorf("config: %w", err)
-	}
-	if lt != nil {
-		g.tok.localTok = newLocalTokens(lt, cfg.Routing.TokenizerVerifyEvery)
-	}
 	return nil
+}
+
+// buildRouting builds the routing stage over the fleet and admission's
+// judgment of room.
+func (g *Gateway) buildRouting(Options) error {
+	cfg := &g.cfg
+	_, single := g.rdb.(*redis.Client)
+	var err error
+	g.router, err = routing.New(cfg.Routing, routing.Deps{Fleet: g.fleet, Capacity: g.capacity(), Backlog: &g.waiting,
+		Redis: g.rdb, KeyPrefix: cfg.Redis.KeyPrefix, RedisTimeout: cfg.Redis.Timeout,
+		Tracking: single && cfg.Redis.Tracking == "on" && cfg.Redis.MasterName == "",
+		Tokenize: &http.Client{Transport: g.upstream, Timeout: cfg.Upstream.TokenizeTimeout}, RedisErrors: g.m.redisErrors,
+		Decided: g.decided, TokenizeFailed: g.tokenizeFailed, Logger: g.log, Registerer: g.wrapped})
+	return err
 }
 
 // buildAdmission builds the fair queue (unless queue.disabled) and, with
@@ -376,7 +345,7 @@ func (g *Gateway) Addr() string { return g.ln.Addr().String() }
 func (g *Gateway) Handler() http.Handler { return g.srv.Handler }
 
 // Policy returns the name of the routing policy in force.
-func (g *Gateway) Policy() string { return g.policy.Name }
+func (g *Gateway) Policy() string { return g.router.Policy().Name }
 
 // Registry returns the registry behind /metrics.
 func (g *Gateway) Registry() *prometheus.Registry { return g.reg }

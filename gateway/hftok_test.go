@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"path/filepath"
-	"slices"
 	"testing"
 	"time"
 
@@ -35,8 +34,8 @@ func TestHFTokenizerCheckedAgainstReplicas(t *testing.T) {
 	cfg.Routing.Tokenizer = TokenizerHF
 	cfg.Routing.TokenizerDirs = map[string]string{vllmsim.DefaultModel: qwen3Dir(t)}
 	g, logs := startLoggedGateway(t, cfg)
-	if !g.tok.localFor(vllmsim.DefaultModel) || g.tok.localFor("unlisted") {
-		t.Errorf("localFor: listed %v, unlisted %v; want true, false", g.tok.localFor(vllmsim.DefaultModel), g.tok.localFor("unlisted"))
+	if !g.router.Tokenizer().LocalFor(vllmsim.DefaultModel) || g.router.Tokenizer().LocalFor("unlisted") {
+		t.Errorf("localFor: listed %v, unlisted %v; want true, false", g.router.Tokenizer().LocalFor(vllmsim.DefaultModel), g.router.Tokenizer().LocalFor("unlisted"))
 	}
 	routed(t, g.URL, userPrompt("hf0w", 40))
 	if got := counter(t, g.reg, "warmpath_tokenizer_calls_total", map[string]string{"result": "local"}); got != 1 {
@@ -49,40 +48,10 @@ func TestHFTokenizerCheckedAgainstReplicas(t *testing.T) {
 	if got := counter(t, g.reg, "warmpath_tokenizer_calls_total", map[string]string{"result": "ok"}); got != 1 {
 		t.Errorf("tokenizations by a replica = %v; want the prompt after the mismatch", got)
 	}
-	if g.tok.localFor(vllmsim.DefaultModel) {
+	if g.router.Tokenizer().LocalFor(vllmsim.DefaultModel) {
 		t.Error("the model is still tokenized in process after a mismatch")
 	}
 	if lines := logs.matching("the in-process tokenizer disagrees"); len(lines) != 1 {
 		t.Errorf("mismatch logs = %q; want one", lines)
-	}
-}
-
-// hfTokenizers answers a prompt of a listed model with its ids, and a
-// chat with the ids of the /tokenize body a replica would be sent, and
-// refuses a model it has no files for.
-func TestHFTokenizersByModel(t *testing.T) {
-	lt, err := newLocalTokenizer(RoutingConfig{Tokenizer: TokenizerHF, TokenizerDirs: map[string]string{"qwen": qwen3Dir(t)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids, err := lt.Prompt("qwen", "Hello world")
-	if err != nil || len(ids) != 2 || ids[0] != 9707 || ids[1] != 1879 {
-		t.Errorf("Prompt(qwen) = %v, %v; want [9707 1879] (transformers.js)", ids, err)
-	}
-	if _, err := lt.Prompt("llama", "Hello"); err == nil {
-		t.Error("Prompt of a model without files succeeded")
-	}
-	const messages = `[{"role":"system","content":"Be brief."},{"role":"user","content":"Hello world"}]`
-	const tools = `[{"type":"function","function":{"name":"f","description":"d","parameters":{"type":"object","properties":{}}}}]`
-	for _, tl := range []string{"", tools} {
-		got, err := lt.Chat("qwen", messages, tl)
-		body := `{"model":"qwen","messages":` + messages + `,"add_generation_prompt":true}`
-		if tl != "" {
-			body = `{"model":"qwen","messages":` + messages + `,"tools":` + tl + `,"add_generation_prompt":true}`
-		}
-		want, werr := lt.(hfTokenizers)["qwen"].TokenizeBody([]byte(body))
-		if err != nil || werr != nil || !slices.Equal(got, want) || len(got) == 0 {
-			t.Errorf("Chat(tools %q) = %v, %v; the body's ids %v, %v", tl, got, err, want, werr)
-		}
 	}
 }

@@ -46,7 +46,7 @@ func (g *Gateway) runKVEvents(ctx context.Context) error {
 				}
 				return ""
 			},
-			Handler: g.index,
+			Handler: g.router.Index(),
 			Metrics: g.kvm,
 			Logger:  g.log.With("component", "kvevents"),
 		})
@@ -83,7 +83,7 @@ func (g *Gateway) runKVEvents(ctx context.Context) error {
 			if !live[rep] {
 				cancel()
 				delete(subs, rep)
-				g.index.forget(rep.Spec.Name)
+				g.router.Index().Forget(rep.Spec.Name)
 			}
 		}
 	})
@@ -117,7 +117,7 @@ func (g *Gateway) subscribe(ctx context.Context, zctx *zmq.Context, rep *fleet.R
 			Replica:        rep.Spec.Name,
 			Endpoint:       src.Endpoint,
 			ReplayEndpoint: src.ReplayEndpoint,
-			Handler:        g.index,
+			Handler:        g.router.Index(),
 			Metrics:        g.kvm,
 			Logger:         g.log.With("component", "kvevents", "replica", rep.Spec.Name, "rank", src.Rank),
 		})
@@ -140,7 +140,7 @@ func (g *Gateway) registerModel(rep *fleet.Replica) bool {
 	if model == "" {
 		return false
 	}
-	g.index.setModel(rep.Spec.Name, model)
+	g.router.Index().SetModel(rep.Spec.Name, model)
 	return true
 }
 
@@ -183,13 +183,13 @@ func (g *Gateway) syncReplicas(ctx context.Context) {
 		for _, rep := range reps {
 			g.registerModel(rep) // models discovered later (central topology)
 			st := rep.State()
-			g.approx.sizeTo(rep.Spec.Name, st.NumGPUBlocks*st.BlockSize)
+			g.router.Approx().SizeTo(rep.Spec.Name, st.NumGPUBlocks*st.BlockSize)
 			if n := cpuKeys(rep, st, g.cfg.Routing.BlockSize); n > 0 && cpu[rep.Spec.Name] != n {
 				cpu[rep.Spec.Name] = n
-				_ = g.index.ix.SetCPUCapacity(rep.Spec.Name, n) // errs only when the replica table is full
+				_ = g.router.Index().Blocks().SetCPUCapacity(rep.Spec.Name, n) // errs only when the replica table is full
 			}
 			if seen, ok := restarts[rep]; ok && st.Restarts > seen {
-				g.index.Clear(rep.Spec.Name)
+				g.router.Index().Clear(rep.Spec.Name)
 				g.m.replicaRestarts.WithLabelValues(rep.Spec.Name).Inc()
 			}
 			next[rep] = st.Restarts

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/warmpath/warmpath/gateway/fleet"
-	"github.com/warmpath/warmpath/gateway/request"
 	"github.com/warmpath/warmpath/internal/testrun"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/vllmsim"
@@ -162,49 +161,4 @@ func TestLocalTokenizerMismatchFallsBack(t *testing.T) {
 	if len(lines) != 1 || !bytes.Contains([]byte(lines[0]), []byte("position=3")) {
 		t.Errorf("mismatch logs = %q; want one naming position 3", lines)
 	}
-}
-
-func TestFirstDiff(t *testing.T) {
-	for _, c := range []struct {
-		a, b []uint32
-		want int
-	}{
-		{nil, nil, -1},
-		{[]uint32{1, 2}, []uint32{1, 2}, -1},
-		{[]uint32{1, 2}, []uint32{1, 3}, 1},
-		{[]uint32{1, 2}, []uint32{1, 2, 3}, 2},
-		{[]uint32{5}, nil, 0},
-	} {
-		if got := firstDiff(c.a, c.b); got != c.want {
-			t.Errorf("firstDiff(%v, %v) = %d; want %d", c.a, c.b, got, c.want)
-		}
-	}
-}
-
-// BenchmarkLocalTokens tokenizes a 16k-word prompt in process from the
-// parsed request's parts (before 833e6ee the gateway built a /tokenize
-// body and parsed it again: 0.98 ms and 641 KiB against these 0.88 ms and
-// 305 KiB in that commit's run).
-func BenchmarkLocalTokens(b *testing.B) {
-	r, err := request.Parse(request.Chat, http.Header{}, benchBody(b, 16000), nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := r.LocalTokens(simulatorTokenizer{}); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
-// benchBody is a chat body of about n words in one user message, after a
-// short system message, as the overhead benchmark sends.
-func benchBody(b *testing.B, n int) []byte {
-	b.Helper()
-	body, err := json.Marshal(map[string]any{"model": "qwen3-32b", "max_tokens": 8, "messages": []msg{{"system", "be brief"}, {"user", words("bench", n)}}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	return body
 }

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"encoding/hex"
 	"log/slog"
 	"sync/atomic"
@@ -22,9 +23,9 @@ func (g *Gateway) logFor(x *exchange) *slog.Logger {
 		attrs = append(attrs, "session", hex.EncodeToString([]byte{byte(sum >> 56), byte(sum >> 48), byte(sum >> 40), byte(sum >> 32), byte(sum >> 24), byte(sum >> 16), byte(sum >> 8), byte(sum)}))
 	}
 	if x.route != nil {
-		attrs = append(attrs, "reason", x.route.plan.Reason)
-		if x.route.plan.Rebind != "" {
-			attrs = append(attrs, "rebind", x.route.plan.Rebind)
+		attrs = append(attrs, "reason", x.route.Plan.Reason)
+		if x.route.Plan.Rebind != "" {
+			attrs = append(attrs, "rebind", x.route.Plan.Rebind)
 		}
 	}
 	if x.replica != nil {
@@ -52,4 +53,13 @@ func (s *sometimes) allow() (bool, int64) {
 		return false, 0
 	}
 	return true, s.held.Swap(0)
+}
+
+// tokenizeFailed warns, at most once per tokenizeWarn's period, that a
+// tokenization failed and routing went on without prefix information
+// (the router's Deps.TokenizeFailed): any client can trigger it.
+func (g *Gateway) tokenizeFailed(ctx context.Context, requestID string, err error) {
+	if ok, held := g.tokenizeWarn.allow(); ok {
+		g.log.WarnContext(ctx, "tokenize failed; routing without prefix information", "request_id", requestID, "err", err, "held_back", held)
+	}
 }

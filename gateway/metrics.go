@@ -6,7 +6,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/warmpath/warmpath/gateway/request"
-	"github.com/warmpath/warmpath/session"
 )
 
 // metrics are the gateway's own series. Every series carries the policy
@@ -23,16 +22,6 @@ type metrics struct {
 	cachedFraction  *prometheus.GaugeVec   // tenant, model
 	mispredicted    *prometheus.CounterVec // tenant, model
 	mispredictedTok *prometheus.CounterVec // tenant, model
-	decisions       *prometheus.CounterVec // reason
-	rebinds         *prometheus.CounterVec // reason
-	copies          prometheus.Counter
-	tokenizer       *prometheus.CounterVec // result
-	tokBackoff      *prometheus.GaugeVec   // replica
-	tokChecks       *prometheus.CounterVec // result
-	tokMismatch     *prometheus.CounterVec // model
-	tokenizeAvoided prometheus.Counter
-	tokenizeUnseen  prometheus.Counter
-	tips            *prometheus.CounterVec
 	retries         *prometheus.CounterVec // reason
 	upstreamErrors  *prometheus.CounterVec // replica, kind
 	redisErrors     *prometheus.CounterVec // op
@@ -43,32 +32,6 @@ type metrics struct {
 
 	mu    sync.Mutex // guards fracs
 	fracs map[[2]string]*[2]float64
-}
-
-// watchTracking registers the session tracking's metrics on reg.
-func (m *metrics) watchTracking(reg prometheus.Registerer, t *session.Tracking) {
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "warmpath_session_tracking",
-		Help: "1 while Redis reports every change to the session bindings (client-side tracking), so sticky lookups are answered from memory; 0 while every lookup asks Redis.",
-	}, func() float64 {
-		if t.On() {
-			return 1
-		}
-		return 0
-	}))
-	for _, kind := range []string{"key", "flush"} {
-		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name:        "warmpath_session_tracking_notices_total",
-			Help:        "Change notices the session tracking received: key (a binding changed: this gateway's own writes included), flush (everything distrusted: a flush, a lost connection, a write that failed).",
-			ConstLabels: prometheus.Labels{"kind": kind},
-		}, func() float64 {
-			keys, flushes := t.Notices()
-			if kind == "key" {
-				return float64(keys)
-			}
-			return float64(flushes)
-		}))
-	}
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -94,16 +57,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		cachedFraction:  gaugeVec("warmpath_cached_prefix_fraction", "Fleet-wide cached-prefix fraction since start: cached ÷ prompt tokens.", "tenant", "model"),
 		mispredicted:    counterVec("warmpath_mispredicted_hits_total", "Requests routed on a predicted hit of at least one block that the replica did not have (index staleness).", "tenant", "model"),
 		mispredictedTok: counterVec("warmpath_mispredicted_tokens_total", "Predicted cached tokens the replica did not have.", "tenant", "model"),
-		decisions:       counterVec("warmpath_routing_decisions_total", "Routing decisions by reason: sticky (bound replica, no scoring), scored, retry.", "reason"),
-		rebinds:         counterVec("warmpath_session_rebinds_total", "Sessions moved off their bound replica, by why.", "reason"),
-		copies:          prometheus.NewCounter(prometheus.CounterOpts{Name: "warmpath_prefix_copies_total", Help: "Requests placed on a replica holding less of their prompt than the best holder with a positive replication term: a copy of a shared prefix made for the requests that will share it."}),
-		tokenizer:       counterVec("warmpath_tokenizer_calls_total", "Prompt tokenizations, by result: local (in process, routing.tokenizer), cached, ok, error, unavailable (every tokenizer backed off; no call made). Identical prompts in flight share one call.", "result"),
-		tokBackoff:      gaugeVec("warmpath_tokenizer_backoff", "1 while the gateway does not ask a replica's (or the tokenize_url service's, replica=\"tokenize_url\") /tokenize, which had none to offer; 0 once it answers again.", "replica"),
-		tokChecks:       counterVec("warmpath_tokenizer_checks_total", "In-process tokenizations (routing.tokenizer) compared with a replica's /tokenize off the request path, by result: match, mismatch, failed (no answer), dropped (the checker's backlog was full).", "result"),
-		tokMismatch:     counterVec("warmpath_tokenizer_mismatch_total", "Checks that found the in-process tokenizer's ids differ from a replica's /tokenize; the model is then tokenized by the replicas.", "model"),
-		tokenizeAvoided: prometheus.NewCounter(prometheus.CounterOpts{Name: "warmpath_tokenizer_avoided_total", Help: "Turns routed without tokenizing (sticky sessions whose replica still holds their prefix)."}),
-		tokenizeUnseen:  prometheus.NewCounter(prometheus.CounterOpts{Name: "warmpath_tokenizer_unseen_total", Help: "Scored turns routed on load without tokenizing: no replica was sent their opening (routing.skip_unseen on)."}),
-		tips:            counterVec("warmpath_session_tips_total", "Prompts routed without the tokenizer, tokenized off the request path (blocks speculated, session tip filled), by result: filled, stale (no session, or it moved or already had one), failed (tokenizer or Redis), dropped (the workers' backlog was full).", "result"),
 		retries:         counterVec("warmpath_upstream_retries_total", "Requests retried on the next-best replica after a failure before the first byte.", "reason"),
 		upstreamErrors:  counterVec("warmpath_upstream_errors_total", "Upstream failures by replica and kind.", "replica", "kind"),
 		redisErrors:     counterVec("warmpath_redis_errors_total", "Redis operations that failed; routing went on without them.", "op"),
@@ -123,9 +76,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	reg.MustRegister(phases)
 	reg.MustRegister(m.requests, m.duration, m.ttft, m.ttftError, m.promptTokens, m.cachedTokens, m.predictedTokens,
-		m.cachedFraction, m.mispredicted, m.mispredictedTok, m.decisions, m.rebinds, m.copies, m.tokenizer, m.tokBackoff,
-		m.tokChecks, m.tokMismatch,
-		m.tokenizeAvoided, m.tokenizeUnseen, m.tips, m.retries, m.upstreamErrors, m.redisErrors, m.streamsCut, m.connsRejected,
+		m.cachedFraction, m.mispredicted, m.mispredictedTok, m.retries, m.upstreamErrors, m.redisErrors, m.streamsCut, m.connsRejected,
 		m.replicaRestarts, m.inflight)
 	return m
 }

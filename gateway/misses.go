@@ -8,6 +8,7 @@ import (
 
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/gateway/request"
+	"github.com/warmpath/warmpath/gateway/routing"
 	"github.com/warmpath/warmpath/internal/lru"
 	"github.com/warmpath/warmpath/misses"
 	"github.com/warmpath/warmpath/scoring"
@@ -87,7 +88,7 @@ func newMissTracker(blockTokens int, reg prometheus.Registerer) *missTracker {
 func (g *Gateway) missed(x *exchange, u request.Usage) {
 	t := g.miss
 	r := x.req
-	opt := misses.Options{BytesPerToken: r.bytesPerToken, BlockTokens: t.blockTokens}
+	opt := misses.Options{BytesPerToken: r.BytesPerToken, BlockTokens: t.blockTokens}
 	if p := r.Principal(); p != nil {
 		opt.Excerpts = p.BreakExcerpts
 	}
@@ -96,8 +97,8 @@ func (g *Gateway) missed(x *exchange, u request.Usage) {
 	fresh, seq := t.observe(x.replica, g.fleet, prev)
 	turn := misses.Turn{
 		Prompt: u.PromptTokens, Cached: u.CachedTokens, Previous: d.Previous, Matched: d.Matched,
-		Predicted: t.predicted(x, d), BestOther: x.route.bestOther(x.replica.Spec.Name), Fresh: fresh,
-		Route: misses.RouteOf(x.route.plan.Rebind), BlockTokens: t.blockTokens,
+		Predicted: t.predicted(x, d), BestOther: x.route.BestOther(x.replica.Spec.Name), Fresh: fresh,
+		Route: misses.RouteOf(x.route.Plan.Rebind), BlockTokens: t.blockTokens,
 	}
 	causes := misses.Split(turn)
 	t.count(g.tenant(x), r.Model(), causes)
@@ -126,7 +127,7 @@ func (g *Gateway) missed(x *exchange, u request.Usage) {
 // cut at the break's block.
 func (t *missTracker) predicted(x *exchange, d misses.Diff) int {
 	p := x.predicted
-	if !d.Broke() || x.route.plan.Reason != scoring.ReasonSticky {
+	if !d.Broke() || x.route.Plan.Reason != scoring.ReasonSticky {
 		return p
 	}
 	m := d.Matched
@@ -148,7 +149,7 @@ func missTenant(r *request.R) string {
 // prompt renders a chat request's prompt for the break locator, with
 // the block keys routing computed (nil when it did not tokenize); nil for
 // a request that is not chat.
-func (t *missTracker) prompt(r *request.R, rt *route) *misses.Prompt {
+func (t *missTracker) prompt(r *request.R, rt *routing.Route) *misses.Prompt {
 	if r.API() != request.Chat {
 		return nil
 	}
@@ -157,8 +158,8 @@ func (t *missTracker) prompt(r *request.R, rt *route) *misses.Prompt {
 	if err != nil {
 		return nil
 	}
-	if rt.keys != nil {
-		p.SetBlocks(rt.keys, t.blockTokens)
+	if rt.Keys != nil {
+		p.SetBlocks(rt.Keys, t.blockTokens)
 	}
 	return p
 }
@@ -259,16 +260,4 @@ func uncachedCounts(c misses.Causes) tenancy.Uncached {
 		New: int64(c[misses.CauseNew]), ClientBreak: int64(c[misses.CauseClientBreak]), Evicted: int64(c[misses.CauseEvicted]),
 		RoutedAway: int64(c[misses.CauseRoutedAway]), StaleIndex: int64(c[misses.CauseStaleIndex]), ColdReplica: int64(c[misses.CauseColdReplica]),
 	}
-}
-
-// bestOther is the longest prefix the plan predicted cached on a
-// candidate other than replica.
-func (rt *route) bestOther(replica string) int {
-	best := 0
-	for k, i := range rt.plan.Order {
-		if rt.eps[i].ID != replica && k < len(rt.plan.Predicted) {
-			best = max(best, rt.plan.Predicted[k])
-		}
-	}
-	return best
 }

@@ -179,8 +179,8 @@ func TestSmallCacheIsEvicted(t *testing.T) {
 	}
 	name := rep.Info().Name
 	testrun.Eventually(t, 5*time.Second, func() bool {
-		keys := gw.index.keys(vllmsim.TokenizeChat([]vllmsim.Message{{Role: "system", Content: system}}, nil, false), "qwen3-32b", "")
-		return gw.index.matchTokens(keys, []string{name}, 1<<20, nil)[0] < 16*10
+		keys := gw.router.Index().Keys(vllmsim.TokenizeChat([]vllmsim.Message{{Role: "system", Content: system}}, nil, false), "qwen3-32b", "")
+		return gw.router.Index().MatchTokens(keys, []string{name}, 1<<20, nil)[0] < 16*10
 	}, "the eviction's BlockRemoved events to reach the index")
 	before := uncachedBy(t, gw, "")
 	r := c.turn(t, gw.URL, "after the flood")

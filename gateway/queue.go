@@ -13,29 +13,29 @@ import (
 
 // admitQueued is admission through the fair queue (package admission):
 // a request whose placement binds it is routed as the queue considers it
-// (placement.place), and its wait is kept for routing and the debug
+// (routing.Placement.Place), and its wait is kept for routing and the debug
 // headers.
 func (g *Gateway) admitQueued(ctx context.Context, r *turn) (func(request.Usage), error) {
 	var place func(*admission.Capacity) bool
-	if p := r.placement; p != nil && p.bound() {
-		place = p.place
+	if p := r.Placement; p != nil && p.Bound() {
+		place = p.Place
 	}
-	gr, err := g.queue.Admit(ctx, r.R, r.estimatedTokens(), place)
+	gr, err := g.queue.Admit(ctx, r.R, r.Estimate(), place)
 	if err != nil {
 		return nil, err
 	}
-	r.queueWait = gr.Waited()
+	r.QueueWait = gr.Waited()
 	return gr.Done, nil
 }
 
 // startPending counts a routed request as not started on the replica it
 // is first sent to (admission.Capacity.Track).
 func (g *Gateway) startPending(x *exchange) {
-	if g.queue == nil || len(x.route.plan.Order) == 0 {
+	if g.queue == nil || len(x.route.Plan.Order) == 0 {
 		return
 	}
-	rep, _ := x.route.candidate(0)
-	x.pending = g.queue.Capacity().Track(rep, x.route.reps, x.req.Class(), x.req.Stream(), g.cfg.Health.ScrapeInterval)
+	rep, _ := x.route.Candidate(0)
+	x.pending = g.queue.Capacity().Track(rep, x.route.Reps, x.req.Class(), x.req.Stream(), g.cfg.Health.ScrapeInterval)
 }
 
 // firstByte is the exchange's first byte from its replica: a streaming
@@ -68,5 +68,18 @@ func (g *Gateway) replicaUpdated(*fleet.Replica) {
 // ran in and how long it waited in the queue, in milliseconds.
 func queueHeaders(h http.Header, r *turn) {
 	h.Set("X-Warmpath-Class", r.Class().String())
-	h.Set("X-Warmpath-Queue-Ms", strconv.FormatFloat(float64(r.queueWait)/float64(time.Millisecond), 'f', 1, 64))
+	h.Set("X-Warmpath-Queue-Ms", strconv.FormatFloat(float64(r.QueueWait)/float64(time.Millisecond), 'f', 1, 64))
+}
+
+// refill re-checks the queue (fairq.Queue.Refill) once a request it
+// dispatched without a place has reached its replica: until then the
+// request held the model's room (counted in the queue's inflight, not yet
+// in the replica's), and where it went may have had none (the fallback
+// goes to a replica without room), so the room it held may still be free,
+// on a replica no candidate's routing chose when it left. Nothing else
+// would look again before the next scrape, finished request or recheck.
+func (g *Gateway) refill(r *turn) {
+	if g.queue != nil && r.QueueWait > 0 && !r.Placement.Placed() {
+		g.queue.Refill()
+	}
 }

@@ -65,8 +65,8 @@ func (g *Gateway) recordExchange(x *exchange, u request.Usage) {
 		return
 	}
 	r := x.req
-	if x.route.keys == nil {
-		x.route.keys = g.localKeys(r)
+	if x.route.Keys == nil {
+		x.route.Keys = g.router.LocalKeys(r.R)
 	}
 	tenant := ""
 	if p := r.Principal(); p != nil {
@@ -74,23 +74,8 @@ func (g *Gateway) recordExchange(x *exchange, u request.Usage) {
 	}
 	g.rec.Record(record.Entry{
 		Time: x.routed, Tenant: tenant, Session: r.Session().Value,
-		Blocks: x.route.keys, BlockTokens: g.cfg.Routing.BlockSize,
+		Blocks: x.route.Keys, BlockTokens: g.cfg.Routing.BlockSize,
 		PromptTokens: u.PromptTokens, OutputTokens: u.CompletionTokens,
 		Replica: x.replica.Spec.Name, CachedTokens: u.CachedTokens,
 	})
-}
-
-// localKeys returns the block keys of r's prompt from the in-process
-// tokenizer, nil when its model has none: a recorded turn routed without
-// tokenizing (a sticky turn) still gets its block keys, which replay
-// needs; the miss attribution then places its break exactly too.
-func (g *Gateway) localKeys(r *turn) []uint64 {
-	if !g.tok.localFor(r.Model()) {
-		return nil
-	}
-	ids, err := r.LocalTokens(g.tok.localTok.impl)
-	if err != nil {
-		return nil
-	}
-	return g.index.keys(ids, r.Model(), r.CacheSalt())
 }

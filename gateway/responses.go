@@ -125,8 +125,7 @@ func (g *Gateway) countTokens(ctx context.Context, chatBody []byte) (int, error)
 	if err != nil {
 		return 0, err
 	}
-	reps := g.serving(req.Model())
-	ids, err := g.tokenize(ctx, req, reps, endpoints(reps, time.Now()))
+	ids, err := g.router.Tokenize(ctx, req)
 	if err != nil {
 		return 0, apierror.Unavailable(err, "no replica could count the tokens; try again shortly")
 	}

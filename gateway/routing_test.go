@@ -43,7 +43,7 @@ func TestSessionSticks(t *testing.T) {
 			// speculated clears them (its events, or their replay, take
 			// over): wait for it, or a loaded machine sees the session's
 			// tip missing and rebinds turn 2.
-			testrun.Eventually(t, 10*time.Second, func() bool { return gw.index.receiving(home) }, "KV events from the session's replica")
+			testrun.Eventually(t, 10*time.Second, func() bool { return gw.router.Index().Receiving(home) }, "KV events from the session's replica")
 			continue
 		}
 		if r.replica() != home {
@@ -124,7 +124,7 @@ func TestSharedPrefixGoesWhereCached(t *testing.T) {
 				"messages": []msg{{"system", shared}, {"user", "alice asks"}}}, nil)
 			home := first.replica()
 			// Wait for the engine's BlockStored events to reach the index.
-			testrun.Eventually(t, 5*time.Second, func() bool { return gw.index.receiving(home) }, "KV events")
+			testrun.Eventually(t, 5*time.Second, func() bool { return gw.router.Index().Receiving(home) }, "KV events")
 			for i := range 5 {
 				r := chat(t, gw.URL, map[string]any{"model": "qwen3-32b", "max_tokens": 4,
 					"messages": []msg{{"system", shared}, {"user", fmt.Sprintf("user %d asks something else", i)}}}, nil)
@@ -311,19 +311,19 @@ func TestTrackingFollowsAnotherGatewaysRebind(t *testing.T) {
 	other := session.NewStore(rdb, session.Options{Prefix: cfg.Redis.KeyPrefix})
 	var b session.Binding
 	testrun.Eventually(t, 5*time.Second, func() bool {
-		mine, _ := g.sessions.Local(key)
+		mine, _ := g.router.Sessions().Local(key)
 		var ok bool
 		b, ok, _ = other.Lookup(t.Context(), key)
 		return ok && b.Updated.UnixMilli() == mine.Updated.UnixMilli()
 	}, "this gateway's last write in Redis")
 	b.Turns += 10
-	if !g.sessions.Trusted(key) {
+	if !g.router.Sessions().Trusted(key) {
 		t.Fatal("the binding is not trusted before the change")
 	}
 	if _, err := other.Remember(t.Context(), key, b, false); err != nil {
 		t.Fatal(err)
 	}
-	testrun.Eventually(t, 5*time.Second, func() bool { return !g.sessions.Trusted(key) }, "the change's notice to distrust the binding")
+	testrun.Eventually(t, 5*time.Second, func() bool { return !g.router.Sessions().Trusted(key) }, "the change's notice to distrust the binding")
 	if n := turn(); n != 1 {
 		t.Errorf("after another's change the turn read %d session bindings from Redis; want 1", n)
 	}
@@ -433,7 +433,7 @@ func TestEstimateHeadersAndError(t *testing.T) {
 	if n != 3 {
 		t.Errorf("estimate error histogram has %d samples; want 3", n)
 	}
-	if got := gw.cal.Observations("qwen3-32b"); got < 2.9 {
+	if got := gw.router.Calibrator().Observations("qwen3-32b"); got < 2.9 {
 		t.Errorf("calibration saw %.1f observations; want 3", got)
 	}
 }
@@ -597,8 +597,8 @@ func TestObserveDemand(t *testing.T) {
 			const model = "qwen3-32b"
 			// Conversations of two turns, 60 s apart: a lifetime of 30 s.
 			for range 10 {
-				gw.cal.ObserveTurn(model, 1, 0)
-				gw.cal.ObserveTurn(model, 2, 60)
+				gw.router.Calibrator().ObserveTurn(model, 1, 0)
+				gw.router.Calibrator().ObserveTurn(model, 2, 60)
 			}
 			bs := gw.cfg.Routing.BlockSize
 			keys := []uint64{101, 102, 103, 104}
@@ -612,7 +612,7 @@ func TestObserveDemand(t *testing.T) {
 					matched = []int{2 * bs, bs}
 				}
 				in := &scoring.Input{Now: now, Matched: matched, BlockSize: bs}
-				gw.observeDemand(testTurn(t, model, fairq.Interactive), in, keys)
+				gw.router.ObserveDemand(testTurn(t, model, fairq.Interactive), in, keys)
 				got = append(got, in.Sharers)
 			}
 			want := []float64{0, 1, 0}

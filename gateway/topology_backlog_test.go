@@ -32,8 +32,8 @@ func TestBacklogOnTopologies(t *testing.T) {
 					t.Fatalf("exchange: %v", err)
 				}
 			}
-			if a.of("m") != 4 || b.of("m") != 4 {
-				t.Errorf("backlogs %d and %d; want 4 each (3 + 1)", a.of("m"), b.of("m"))
+			if a.Of("m") != 4 || b.Of("m") != 4 {
+				t.Errorf("backlogs %d and %d; want 4 each (3 + 1)", a.Of("m"), b.Of("m"))
 			}
 		})
 	}

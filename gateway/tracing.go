@@ -90,6 +90,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/warmpath/warmpath/gateway/request"
+	"github.com/warmpath/warmpath/gateway/routing"
 )
 
 // untraced are the paths the tracing middleware passes through untouched.
@@ -375,10 +376,10 @@ func (t *tracing) recordPhases(ctx context.Context, x *exchange, policy string) 
 		return
 	}
 	who := requestAttrs(x.req.R)
-	tok := x.req.tokenized
+	tok := x.req.Tokenized
 	if !x.prepared.IsZero() {
 		pctx, s := t.tracer.Start(ctx, "warmpath.prepare", trace.WithTimestamp(x.start), trace.WithAttributes(who...))
-		if !tok.start.IsZero() && tok.start.Before(x.prepared) {
+		if !tok.Start.IsZero() && tok.Start.Before(x.prepared) {
 			t.recordTokenize(pctx, tok)
 		}
 		s.End(trace.WithTimestamp(x.prepared))
@@ -392,21 +393,21 @@ func (t *tracing) recordPhases(ctx context.Context, x *exchange, policy string) 
 	if x.route == nil || x.admitted.IsZero() {
 		return
 	}
-	plan := x.route.plan
+	plan := x.route.Plan
 	attrs := append(who, attribute.String("warmpath.routing.reason", plan.Reason),
 		attribute.String("warmpath.routing.policy", policy), attribute.Int("warmpath.prompt_tokens", plan.PromptTokens))
 	if plan.Rebind != "" {
 		attrs = append(attrs, attribute.String("warmpath.routing.rebind", plan.Rebind))
 	}
 	if len(plan.Order) > 0 {
-		rep, predicted := x.route.candidate(0)
+		rep, predicted := x.route.Candidate(0)
 		attrs = append(attrs, attribute.String("warmpath.replica", rep.Spec.Name), attribute.Int("warmpath.predicted_cached_tokens", predicted))
 		if len(plan.Estimates) > 0 {
 			attrs = append(attrs, attribute.Float64("warmpath.ttft_estimate", plan.Estimates[0].TTFT))
 		}
 	}
 	rctx, s := t.tracer.Start(ctx, "warmpath.route", trace.WithTimestamp(x.admitted), trace.WithAttributes(attrs...))
-	if !tok.start.IsZero() && !tok.start.Before(x.admitted) {
+	if !tok.Start.IsZero() && !tok.Start.Before(x.admitted) {
 		t.recordTokenize(rctx, tok)
 	}
 	s.End(trace.WithTimestamp(x.routed))
@@ -416,13 +417,13 @@ func (t *tracing) recordPhases(ctx context.Context, x *exchange, policy string) 
 // warmpath.tokenize span under the phase that waited (prepare or route):
 // where the ids came from (warmpath.tokenize.source: ids, local, cache,
 // replica) and how many.
-func (t *tracing) recordTokenize(ctx context.Context, tok tokenized) {
-	_, s := t.tracer.Start(ctx, "warmpath.tokenize", trace.WithTimestamp(tok.start), trace.WithAttributes(
-		attribute.String("warmpath.tokenize.source", tok.source), attribute.Int("warmpath.prompt_tokens", tok.tokens)))
-	if tok.err != nil {
-		s.SetStatus(codes.Error, tok.err.Error())
+func (t *tracing) recordTokenize(ctx context.Context, tok routing.Tokenized) {
+	_, s := t.tracer.Start(ctx, "warmpath.tokenize", trace.WithTimestamp(tok.Start), trace.WithAttributes(
+		attribute.String("warmpath.tokenize.source", tok.Source), attribute.Int("warmpath.prompt_tokens", tok.Tokens)))
+	if tok.Err != nil {
+		s.SetStatus(codes.Error, tok.Err.Error())
 	}
-	s.End(trace.WithTimestamp(tok.end))
+	s.End(trace.WithTimestamp(tok.End))
 }
 
 // requestAttrs are who sent a request and which conversation it

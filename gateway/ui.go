@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/warmpath/warmpath/gateway/request"
+	"github.com/warmpath/warmpath/gateway/routing"
 	"github.com/warmpath/warmpath/internal/apierror"
 	"github.com/warmpath/warmpath/internal/chatapi"
 	"github.com/warmpath/warmpath/scoring"
@@ -141,13 +142,13 @@ func (g *Gateway) status(w http.ResponseWriter, r *http.Request) error {
 
 // statusReport is the status page's JSON at now.
 func (g *Gateway) statusReport(now time.Time) map[string]any {
-	stats := g.index.ix.Stats()
+	stats := g.router.Index().Blocks().Stats()
 	var reps []uiReplica
 	for _, rep := range g.fleet.Snapshot().Replicas {
 		st := rep.State()
 		_, why := rep.Saturated(now)
 		age := -1.0
-		if t := g.index.lastEvent(rep.Spec.Name); !t.IsZero() {
+		if t := g.router.Index().LastEvent(rep.Spec.Name); !t.IsZero() {
 			age = now.Sub(t).Seconds()
 		}
 		reps = append(reps, uiReplica{Name: rep.Spec.Name, URL: rep.Spec.URL, Models: st.Models, Healthy: st.Healthy,
@@ -160,7 +161,7 @@ func (g *Gateway) statusReport(now time.Time) map[string]any {
 		queue = g.queue.Waiting()
 	}
 	return map[string]any{
-		"policy": g.policy.Name, "draining": g.draining.Load(), "replicas": reps,
+		"policy": g.router.Policy().Name, "draining": g.draining.Load(), "replicas": reps,
 		"cached_fraction": map[string]any{"step_seconds": statusStep.Seconds(), "by_tenant": frac},
 		"queue":           queue, "decisions": recent, "time": now, "misses": g.missStatus(),
 	}
@@ -202,4 +203,12 @@ func scoreSummary(eps []scoring.Endpoint, p *scoring.Plan) string {
 	}
 	slices.Sort(parts)
 	return strings.Join(parts, " ")
+}
+
+// decided records a routing decision for the status page (the router's
+// Deps.Decided).
+func (g *Gateway) decided(r *turn, rt *routing.Route) {
+	p := &rt.Plan
+	g.activity.decided(decision{Time: time.Now(), RequestID: r.ID(), Tenant: r.TenantID(), Replica: rt.Eps[p.Chosen()].ID,
+		Reason: p.Reason, Rebind: p.Rebind, Prompt: p.PromptTokens, Predicted: p.Predicted[0], Scores: scoreSummary(rt.Eps, p)})
 }

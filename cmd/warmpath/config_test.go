@@ -81,7 +81,7 @@ auth: {mode: none}
 			yaml: "listen: 0.0.0.0:8080\nlisten_addr: x\nrouting:\n  polcy: warmpath\n  block_size: big\n",
 			want: []string{
 				"line 2: field listen_addr not found in type gateway.Config",
-				"line 4: field polcy not found in type gateway.RoutingConfig",
+				"line 4: field polcy not found in type routing.Config",
 				"line 5: cannot unmarshal !!str `big` into int",
 			},
 		},

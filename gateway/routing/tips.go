@@ -1,4 +1,4 @@
-package gateway
+package routing
 
 import (
 	"context"
@@ -24,7 +24,7 @@ import (
 
 // tipJob is one routed request whose tip is wanted.
 type tipJob struct {
-	req     *turn
+	req     *Turn
 	reps    []*fleet.Replica
 	eps     []scoring.Endpoint
 	replica string
@@ -32,16 +32,11 @@ type tipJob struct {
 	binding session.Binding // as stored at routing, should the local copy be gone
 }
 
-const (
-	tipWorkers = 2
-	tipBacklog = 256
-)
-
 // tipLater queues the job, or drops it when the backlog is full. A
 // session with a job already queued or running gets no second one: its
 // next turn, arriving before the first job landed, would tokenize again
 // for the tip the first is about to fill.
-func (g *Gateway) tipLater(j tipJob) {
+func (g *Router) tipLater(j tipJob) {
 	if j.session != "" {
 		if _, pending := g.tipPending.LoadOrStore(j.session, struct{}{}); pending {
 			return
@@ -59,21 +54,21 @@ func (g *Gateway) tipLater(j tipJob) {
 
 // tip tokenizes the job's prompt and records what the chosen replica now
 // holds of it.
-func (g *Gateway) tip(ctx context.Context, j tipJob) {
-	tctx, cancel := context.WithTimeout(ctx, g.cfg.Upstream.TokenizeTimeout+time.Second)
+func (g *Router) tip(ctx context.Context, j tipJob) {
+	tctx, cancel := context.WithTimeout(ctx, g.tokenizeTimeout+time.Second)
 	defer cancel()
 	tokens, err := g.tokenize(tctx, j.req.R, j.reps, j.eps)
 	if err != nil {
 		g.m.tips.WithLabelValues("failed").Inc()
 		return
 	}
-	keys := g.index.keys(tokens, j.req.Model(), j.req.CacheSalt())
+	keys := g.index.Keys(tokens, j.req.Model(), j.req.CacheSalt())
 	if len(keys) == 0 {
 		g.m.tips.WithLabelValues("stale").Inc() // shorter than a block: nothing to watch
 		return
 	}
-	if g.cfg.Routing.SpeculativeTTL > 0 {
-		g.index.speculate(j.replica, keys, g.cfg.Routing.SpeculativeTTL)
+	if g.cfg.SpeculativeTTL > 0 {
+		g.index.Speculate(j.replica, keys, g.cfg.SpeculativeTTL)
 	}
 	result := "stale"
 	_, err = g.sessions.Update(tctx, j.session, j.binding, func(b *session.Binding) bool {

@@ -1,11 +1,9 @@
-package gateway
+package routing
 
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/warmpath/warmpath/gateway/fleet"
@@ -15,32 +13,32 @@ import (
 	"github.com/warmpath/warmpath/session"
 )
 
-// route is a routing decision with what the gateway needs to carry it
+// Route is a routing decision with what the gateway needs to carry it
 // out: the replicas behind the plan's endpoint indexes, and the session
 // binding to update when the turn completes.
-type route struct {
-	plan scoring.Plan
-	// reps are the replicas behind plan's endpoints (aligned with
+type Route struct {
+	Plan scoring.Plan
+	// Reps are the replicas behind Plan's endpoints (aligned with
 	// in.Endpoints).
-	reps []*fleet.Replica
-	eps  []scoring.Endpoint
+	Reps []*fleet.Replica
+	Eps  []scoring.Endpoint
 	// session and binding are the session key and the binding in force
 	// after routing ("" and zero when the policy keeps no bindings).
 	session string
 	binding session.Binding
-	// at is when the plan was made: the first candidate's estimate is
+	// At is when the plan was made: the first candidate's estimate is
 	// checked against the time from here to its first byte.
-	at time.Time
+	At time.Time
 	// speculated, when not nil, closes when the speculative blocks of a
-	// long prompt are recorded (commit); Do waits for it after forwarding.
+	// long prompt are recorded (commit); JoinSpeculation waits for it.
 	speculated chan struct{}
 	// proposed is set when commit kept a new or refreshed binding in
 	// process memory only: rememberCompleted writes it to Redis, and a new
 	// one (fresh) is also written when the replica's first byte arrives.
 	proposed, fresh bool
-	// keys are the prompt's block keys routing computed (nil when it did
+	// Keys are the prompt's block keys routing computed (nil when it did
 	// not tokenize), for the miss attribution (misses.go).
-	keys []uint64
+	Keys []uint64
 }
 
 // speculateAsideKeys is the prompt length, in block keys, from which commit
@@ -49,42 +47,42 @@ type route struct {
 // 16k-token prompt, against a goroutine's microsecond.
 const speculateAsideKeys = 64
 
-// joinSpeculation waits for commit's speculation, so that by the time the
+// JoinSpeculation waits for commit's speculation, so that by the time the
 // client has its response the chosen replica's predicted blocks are in the
 // index, as if they had been recorded before forwarding.
-func (rt *route) joinSpeculation() {
+func (rt *Route) JoinSpeculation() {
 	if rt != nil && rt.speculated != nil {
 		<-rt.speculated
 	}
 }
 
-// estimate returns the plan's TTFT estimate for the named replica, if it
+// Estimate returns the plan's TTFT estimate for the named replica, if it
 // has one.
-func (rt *route) estimate(replica string) (scoring.Estimate, bool) {
-	for k, i := range rt.plan.Order {
-		if rt.eps[i].ID == replica && k < len(rt.plan.Estimates) {
-			return rt.plan.Estimates[k], true
+func (rt *Route) Estimate(replica string) (scoring.Estimate, bool) {
+	for k, i := range rt.Plan.Order {
+		if rt.Eps[i].ID == replica && k < len(rt.Plan.Estimates) {
+			return rt.Plan.Estimates[k], true
 		}
 	}
 	return scoring.Estimate{}, false
 }
 
-// candidate returns the k-th replica of the plan and its predicted cached
+// Candidate returns the k-th replica of the plan and its predicted cached
 // tokens.
-func (rt *route) candidate(k int) (*fleet.Replica, int) {
-	return rt.reps[rt.plan.Order[k]], rt.plan.Predicted[k]
+func (rt *Route) Candidate(k int) (*fleet.Replica, int) {
+	return rt.Reps[rt.Plan.Order[k]], rt.Plan.Predicted[k]
 }
 
-// route decides where the admitted request r goes: the plan its
+// Route decides where the admitted request r goes: the plan its
 // placement made as it left the queue, or else scoring.Decide on the
 // fleet as it is now (matching the prompt against the prefix index when
 // the plan needs it); then it does the decision's I/O (remember the
 // binding, speculate).
-func (g *Gateway) route(ctx context.Context, r *turn) (*route, error) {
-	p := r.placement
+func (g *Router) Route(ctx context.Context, r *Turn) (*Route, error) {
+	p := r.Placement
 	plan, ok := p.plan, p.placed
 	if !ok {
-		p.refresh(time.Now(), r.queueWait > 0) // one that waited compares members, as place does
+		p.refresh(time.Now(), r.QueueWait > 0) // one that waited compares members, as place does
 		var err error
 		plan, err = g.policy.Decide(p.in)
 		if err == nil && plan.NeedsPrefix {
@@ -95,15 +93,15 @@ func (g *Gateway) route(ctx context.Context, r *turn) (*route, error) {
 			return nil, apierror.Unavailable(err, "no healthy replica serves model %s; try again shortly", r.Model())
 		}
 	}
-	rt := &route{plan: plan, reps: p.reps, eps: p.in.Endpoints}
+	rt := &Route{Plan: plan, Reps: p.reps, Eps: p.in.Endpoints}
 	g.commit(ctx, r, rt, p.bind, p.keys, p.chunks)
-	rt.at = time.Now()
+	rt.At = time.Now()
 	return rt, nil
 }
 
 // gather collects what the decision depends on: the replicas serving the
 // model with their load and availability, and the session's binding.
-func (g *Gateway) gather(ctx context.Context, r *turn) ([]*fleet.Replica, *scoring.Input, session.Binding, error) {
+func (g *Router) gather(ctx context.Context, r *Turn) ([]*fleet.Replica, *scoring.Input, session.Binding, error) {
 	now := time.Now()
 	reps := g.serving(r.Model())
 	if len(reps) == 0 {
@@ -111,11 +109,11 @@ func (g *Gateway) gather(ctx context.Context, r *turn) ([]*fleet.Replica, *scori
 	}
 	in := &scoring.Input{
 		Now: now, Model: r.Model(), SessionKey: r.Session().Value, Endpoints: endpoints(reps, now),
-		PromptTokens: r.estimatedTokens(), TextBytes: r.TextBytes(), BlockSize: g.cfg.Routing.BlockSize,
-		RefreshAfter: g.cfg.Routing.SessionTTL / 8, Continues: true, BoundHolds: true,
-		Cost: g.cal.Cost(r.Model()), Backlog: g.waiting.of(r.Model()),
+		PromptTokens: r.Estimate(), TextBytes: r.TextBytes(), BlockSize: g.cfg.BlockSize,
+		RefreshAfter: g.cfg.SessionTTL / 8, Continues: true, BoundHolds: true,
+		Cost: g.cal.Cost(r.Model()), Backlog: g.backlog.Of(r.Model()),
 	}
-	g.capacity().KeepReserve(r.Class(), reps, in.Endpoints)
+	g.capacity.KeepReserve(r.Class(), reps, in.Endpoints)
 	var bind session.Binding
 	if !g.policy.Binds(in.SessionKey) {
 		return reps, in, bind, nil
@@ -144,7 +142,7 @@ func (g *Gateway) gather(ctx context.Context, r *turn) ([]*fleet.Replica, *scori
 		}
 		if i := slices.IndexFunc(reps, func(rep *fleet.Replica) bool { return rep.Spec.Name == bind.Replica }); i >= 0 {
 			in.BoundHolds = g.stillHolds(reps[i], bind)
-			in.Endpoints[i].PromptBlocksOnly = !g.index.cachesGenerated(bind.Replica)
+			in.Endpoints[i].PromptBlocksOnly = !g.index.CachesGenerated(bind.Replica)
 		}
 	} else if rel := r.Session().Relatives(); rel != "" && err == nil {
 		// A conversation's first turn: where do its relatives run?
@@ -162,7 +160,7 @@ func (g *Gateway) gather(ctx context.Context, r *turn) ([]*fleet.Replica, *scori
 // and the first turn's binding write (SET NX) still follows another
 // gateway that bound it first. That spares a fresh prompt one of its two
 // Redis round trips.
-func (g *Gateway) lookup(ctx context.Context, r *turn) (session.Binding, bool, error) {
+func (g *Router) lookup(ctx context.Context, r *Turn) (session.Binding, bool, error) {
 	if r.API() == request.Chat && r.Turns() == 0 {
 		if _, ok := g.sessions.Local(r.Session().Value); !ok {
 			return session.Binding{}, false, nil
@@ -178,7 +176,7 @@ func (g *Gateway) lookup(ctx context.Context, r *turn) (session.Binding, bool, e
 // all (another gateway's, or one from before a restart) the ids land in
 // the tokenize cache unused, or for the session's tip. Under
 // routing.skip_unseen the prompt may need no tokens, so nothing starts.
-func (g *Gateway) tokenizeEarly(ctx context.Context, r *turn, reps []*fleet.Replica, in *scoring.Input) {
+func (g *Router) tokenizeEarly(ctx context.Context, r *Turn, reps []*fleet.Replica, in *scoring.Input) {
 	if !g.policy.UsesPrecise || g.skipUnseen(r) {
 		return
 	}
@@ -190,7 +188,7 @@ func (g *Gateway) tokenizeEarly(ctx context.Context, r *turn, reps []*fleet.Repl
 
 // serving returns the fleet's replicas that serve model, healthy or not,
 // sorted by name.
-func (g *Gateway) serving(model string) []*fleet.Replica {
+func (g *Router) serving(model string) []*fleet.Replica {
 	return servingIn(g.fleet.Snapshot(), model)
 }
 
@@ -242,7 +240,7 @@ func endpoints(reps []*fleet.Replica, now time.Time) []scoring.Endpoint {
 // chunks for commit (the chunks also feed the precise policies' record of
 // what was sent, which spares unseen prompts the tokenizer). A failed
 // tokenization routes on load alone rather than fail the request.
-func (g *Gateway) matchPrefix(ctx context.Context, r *turn, reps []*fleet.Replica, in *scoring.Input) (keys, chunks []uint64) {
+func (g *Router) matchPrefix(ctx context.Context, r *Turn, reps []*fleet.Replica, in *scoring.Input) (keys, chunks []uint64) {
 	names := make([]string, len(in.Endpoints))
 	for i := range in.Endpoints {
 		names[i] = in.Endpoints[i].ID
@@ -253,8 +251,8 @@ func (g *Gateway) matchPrefix(ctx context.Context, r *turn, reps []*fleet.Replic
 			// A prompt whose opening no replica was sent (as far as this
 			// gateway's record of sent text tells) has nothing to match:
 			// route it on load without the tokenizer round trip.
-			chunks = g.approx.keys(r.ApproxText(), r.Model(), r.CacheSalt())
-			if len(chunks) > 0 && !g.approx.seen(chunks[0], names) {
+			chunks = g.approx.Keys(r.ApproxText(), r.Model(), r.CacheSalt())
+			if len(chunks) > 0 && !g.approx.Seen(chunks[0], names) {
 				g.m.tokenizeUnseen.Inc()
 				in.Matched = make([]int, len(names))
 				return nil, chunks
@@ -264,40 +262,38 @@ func (g *Gateway) matchPrefix(ctx context.Context, r *turn, reps []*fleet.Replic
 		if call == nil {
 			call = g.startTokenize(ctx, r.R, reps, in.Endpoints)
 		}
-		tokens, err := call.wait(ctx)
-		r.tokenized = tokenized{start: call.started, end: time.Now(), source: call.source, tokens: len(tokens), err: err}
+		tokens, err := call.Wait(ctx)
+		r.Tokenized = Tokenized{Start: call.Started, End: time.Now(), Source: call.Source, Tokens: len(tokens), Err: err}
 		if err != nil {
 			// Tokenizers backed off were logged when they refused.
-			if !errors.Is(err, errTokenizeUnavailable) {
-				if ok, held := g.tokenizeWarn.allow(); ok {
-					g.log.WarnContext(ctx, "tokenize failed; routing without prefix information", "request_id", r.ID(), "err", err, "held_back", held)
-				}
+			if !errors.Is(err, ErrTokenizeUnavailable) && g.tokenizeFailed != nil {
+				g.tokenizeFailed(ctx, r.ID(), err)
 			}
 			in.Matched = make([]int, len(names))
 			return nil, nil
 		}
 		in.PromptTokens = len(tokens)
-		keys = g.index.keys(tokens, r.Model(), r.CacheSalt())
-		in.Matched, in.MatchedCPU = g.index.matchTiers(keys, names, len(tokens), engineBlocks(in.Endpoints))
+		keys = g.index.Keys(tokens, r.Model(), r.CacheSalt())
+		in.Matched, in.MatchedCPU = g.index.MatchTiers(keys, names, len(tokens), engineBlocks(in.Endpoints))
 		return keys, chunks
 	case g.policy.UsesApprox:
-		chunks = g.approx.keys(r.ApproxText(), r.Model(), r.CacheSalt())
-		in.Matched = g.approx.matchTokens(chunks, names, in.PromptTokens, r.bytesPerToken)
+		chunks = g.approx.Keys(r.ApproxText(), r.Model(), r.CacheSalt())
+		in.Matched = g.approx.MatchTokens(chunks, names, in.PromptTokens, r.BytesPerToken)
 	}
 	return keys, chunks
 }
 
 // skipUnseen reports whether routing.skip_unseen applies to r: not when
 // an in-process tokenizer makes its ids cheap.
-func (g *Gateway) skipUnseen(r *turn) bool {
-	return g.cfg.Routing.SkipUnseen && !g.tok.localFor(r.Model())
+func (g *Router) skipUnseen(r *Turn) bool {
+	return g.cfg.SkipUnseen && !g.tok.LocalFor(r.Model())
 }
 
-// observeDemand counts r as a request sharing the longest prefix of its
+// ObserveDemand counts r as a request sharing the longest prefix of its
 // prompt any replica holds, and gives the decision that prefix's demand
 // (Input.Sharers), which prices a second copy of it. Only policies that
 // estimate weigh it.
-func (g *Gateway) observeDemand(r *turn, in *scoring.Input, keys []uint64) {
+func (g *Router) ObserveDemand(r *Turn, in *scoring.Input, keys []uint64) {
 	if !g.policy.Estimated || len(keys) == 0 {
 		return
 	}
@@ -320,21 +316,21 @@ func engineBlocks(eps []scoring.Endpoint) []int {
 // binding (following another gateway that bound a first turn first), and
 // counts the decision. A long prompt's speculative blocks are recorded
 // beside the upstream call (route.speculated).
-func (g *Gateway) commit(ctx context.Context, r *turn, rt *route, bind session.Binding, keys, chunks []uint64) {
-	p := &rt.plan
-	chosen := rt.eps[p.Chosen()].ID
-	rt.keys = keys
+func (g *Router) commit(ctx context.Context, r *Turn, rt *Route, bind session.Binding, keys, chunks []uint64) {
+	p := &rt.Plan
+	chosen := rt.Eps[p.Chosen()].ID
+	rt.Keys = keys
 	if chunks != nil {
-		g.approx.record(chosen, chunks)
+		g.approx.Record(chosen, chunks)
 	}
-	if ttl := g.cfg.Routing.SpeculativeTTL; keys != nil && ttl > 0 {
+	if ttl := g.cfg.SpeculativeTTL; keys != nil && ttl > 0 {
 		if len(keys) < speculateAsideKeys {
-			g.index.speculate(chosen, keys, ttl)
+			g.index.Speculate(chosen, keys, ttl)
 		} else {
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
-				g.index.speculate(chosen, keys, ttl)
+				g.index.Speculate(chosen, keys, ttl)
 			}()
 			rt.speculated = done
 		}
@@ -352,10 +348,10 @@ func (g *Gateway) commit(ctx context.Context, r *turn, rt *route, bind session.B
 		}
 	case scoring.BindNew, scoring.BindRefresh:
 		// Not on the request path: a new binding is written when a
-		// stream's first byte arrives (publishBinding), beside the
+		// stream's first byte arrives (PublishBinding), beside the
 		// response, so it is in Redis before the client can send the next
 		// turn to another gateway; both kinds when the response ends
-		// (rememberCompleted), with what the turn left cached (a whole
+		// (RememberCompleted), with what the turn left cached (a whole
 		// answer's first byte is its end: one write).
 		g.sessions.Propose(rt.session, rt.binding)
 		rt.proposed, rt.fresh = true, p.Bind == scoring.BindNew
@@ -365,7 +361,7 @@ func (g *Gateway) commit(ctx context.Context, r *turn, rt *route, bind session.B
 		// relatives' first turns (scored turns only: sticky ones stay put).
 		// It is advice, not a binding, so it goes through the write pool
 		// and no turn waits for it; a full backlog drops it.
-		fb := session.Binding{Binding: scoring.Binding{Replica: rt.eps[p.Chosen()].ID}}
+		fb := session.Binding{Binding: scoring.Binding{Replica: rt.Eps[p.Chosen()].ID}}
 		g.writes.try(func(ctx context.Context) {
 			if _, err := g.sessions.Remember(ctx, fam, fb, false); err != nil {
 				g.m.redisErrors.WithLabelValues("remember").Inc()
@@ -378,7 +374,7 @@ func (g *Gateway) commit(ctx context.Context, r *turn, rt *route, bind session.B
 		// failed tokenization), or a session that came back without a
 		// tip: tokenize it off the request path, so the chosen replica is
 		// known to hold its blocks before their events arrive.
-		g.tipLater(tipJob{req: r, reps: rt.reps, eps: rt.eps, replica: rt.eps[p.Chosen()].ID, session: rt.session, binding: rt.binding})
+		g.tipLater(tipJob{req: r, reps: rt.Reps, eps: rt.Eps, replica: rt.Eps[p.Chosen()].ID, session: rt.session, binding: rt.binding})
 	}
 	if p.Rebind != "" {
 		g.m.rebinds.WithLabelValues(p.Rebind).Inc()
@@ -390,15 +386,16 @@ func (g *Gateway) commit(ctx context.Context, r *turn, rt *route, bind session.B
 	if p.Reason == scoring.ReasonSticky {
 		g.m.tokenizeAvoided.Inc()
 	}
-	g.activity.decided(decision{Time: time.Now(), RequestID: r.ID(), Tenant: r.TenantID(), Replica: rt.eps[p.Chosen()].ID,
-		Reason: p.Reason, Rebind: p.Rebind, Prompt: p.PromptTokens, Predicted: p.Predicted[0], Scores: scoreSummary(rt.eps, p)})
+	if g.decided != nil {
+		g.decided(r, rt)
+	}
 }
 
 // newBinding is the session binding after this turn (session.After):
 // the plan's, plus what only the gateway knows (the deepest block key,
 // the text fingerprint); false when the plan leaves none. A sticky turn
 // keeps the looked-up binding's.
-func (g *Gateway) newBinding(r *turn, p *scoring.Plan, bind session.Binding, keys []uint64) (session.Binding, bool) {
+func (g *Router) newBinding(r *Turn, p *scoring.Plan, bind session.Binding, keys []uint64) (session.Binding, bool) {
 	nb, ok := session.After(p, bind, keys)
 	if ok && p.Reason != scoring.ReasonSticky && g.policy.Sticky {
 		nb.Fingerprint(r.ApproxText())
@@ -406,7 +403,7 @@ func (g *Gateway) newBinding(r *turn, p *scoring.Plan, bind session.Binding, key
 	return nb, ok
 }
 
-// rememberCompleted records, when a turn's response ended, what the
+// RememberCompleted records, when a turn's response ended, what the
 // replica now holds of the session, so the next sticky turn predicts its
 // cache hit without tokenizing: the prompt, and the output but for its
 // last token (whose KV is never computed), which the next turn leaves out
@@ -417,7 +414,7 @@ func (g *Gateway) newBinding(r *turn, p *scoring.Plan, bind session.Binding, key
 // (this gateway's next lookup prefers it) and written to Redis in a batch
 // (bindingFlusher): the response's last bytes do not wait for Redis. A
 // full backlog writes inline rather than lose the update.
-func (g *Gateway) rememberCompleted(rt *route, replica string, u request.Usage) {
+func (g *Router) RememberCompleted(rt *Route, replica string, u request.Usage) {
 	if rt.session == "" {
 		return
 	}
@@ -427,13 +424,13 @@ func (g *Gateway) rememberCompleted(rt *route, replica string, u request.Usage) 
 	g.flusher.add(rt.session)
 }
 
-// publishBinding writes a first turn's binding, which commit kept in
+// PublishBinding writes a first turn's binding, which commit kept in
 // process memory, when its replica's first byte arrives: the SET NX GET
 // runs beside the response, where before the request waited for it.
 // Concurrent first turns of the session on other gateways may have
 // started elsewhere; the first write to land binds the session, and the
 // others adopt it (session.Store.FlushAll).
-func (g *Gateway) publishBinding(rt *route) {
+func (g *Router) PublishBinding(rt *Route) {
 	if !rt.fresh || rt.session == "" {
 		return
 	}
@@ -442,7 +439,7 @@ func (g *Gateway) publishBinding(rt *route) {
 
 // updateCompleted updates the session's binding in process memory with
 // what the turn left cached on replica, and reports whether it changed it.
-func (g *Gateway) updateCompleted(rt *route, replica string, u request.Usage) bool {
+func (g *Router) updateCompleted(rt *Route, replica string, u request.Usage) bool {
 	if rt.binding.Replica != replica || u.PromptTokens == 0 {
 		return false
 	}
@@ -455,88 +452,46 @@ func (g *Gateway) updateCompleted(rt *route, replica string, u request.Usage) bo
 // stillHolds reports whether rep still holds the session's prefix, as far
 // as its KV events tell. Replicas that publish no events (or none yet) are
 // trusted: the gateway cannot see their evictions.
-func (g *Gateway) stillHolds(rep *fleet.Replica, b session.Binding) bool {
+func (g *Router) stillHolds(rep *fleet.Replica, b session.Binding) bool {
 	name := rep.Spec.Name
-	return b.StillHeld(func(tip uint64) bool { return !g.index.receiving(name) || g.index.holds(name, tip) })
+	return b.StillHeld(func(tip uint64) bool { return !g.index.Receiving(name) || g.index.Holds(name, tip) })
 }
 
+// Tokenize gets r's token ids from the healthy replicas serving its
+// model (or the tokenizer service, or in process).
+func (g *Router) Tokenize(ctx context.Context, r *request.R) ([]uint32, error) {
+	reps := g.serving(r.Model())
+	return g.tokenize(ctx, r, reps, endpoints(reps, time.Now()))
+}
+
+// Retried counts a request answered by a replica after the first
+// (warmpath_routing_decisions_total's retry).
+func (g *Router) Retried() { g.m.decisions.WithLabelValues("retry").Inc() }
+
 // tokenize gets r's token ids from the available replicas.
-func (g *Gateway) tokenize(ctx context.Context, r *request.R, reps []*fleet.Replica, eps []scoring.Endpoint) ([]uint32, error) {
-	return g.startTokenize(ctx, r, reps, eps).wait(ctx)
+func (g *Router) tokenize(ctx context.Context, r *request.R, reps []*fleet.Replica, eps []scoring.Endpoint) ([]uint32, error) {
+	return g.startTokenize(ctx, r, reps, eps).Wait(ctx)
 }
 
 // startTokenize starts tokenize's work without waiting for the answer.
-func (g *Gateway) startTokenize(ctx context.Context, r *request.R, reps []*fleet.Replica, eps []scoring.Endpoint) *tokenCall {
+func (g *Router) startTokenize(ctx context.Context, r *request.R, reps []*fleet.Replica, eps []scoring.Endpoint) *TokenCall {
 	up := make([]*fleet.Replica, 0, len(reps))
 	for i, rep := range reps {
 		if !eps[i].Unhealthy {
 			up = append(up, rep)
 		}
 	}
-	return g.tok.start(ctx, r, up)
+	return g.tok.Start(ctx, r, up)
 }
 
-// debugHeaders names the chosen replica, the decision and each replica's
-// score breakdown.
-func (g *Gateway) debugHeaders(h interface{ Set(string, string) }, x *exchange) {
-	p := &x.route.plan
-	h.Set("X-Warmpath-Replica", x.replica.Spec.Name)
-	h.Set("X-Warmpath-Reason", p.Reason)
-	h.Set("X-Warmpath-Session", x.req.Session().Source)
-	h.Set("X-Warmpath-Prompt-Tokens", fmt.Sprint(p.PromptTokens))
-	h.Set("X-Warmpath-Predicted-Cached", fmt.Sprint(x.predicted))
-	h.Set("X-Warmpath-Attempts", fmt.Sprint(x.attempts))
-	if p.Rebind != "" {
-		h.Set("X-Warmpath-Rebind", p.Rebind)
-	}
-	if e, ok := x.route.estimate(x.replica.Spec.Name); ok {
-		h.Set("X-Warmpath-Estimate-TTFT", fmt.Sprintf("%.4f", e.TTFT))
-	}
-	if p.Estimates != nil {
-		h.Set("X-Warmpath-Scores", estimateScores(x.route.eps, p))
-		return
-	}
-	// Pure pickers (round-robin, session-hash) leave no scores.
-	d := p.Decision
-	if d == nil || d.Totals == nil {
-		return
-	}
-	// Totals are aligned with the available endpoints, in order.
-	var parts []string
-	k := 0
-	for _, e := range x.route.eps {
-		if e.Unhealthy || e.Reserved {
-			continue
+// BestOther returns the most cached tokens the plan predicted on a
+// replica other than the named one.
+func (rt *Route) BestOther(replica string) int {
+	best := 0
+	for k, i := range rt.Plan.Order {
+		if rt.Eps[i].ID != replica && k < len(rt.Plan.Predicted) {
+			best = max(best, rt.Plan.Predicted[k])
 		}
-		s := fmt.Sprintf("%s=%.3f", e.ID, d.Totals[k])
-		var terms []string
-		for name, contrib := range d.Breakdown {
-			terms = append(terms, fmt.Sprintf("%s:%.3f", name, contrib[k]))
-		}
-		slices.Sort(terms)
-		if len(terms) > 0 {
-			s += "(" + strings.Join(terms, ",") + ")"
-		}
-		parts = append(parts, s)
-		k++
 	}
-	h.Set("X-Warmpath-Scores", strings.Join(parts, "; "))
-}
-
-// estimateScores renders each candidate's TTFT estimate, in the plan's
-// order: replica=cost(ttft:s,others:s,future:s,queued:tokens,
-// uncached:tokens), in seconds and tokens, with replication:s after
-// future when the candidate has a replication term.
-func estimateScores(eps []scoring.Endpoint, p *scoring.Plan) string {
-	parts := make([]string, len(p.Order))
-	for k, i := range p.Order {
-		e := p.Estimates[k]
-		repl := ""
-		if e.Replication > 0 {
-			repl = fmt.Sprintf(",replication:%.3f", e.Replication)
-		}
-		parts[k] = fmt.Sprintf("%s=%.3f(ttft:%.3f,others:%.3f,future:%.3f%s,queued:%d,uncached:%d)",
-			eps[i].ID, e.Cost(), e.TTFT, e.Others, e.Future, repl, e.QueuedTokens, e.UncachedTokens)
-	}
-	return strings.Join(parts, "; ")
+	return best
 }

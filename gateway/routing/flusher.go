@@ -1,4 +1,4 @@
-package gateway
+package routing
 
 import (
 	"context"
@@ -51,6 +51,14 @@ const (
 	DefaultBindingWriteSpacing = 20 * time.Millisecond
 	PeerBindingWriteSpacing    = 5 * time.Millisecond
 )
+
+// newBindingFlusher returns a flusher writing with flush (bounded by
+// timeout), spaced by spacing (see bindingSpacing), calling failed for
+// each batch whose write failed; it writes for up to a second after Run's
+// context ends.
+func newBindingFlusher(flush func(ctx context.Context, keys []string) error, timeout time.Duration, spacing func() time.Duration, failed func()) *bindingFlusher {
+	return &bindingFlusher{keys: make(chan string, flushBacklog), flush: flush, failed: failed, timeout: timeout, spacing: spacing, finish: time.Second}
+}
 
 // bindingSpacing is the binding writer's spacing: set when
 // routing.binding_write_spacing is (negative: none), else the default for

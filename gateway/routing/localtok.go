@@ -1,4 +1,4 @@
-package gateway
+package routing
 
 import (
 	"context"
@@ -82,13 +82,13 @@ func (h hfTokenizers) Serves(model string) bool { return h[model] != nil }
 // newLocalTokenizer returns routing.tokenizer's tokenizer, nil for none;
 // for hf it loads every model's files, failing on the first that is
 // missing, malformed or uses what hftok does not support.
-func newLocalTokenizer(r RoutingConfig) (localTokenizer, error) {
-	switch r.Tokenizer {
+func newLocalTokenizer(kind string, dirs map[string]string) (localTokenizer, error) {
+	switch kind {
 	case TokenizerSimulator:
 		return simulatorTokenizer{}, nil
 	case TokenizerHF:
-		h := make(hfTokenizers, len(r.TokenizerDirs))
-		for model, dir := range r.TokenizerDirs {
+		h := make(hfTokenizers, len(dirs))
+		for model, dir := range dirs {
 			tok, err := hftok.Load(dir)
 			if err != nil {
 				return nil, fmt.Errorf("routing.tokenizer_dirs[%q]: %w", model, err)
@@ -149,8 +149,18 @@ func (l *localTokens) wantCheck(lm *localModel) (check, first bool) {
 	return l.every > 0 && n%l.every == 0, false
 }
 
-// localFor reports whether model's prompts are tokenized in process.
-func (t *tokenizer) localFor(model string) bool {
+// LocalIDs returns r's ids from the in-process tokenizer without any
+// check, false when its model has none (or it refused the prompt).
+func (t *Tokenizer) LocalIDs(r *request.R) ([]uint32, bool) {
+	if !t.LocalFor(r.Model()) {
+		return nil, false
+	}
+	ids, err := r.LocalTokens(t.localTok.impl)
+	return ids, err == nil
+}
+
+// LocalFor reports whether model's prompts are tokenized in process.
+func (t *Tokenizer) LocalFor(model string) bool {
 	l := t.localTok
 	return l != nil && l.impl.Serves(model) && !l.model(model).off.Load()
 }
@@ -159,7 +169,7 @@ func (t *tokenizer) localFor(model string) bool {
 // for its model, queueing a check when one is due. ok is false when the
 // replicas are to be asked: no local tokenizer, the model's turned off,
 // or it refused the prompt.
-func (t *tokenizer) local(r *request.R, reps []*fleet.Replica) (ids []uint32, ok bool) {
+func (t *Tokenizer) local(r *request.R, reps []*fleet.Replica) (ids []uint32, ok bool) {
 	l := t.localTok
 	if l == nil {
 		return nil, false
@@ -172,7 +182,7 @@ func (t *tokenizer) local(r *request.R, reps []*fleet.Replica) (ids []uint32, ok
 	if err != nil {
 		return nil, false // the replica answers it, or says why not
 	}
-	t.m.tokenizer.WithLabelValues("local").Inc()
+	t.m.calls.WithLabelValues("local").Inc()
 	if check, first := l.wantCheck(lm); check && len(reps) > 0 {
 		t.checkLater(r.Model(), lm, first, r.TokenizeBody(), ids, reps)
 	} else if first {
@@ -183,7 +193,7 @@ func (t *tokenizer) local(r *request.R, reps []*fleet.Replica) (ids []uint32, ok
 
 // checkLater queues a comparison of ids with a replica's /tokenize of
 // body, or drops it when the checker's backlog is full.
-func (t *tokenizer) checkLater(model string, lm *localModel, first bool, body []byte, ids []uint32, reps []*fleet.Replica) {
+func (t *Tokenizer) checkLater(model string, lm *localModel, first bool, body []byte, ids []uint32, reps []*fleet.Replica) {
 	job := func(ctx context.Context) {
 		if first {
 			defer lm.pending.Store(false)
@@ -194,26 +204,26 @@ func (t *tokenizer) checkLater(model string, lm *localModel, first bool, body []
 		if first {
 			lm.pending.Store(false)
 		}
-		t.m.tokChecks.WithLabelValues("dropped").Inc()
+		t.m.checks.WithLabelValues("dropped").Inc()
 	}
 }
 
 // check asks a replica to tokenize body and compares its ids with ids.
-func (t *tokenizer) check(ctx context.Context, model string, lm *localModel, body []byte, ids []uint32, reps []*fleet.Replica) {
+func (t *Tokenizer) check(ctx context.Context, model string, lm *localModel, body []byte, ids []uint32, reps []*fleet.Replica) {
 	want, err := t.ask(ctx, t.order(reps), body)
 	if err != nil {
-		t.m.tokChecks.WithLabelValues("failed").Inc()
+		t.m.checks.WithLabelValues("failed").Inc()
 		t.log.Debug("tokenizer: check of the in-process tokenizer got no answer", "model", model, "err", err)
 		return
 	}
 	i := firstDiff(ids, want)
 	if i < 0 {
 		lm.checked.Store(true)
-		t.m.tokChecks.WithLabelValues("match").Inc()
+		t.m.checks.WithLabelValues("match").Inc()
 		return
 	}
-	t.m.tokChecks.WithLabelValues("mismatch").Inc()
-	t.m.tokMismatch.WithLabelValues(model).Inc()
+	t.m.checks.WithLabelValues("mismatch").Inc()
+	t.m.mismatch.WithLabelValues(model).Inc()
 	if lm.off.Swap(true) {
 		return // logged by the first mismatch
 	}

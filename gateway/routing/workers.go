@@ -1,4 +1,4 @@
-package gateway
+package routing
 
 import (
 	"context"
@@ -18,6 +18,8 @@ type workers struct {
 	finish time.Duration
 }
 
+// newWorkers returns a pool of n goroutines (once Run) with a backlog of
+// queued jobs.
 func newWorkers(n, backlog int, finish time.Duration) *workers {
 	return &workers{n: n, jobs: make(chan func(context.Context), backlog), finish: finish}
 }
@@ -65,10 +67,3 @@ func (w *workers) Run(ctx context.Context) error {
 	}
 	return nil
 }
-
-// Redis writes off the request path (a session family's placement): the
-// pool's size and backlog.
-const (
-	writeWorkers = 2
-	writeBacklog = 4096
-)

@@ -1,4 +1,4 @@
-package gateway
+package routing
 
 import (
 	"sync"
@@ -12,10 +12,10 @@ import (
 	"github.com/warmpath/warmpath/scoring/blockindex"
 )
 
-// preciseIndex is the gateway's view of the precise prefix index: the
+// PreciseIndex is the gateway's view of the precise prefix index: the
 // blockindex fed by KV events, plus which replicas have sent events at all.
 // It is the kvevents.Handler the subscribers feed.
-type preciseIndex struct {
+type PreciseIndex struct {
 	ix        *blockindex.Index
 	blockSize int
 
@@ -27,8 +27,8 @@ type preciseIndex struct {
 }
 
 var (
-	_ kvevents.Handler     = (*preciseIndex)(nil)
-	_ kvevents.RankClearer = (*preciseIndex)(nil)
+	_ kvevents.Handler     = (*PreciseIndex)(nil)
+	_ kvevents.RankClearer = (*PreciseIndex)(nil)
 )
 
 // matchGrace lets speculative blocks outlive routing.speculative_ttl by up
@@ -37,18 +37,18 @@ var (
 // milliseconds under load, and not inside a request's lookup.
 const matchGrace = 250 * time.Millisecond
 
-func newPreciseIndex(rc RoutingConfig, reg prometheus.Registerer) (*preciseIndex, error) {
-	ix, err := blockindex.New(blockindex.Config{BlockSize: rc.BlockSize, MaxEntries: rc.IndexMaxEntries, MatchGrace: matchGrace})
+func newPreciseIndex(blockSize, maxEntries int, reg prometheus.Registerer) (*PreciseIndex, error) {
+	ix, err := blockindex.New(blockindex.Config{BlockSize: blockSize, MaxEntries: maxEntries, MatchGrace: matchGrace})
 	if err != nil {
 		return nil, err
 	}
-	p := &preciseIndex{ix: ix, blockSize: rc.BlockSize, sources: map[string]*atomic.Int64{}, models: map[string]string{}}
+	p := &PreciseIndex{ix: ix, blockSize: blockSize, sources: map[string]*atomic.Int64{}, models: map[string]string{}}
 	reg.MustRegister(indexCollector{p})
 	return p, nil
 }
 
 // Apply implements kvevents.Handler.
-func (p *preciseIndex) Apply(replica string, b kvevents.Batch) {
+func (p *PreciseIndex) Apply(replica string, b kvevents.Batch) {
 	p.mu.RLock()
 	last := p.sources[replica]
 	p.mu.RUnlock()
@@ -65,8 +65,8 @@ func (p *preciseIndex) Apply(replica string, b kvevents.Batch) {
 	p.ix.Apply(replica, b)
 }
 
-// lastEvent returns when the replica's last batch arrived, zero if none.
-func (p *preciseIndex) lastEvent(replica string) time.Time {
+// LastEvent returns when the replica's last batch arrived, zero if none.
+func (p *PreciseIndex) LastEvent(replica string) time.Time {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	if last := p.sources[replica]; last != nil {
@@ -76,15 +76,15 @@ func (p *preciseIndex) lastEvent(replica string) time.Time {
 }
 
 // Clear implements kvevents.Handler.
-func (p *preciseIndex) Clear(replica string) { p.ix.Clear(replica) }
+func (p *PreciseIndex) Clear(replica string) { p.ix.Clear(replica) }
 
 // ClearRank implements kvevents.RankClearer: one data-parallel rank's
 // subscriber joining, restarting or losing a replay clears that rank's
 // blocks only.
-func (p *preciseIndex) ClearRank(replica string, rank int) { p.ix.ClearRank(replica, rank) }
+func (p *PreciseIndex) ClearRank(replica string, rank int) { p.ix.ClearRank(replica, rank) }
 
-// setModel registers the model a replica serves, which roots its keys.
-func (p *preciseIndex) setModel(replica, model string) {
+// SetModel registers the model a replica serves, which roots its keys.
+func (p *PreciseIndex) SetModel(replica, model string) {
 	p.mu.RLock()
 	same := p.models[replica] == model
 	p.mu.RUnlock()
@@ -97,8 +97,8 @@ func (p *preciseIndex) setModel(replica, model string) {
 	_ = p.ix.SetReplicaModel(replica, model) // errs only when the replica table is full
 }
 
-// forget drops a replica that left the fleet.
-func (p *preciseIndex) forget(replica string) {
+// Forget drops a replica that left the fleet.
+func (p *PreciseIndex) Forget(replica string) {
 	p.mu.Lock()
 	delete(p.sources, replica)
 	delete(p.models, replica)
@@ -107,41 +107,42 @@ func (p *preciseIndex) forget(replica string) {
 	p.ix.Clear(replica)
 }
 
-// cachesGenerated reports whether the replica's KV cache keeps the blocks
+// CachesGenerated reports whether the replica's KV cache keeps the blocks
 // its generated tokens fill, as vLLM's does (and llm-d-inference-sim's
 // does not), so that a completed turn's output is a cache hit for the
 // next turn. A replica whose events have not shown it yet is assumed not
 // to (a prediction too low costs less than one too high); one that sends
 // no events, vLLM's default.
-func (p *preciseIndex) cachesGenerated(replica string) bool {
-	return !p.receiving(replica) || p.gen.seen(replica)
+func (p *PreciseIndex) CachesGenerated(replica string) bool {
+	return !p.Receiving(replica) || p.gen.seen(replica)
 }
 
-// receiving reports whether the replica's KV events have ever arrived.
-func (p *preciseIndex) receiving(replica string) bool {
+// Receiving reports whether the replica's KV events have ever arrived.
+func (p *PreciseIndex) Receiving(replica string) bool {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	return p.sources[replica] != nil
 }
 
-func (p *preciseIndex) keys(tokens []uint32, model, salt string) []uint64 {
+// Keys returns the block keys of a prompt of tokens.
+func (p *PreciseIndex) Keys(tokens []uint32, model, salt string) []uint64 {
 	return p.ix.Keys(tokens, blockindex.Root{Model: model, CacheSalt: salt})
 }
 
-// matchTokens returns, aligned with names, how many prompt tokens each
+// MatchTokens returns, aligned with names, how many prompt tokens each
 // replica holds cached as far as the index knows. Like vLLM, at least the
 // last prompt token is always computed, so a full hit counts
 // promptTokens−1; and an engine hits whole blocks of its own size
 // (engineBlocks, aligned with names; 0 or nil when unknown), which speculative
 // entries in the index's smaller blocks may not be.
-func (p *preciseIndex) matchTokens(keys []uint64, names []string, promptTokens int, engineBlocks []int) []int {
-	gpu, _ := p.matchTiers(keys, names, promptTokens, engineBlocks)
+func (p *PreciseIndex) MatchTokens(keys []uint64, names []string, promptTokens int, engineBlocks []int) []int {
+	gpu, _ := p.MatchTiers(keys, names, promptTokens, engineBlocks)
 	return gpu
 }
 
-// matchTiers is matchTokens for both tiers: the tokens held on GPU, and
+// MatchTiers is MatchTokens for both tiers: the tokens held on GPU, and
 // those after them held in the CPU tier (all zero: cpu is nil).
-func (p *preciseIndex) matchTiers(keys []uint64, names []string, promptTokens int, engineBlocks []int) (gpu, cpu []int) {
+func (p *PreciseIndex) MatchTiers(keys []uint64, names []string, promptTokens int, engineBlocks []int) (gpu, cpu []int) {
 	hits := p.ix.Match(keys, names, nil)
 	gpu = make([]int, len(names))
 	var cpuTokens []int
@@ -163,20 +164,22 @@ func (p *preciseIndex) matchTiers(keys []uint64, names []string, promptTokens in
 	return gpu, cpuTokens
 }
 
-// holds reports whether replica holds the block with the given key, on
+// Holds reports whether replica holds the block with the given key, on
 // GPU or in its CPU tier (which a continuing turn loads back).
-func (p *preciseIndex) holds(replica string, key uint64) bool {
+func (p *PreciseIndex) Holds(replica string, key uint64) bool {
 	var buf [1]blockindex.Hit
 	h := p.ix.Match([]uint64{key}, []string{replica}, buf[:0])[0]
 	return h.Blocks == 1 || h.CPU == 1
 }
 
-func (p *preciseIndex) speculate(replica string, keys []uint64, ttl time.Duration) {
+// Speculate records that replica is about to hold keys' blocks, for ttl
+// unless their events confirm them.
+func (p *PreciseIndex) Speculate(replica string, keys []uint64, ttl time.Duration) {
 	p.ix.AddSpeculative(replica, keys, ttl)
 }
 
 // indexCollector exposes the index's size per replica at scrape time.
-type indexCollector struct{ p *preciseIndex }
+type indexCollector struct{ p *PreciseIndex }
 
 var (
 	indexEntriesDesc = prometheus.NewDesc("warmpath_index_entries", "Prefix-index (block, replica) entries per replica, speculative included.", []string{"replica"}, nil)
@@ -221,28 +224,29 @@ func (c indexCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(indexSpecOutDesc, prometheus.CounterValue, float64(s.Expired), "expired")
 }
 
-// approxIndex is the tokenizer-free index: chunks of the conversation's
+// ApproxIndex is the tokenizer-free index: chunks of the conversation's
 // text, and where the gateway sent them.
-type approxIndex struct {
+type ApproxIndex struct {
 	a *blockindex.Approx
 }
 
-func newApproxIndex(rc RoutingConfig) (*approxIndex, error) {
-	a, err := blockindex.NewApprox(blockindex.ApproxConfig{ChunkBytes: rc.ApproxChunkBytes})
+func newApproxIndex(chunkBytes int) (*ApproxIndex, error) {
+	a, err := blockindex.NewApprox(blockindex.ApproxConfig{ChunkBytes: chunkBytes})
 	if err != nil {
 		return nil, err
 	}
-	return &approxIndex{a: a}, nil
+	return &ApproxIndex{a: a}, nil
 }
 
-func (a *approxIndex) keys(text []byte, model, salt string) []uint64 {
+// Keys returns the chunk keys of a prompt's text.
+func (a *ApproxIndex) Keys(text []byte, model, salt string) []uint64 {
 	return a.a.AppendKeys(nil, string(text), blockindex.Root{Model: model, CacheSalt: salt})
 }
 
-// matchTokens estimates cached tokens from matched chunks at
+// MatchTokens estimates cached tokens from matched chunks at
 // bytesPerToken (0: request.DefaultBytesPerToken), the same estimate the request's
 // prompt length uses.
-func (a *approxIndex) matchTokens(keys []uint64, names []string, promptTokens int, bytesPerToken float64) []int {
+func (a *ApproxIndex) MatchTokens(keys []uint64, names []string, promptTokens int, bytesPerToken float64) []int {
 	if bytesPerToken <= 0 {
 		bytesPerToken = request.DefaultBytesPerToken
 	}
@@ -254,11 +258,12 @@ func (a *approxIndex) matchTokens(keys []uint64, names []string, promptTokens in
 	return out
 }
 
-func (a *approxIndex) record(replica string, keys []uint64) { a.a.Record(replica, keys) }
+// Record remembers that replica was sent the chunks keys.
+func (a *ApproxIndex) Record(replica string, keys []uint64) { a.a.Record(replica, keys) }
 
-// seen reports whether any of replicas was sent a prompt whose first chunk
+// Seen reports whether any of replicas was sent a prompt whose first chunk
 // is key, as far as the index still remembers.
-func (a *approxIndex) seen(key uint64, replicas []string) bool {
+func (a *ApproxIndex) Seen(key uint64, replicas []string) bool {
 	var buf [64]blockindex.Hit
 	dst := buf[:0]
 	if len(replicas) > len(buf) {
@@ -272,10 +277,10 @@ func (a *approxIndex) seen(key uint64, replicas []string) bool {
 	return false
 }
 
-// sizeTo sizes a replica's memory of sent chunks to its KV capacity, as the
+// SizeTo sizes a replica's memory of sent chunks to its KV capacity, as the
 // Inference Extension's approximate producer auto-tunes from vLLM's
 // cache_config_info.
-func (a *approxIndex) sizeTo(replica string, kvTokens int) {
+func (a *ApproxIndex) SizeTo(replica string, kvTokens int) {
 	if kvTokens > 0 {
 		_ = a.a.SetCapacity(replica, blockindex.ApproxCapacity(kvTokens, a.a.ChunkBytes()))
 	}
@@ -360,3 +365,7 @@ func (d *genDetector) forget(replica string) {
 		}
 	}
 }
+
+// Blocks returns the block index itself: its statistics, its CPU tiers'
+// sizes, and (in tests) its raw matches.
+func (p *PreciseIndex) Blocks() *blockindex.Index { return p.ix }

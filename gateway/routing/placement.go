@@ -1,4 +1,4 @@
-package gateway
+package routing
 
 import (
 	"context"
@@ -12,18 +12,18 @@ import (
 	"github.com/warmpath/warmpath/session"
 )
 
-// placement is a request's routing, split around admission: prepare
+// Placement is a request's routing, split around admission: prepare
 // does the I/O before the request may wait (fleet snapshot, session
 // binding, prefix match when the plan needs one); place decides, with
 // the gateway's own scoring.Decide on the replicas' load as it is when the
 // queue considers the request (late binding), and tells the queue whether
 // the replica chosen can start it now; route uses the plan place made.
-type placement struct {
-	g    *Gateway
-	r    *turn
-	reps []*fleet.Replica
-	in   *scoring.Input
-	bind session.Binding
+type Placement struct {
+	router *Router
+	r      *Turn
+	reps   []*fleet.Replica
+	in     *scoring.Input
+	bind   session.Binding
 	// version is the fleet's membership version reps were read at
 	// (follow).
 	version uint64
@@ -39,17 +39,17 @@ type placement struct {
 	claim  *admission.Claim
 }
 
-// prepare gathers r's routing inputs and matches its prompt when the
+// Prepare gathers r's routing inputs and matches its prompt when the
 // policy would need the match to decide now. A model nothing serves is a
 // 404 and one with no healthy replica a 503, before admission.
-func (g *Gateway) prepare(ctx context.Context, r *turn) (*placement, error) {
+func (g *Router) Prepare(ctx context.Context, r *Turn) (*Placement, error) {
 	version := g.fleet.Snapshot().Version // before gather reads the members: a change between is followed
 	reps, in, bind, err := g.gather(ctx, r)
 	if err != nil {
 		return nil, err
 	}
-	p := &placement{g: g, r: r, reps: reps, in: in, bind: bind, version: version}
-	if p.bound() {
+	p := &Placement{router: g, r: r, reps: reps, in: in, bind: bind, version: version}
+	if p.Bound() {
 		// Such a policy's first phase is pure (a sticky plan or "needs the
 		// prefix"), so deciding here does not advance a picker.
 		plan, err := g.policy.Decide(in)
@@ -60,40 +60,40 @@ func (g *Gateway) prepare(ctx context.Context, r *turn) (*placement, error) {
 			p.match(ctx)
 		}
 	}
-	r.placement = p
+	r.Placement = p
 	return p, nil
 }
 
-// bound reports whether the policy binds a request to a replica (by its
+// Bound reports whether the policy binds a request to a replica (by its
 // session or its prefix), so that where it can start depends on which
 // request it is: only then does the queue ask place. The others (such as
 // round-robin, whose every decision advances its rotation) are routed
 // once, as they leave the queue.
-func (p *placement) bound() bool {
-	return p.g.policy.TracksSessions() || p.g.policy.NeedsPrefix()
+func (p *Placement) Bound() bool {
+	return p.router.policy.TracksSessions() || p.router.policy.NeedsPrefix()
 }
 
 // match fills the input's prefix matches (tokenizing when the policy
-// needs token ids) and the matched prefix's demand (observeDemand).
-func (p *placement) match(ctx context.Context) {
-	p.keys, p.chunks = p.g.matchPrefix(ctx, p.r, p.reps, p.in)
-	p.g.observeDemand(p.r, p.in, p.keys)
+// needs token ids) and the matched prefix's demand (ObserveDemand).
+func (p *Placement) match(ctx context.Context) {
+	p.keys, p.chunks = p.router.matchPrefix(ctx, p.r, p.reps, p.in)
+	p.router.ObserveDemand(p.r, p.in, p.keys)
 }
 
 // refresh reads the replicas' load and availability as they are at now,
 // following the fleet's membership first (follow; waiting, also the
 // members that began to serve the model since).
-func (p *placement) refresh(now time.Time, waiting bool) {
+func (p *Placement) refresh(now time.Time, waiting bool) {
 	p.follow(waiting)
 	eps := endpoints(p.reps, now)
 	for i := range eps {
 		eps[i].PromptBlocksOnly = p.in.Endpoints[i].PromptBlocksOnly
 	}
-	c := p.g.capacity()
+	c := p.router.capacity
 	c.KeepReserve(p.r.Class(), p.reps, eps)
 	c.AddClaims(p.reps, eps)
-	p.g.waiting.fill(p, p.reps, eps)
-	p.in.Now, p.in.Endpoints, p.in.Backlog = now, eps, p.g.waiting.of(p.r.Model())
+	p.router.backlog.Fill(p, p.reps, eps)
+	p.in.Now, p.in.Endpoints, p.in.Backlog = now, eps, p.router.backlog.Of(p.r.Model())
 }
 
 // follow re-reads the replicas serving the request's model when the
@@ -110,8 +110,8 @@ func (p *placement) refresh(now time.Time, waiting bool) {
 // only once its first probe has read it, which changes no version: with
 // waiting (the queue's placement, where a request may wait long), the
 // members are compared whatever the version.
-func (p *placement) follow(waiting bool) {
-	snap := p.g.fleet.Snapshot()
+func (p *Placement) follow(waiting bool) {
+	snap := p.router.fleet.Snapshot()
 	if snap.Version == p.version && !waiting {
 		return
 	}
@@ -152,7 +152,7 @@ func (p *placement) follow(waiting bool) {
 	p.reps, in.Endpoints = reps, eps
 }
 
-// place is the request's fairq.Ticket.Place: it routes the request on
+// Place is the request's fairq.Ticket.Place: it routes the request on
 // the fleet as it is now and reports whether the replica chosen has room
 // for its class (admission.Capacity.Claim). When it has, the plan is the one
 // the request is sent with, and the room stays claimed until it is sent.
@@ -160,17 +160,17 @@ func (p *placement) follow(waiting bool) {
 // replica, when the match was not needed on arrival) cannot be made
 // without I/O: such a request fits, and route matches it after dispatch,
 // as does one nothing can serve (route answers the 503).
-func (p *placement) place(c *admission.Capacity) bool {
+func (p *Placement) Place(c *admission.Capacity) bool {
 	now := time.Now()
 	p.refresh(now, true)
 	p.in.Backlog = max(0, p.in.Backlog-1) // the backlog it would delay is the others waiting
-	plan, err := p.g.policy.Decide(p.in)
+	plan, err := p.router.policy.Decide(p.in)
 	if err != nil || plan.NeedsPrefix {
 		return true
 	}
 	tokens := int64(max(0, plan.PromptTokens-plan.Predicted[0]))
 	claim, ok := c.Claim(p.reps[plan.Chosen()], p.r.Class(), tokens, now)
-	p.g.waiting.plan(p, p.reps[plan.Chosen()], &plan, ok)
+	p.router.backlog.Plan(p, p.reps[plan.Chosen()], &plan, ok)
 	if !ok {
 		return false
 	}
@@ -178,23 +178,14 @@ func (p *placement) place(c *admission.Capacity) bool {
 	return true
 }
 
-// unclaim gives back the room place claimed, once: when the request has
+// Unclaim gives back the room place claimed, once: when the request has
 // been sent (the replica's in-flight count has it) or ends before.
-func (p *placement) unclaim() {
+func (p *Placement) Unclaim() {
 	if p != nil {
 		p.claim.Release()
 	}
 }
 
-// refill re-checks the queue (fairq.Queue.Refill) once a request it
-// dispatched without a place has reached its replica: until then the
-// request held the model's room (counted in the queue's inflight, not yet
-// in the replica's), and where it went may have had none (the fallback
-// goes to a replica without room), so the room it held may still be free,
-// on a replica no candidate's routing chose when it left. Nothing else
-// would look again before the next scrape, finished request or recheck.
-func (g *Gateway) refill(r *turn) {
-	if g.queue != nil && r.queueWait > 0 && (r.placement == nil || !r.placement.placed) {
-		g.queue.Refill()
-	}
-}
+// Placed reports whether the queue placed the request (Place found it
+// room, and Route uses that plan).
+func (p *Placement) Placed() bool { return p != nil && p.placed }

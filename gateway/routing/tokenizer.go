@@ -1,4 +1,4 @@
-package gateway
+package routing
 
 import (
 	"bytes"
@@ -12,12 +12,14 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
 	lru "github.com/hashicorp/golang-lru/v2"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/tidwall/gjson"
 	"golang.org/x/sync/singleflight"
 
@@ -26,7 +28,7 @@ import (
 	"github.com/warmpath/warmpath/internal/backoff"
 )
 
-// tokenizer gets a prompt's token ids, after the chat template, from the
+// Tokenizer gets a prompt's token ids, after the chat template, from the
 // in-process tokenizer when there is one for the model (routing.tokenizer,
 // localtok.go), else from a POST /tokenize (vLLM serves it; so does the
 // simulator): the tokenizer service (routing.tokenize_url) first when
@@ -39,11 +41,11 @@ import (
 // 401/403, 405, 501) is not asked at all for a while that doubles with
 // each refusal (see tokenizeBackoff), which the log says once and
 // warmpath_tokenizer_backoff shows.
-type tokenizer struct {
+type Tokenizer struct {
 	client  *http.Client
 	cache   *tokenCache
 	calls   singleflight.Group // in-flight calls by body hash
-	m       *metrics
+	m       *tokMetrics
 	log     *slog.Logger
 	service string        // routing.tokenize_url, "" for none
 	next    atomic.Uint64 // rotates calls over replicas
@@ -58,8 +60,57 @@ type tokenizer struct {
 // backoff metric.
 const serviceTarget = "tokenize_url"
 
-func newTokenizer(client *http.Client, cacheBytes int64, m *metrics) *tokenizer {
-	return &tokenizer{client: client, cache: newTokenCache(cacheBytes), m: m, log: slog.New(slog.DiscardHandler)}
+// tokenizerOptions configure buildTokenizer.
+type tokenizerOptions struct {
+	// Client calls /tokenize (its Timeout bounds a call).
+	Client *http.Client
+	// CacheBytes bounds the cache of tokenized prompts
+	// (routing.tokenize_cache_bytes).
+	CacheBytes int64
+	// Service is the tokenizer service's base URL (routing.tokenize_url),
+	// "" for none.
+	Service string
+	// Local names the in-process tokenizer (routing.tokenizer: one of
+	// TokenizerReplicas, TokenizerSimulator, TokenizerHF) and Dirs each
+	// model's tokenizer files for TokenizerHF (routing.tokenizer_dirs);
+	// VerifyEvery is the sampled check's period
+	// (routing.tokenizer_verify_every).
+	Local       string
+	Dirs        map[string]string
+	VerifyEvery int
+	Logger      *slog.Logger
+	Registerer  prometheus.Registerer
+}
+
+// buildTokenizer builds the tokenizer and registers its metrics; it loads
+// the in-process tokenizer's files, failing when they do not load.
+func buildTokenizer(o tokenizerOptions) (*Tokenizer, error) {
+	lt, err := newLocalTokenizer(o.Local, o.Dirs)
+	if err != nil {
+		return nil, err
+	}
+	t := newTokenizer(o.Client, o.CacheBytes, newTokMetrics(o.Registerer))
+	t.service = strings.TrimRight(o.Service, "/")
+	if o.Logger != nil {
+		t.log = o.Logger
+	}
+	if lt != nil {
+		t.localTok = newLocalTokens(lt, o.VerifyEvery)
+	}
+	return t, nil
+}
+
+func newTokenizer(client *http.Client, cacheBytes int64, m *tokMetrics) *Tokenizer {
+	return &Tokenizer{client: client, cache: newTokenCache(cacheBytes), m: m, log: slog.New(slog.DiscardHandler)}
+}
+
+// Run runs the in-process tokenizer's checker until ctx ends; without
+// an in-process tokenizer it returns at once.
+func (t *Tokenizer) Run(ctx context.Context) error {
+	if t.localTok == nil {
+		return nil
+	}
+	return t.localTok.Run(ctx)
 }
 
 // tokenizeTarget is one place to tokenize at: a replica, or the tokenizer
@@ -79,26 +130,26 @@ const failMemory = 30 * time.Second
 
 // tokens returns r's prompt token ids, asking up to two of reps (healthy
 // replicas serving r's model) when they are not cached.
-func (t *tokenizer) tokens(ctx context.Context, r *request.R, reps []*fleet.Replica) ([]uint32, error) {
-	return t.start(ctx, r, reps).wait(ctx)
+func (t *Tokenizer) tokens(ctx context.Context, r *request.R, reps []*fleet.Replica) ([]uint32, error) {
+	return t.Start(ctx, r, reps).Wait(ctx)
 }
 
-// tokenCall is a tokenization under way: the ids, or the error, when they
+// TokenCall is a tokenization under way: the ids, or the error, when they
 // were known at once (a prompt of token ids, the cache), else the shared
 // call's result to come on ch.
-type tokenCall struct {
+type TokenCall struct {
 	ids []uint32
 	err error
 	ch  <-chan singleflight.Result
-	// source is where the ids come from (ids: the prompt is token ids;
+	// Source is where the ids come from (ids: the prompt is token ids;
 	// local: the in-process tokenizer; cache; replica: a /tokenize call),
-	// started when the call began: the trace's warmpath.tokenize span.
-	source  string
-	started time.Time
+	// Started when the call began: the trace's warmpath.tokenize span.
+	Source  string
+	Started time.Time
 }
 
-// wait returns the call's ids, waiting for them as long as ctx allows.
-func (c *tokenCall) wait(ctx context.Context) ([]uint32, error) {
+// Wait returns the call's ids, waiting for them as long as ctx allows.
+func (c *TokenCall) Wait(ctx context.Context) ([]uint32, error) {
 	if c.ch == nil {
 		return c.ids, c.err
 	}
@@ -116,35 +167,35 @@ func (c *tokenCall) wait(ctx context.Context) ([]uint32, error) {
 	}
 }
 
-// start begins tokens' work without waiting for the replica's answer.
-func (t *tokenizer) start(ctx context.Context, r *request.R, reps []*fleet.Replica) *tokenCall {
+// Start begins tokens' work without waiting for the replica's answer.
+func (t *Tokenizer) Start(ctx context.Context, r *request.R, reps []*fleet.Replica) *TokenCall {
 	started := time.Now()
 	c := t.begin(ctx, r, reps)
-	c.started = started
+	c.Started = started
 	return c
 }
 
 // begin is start's work.
-func (t *tokenizer) begin(ctx context.Context, r *request.R, reps []*fleet.Replica) *tokenCall {
+func (t *Tokenizer) begin(ctx context.Context, r *request.R, reps []*fleet.Replica) *TokenCall {
 	if ids, ok := r.PromptTokenIDs(); ok {
-		return &tokenCall{ids: ids, source: "ids"}
+		return &TokenCall{ids: ids, Source: "ids"}
 	}
 	if ids, ok := t.local(r, reps); ok {
-		return &tokenCall{ids: ids, source: "local"} // not cached: tokenizing again costs less than the memory
+		return &TokenCall{ids: ids, Source: "local"} // not cached: tokenizing again costs less than the memory
 	}
 	body := r.TokenizeBody()
 	if body == nil {
-		return &tokenCall{err: fmt.Errorf("gateway: prompt cannot be tokenized"), source: "none"}
+		return &TokenCall{err: fmt.Errorf("gateway: prompt cannot be tokenized"), Source: "none"}
 	}
 	key := xxhash.Sum64(body)
 	if ids, ok := t.cache.get(key); ok {
-		t.m.tokenizer.WithLabelValues("cached").Inc()
-		return &tokenCall{ids: ids, source: "cache"}
+		t.m.calls.WithLabelValues("cached").Inc()
+		return &TokenCall{ids: ids, Source: "cache"}
 	}
 	order := t.order(reps)
 	if len(order) == 0 {
-		t.m.tokenizer.WithLabelValues("unavailable").Inc()
-		return &tokenCall{err: errTokenizeUnavailable, source: "unavailable"}
+		t.m.calls.WithLabelValues("unavailable").Inc()
+		return &TokenCall{err: ErrTokenizeUnavailable, Source: "unavailable"}
 	}
 	// The shared call outlives any one caller's cancellation (the client's
 	// timeout still bounds it); each caller waits only as long as its own
@@ -152,24 +203,24 @@ func (t *tokenizer) begin(ctx context.Context, r *request.R, reps []*fleet.Repli
 	ch := t.calls.DoChan(strconv.FormatUint(key, 16), func() (any, error) {
 		ids, err := t.ask(context.WithoutCancel(ctx), order, body)
 		if err != nil {
-			t.m.tokenizer.WithLabelValues("error").Inc()
+			t.m.calls.WithLabelValues("error").Inc()
 			return nil, err
 		}
-		t.m.tokenizer.WithLabelValues("ok").Inc()
+		t.m.calls.WithLabelValues("ok").Inc()
 		t.cache.add(key, ids)
 		return ids, nil
 	})
-	return &tokenCall{ch: ch, source: "replica"}
+	return &TokenCall{ch: ch, Source: "replica"}
 }
 
-// errTokenizeUnavailable: every target is backed off (none has a usable
+// ErrTokenizeUnavailable: every target is backed off (none has a usable
 // /tokenize), so no call is made.
-var errTokenizeUnavailable = errors.New("gateway: no tokenizer available: every replica's /tokenize refused recently (see warmpath_tokenizer_backoff; set routing.tokenize_url)")
+var ErrTokenizeUnavailable = errors.New("gateway: no tokenizer available: every replica's /tokenize refused recently (see warmpath_tokenizer_backoff; set routing.tokenize_url)")
 
 // order lists the targets to ask: the tokenizer service, then reps
 // rotating, those without a recent failure first and the rest by how long
 // ago they failed; targets backed off are left out.
-func (t *tokenizer) order(reps []*fleet.Replica) []tokenizeTarget {
+func (t *Tokenizer) order(reps []*fleet.Replica) []tokenizeTarget {
 	now := time.Now()
 	start := int(t.next.Add(1))
 	var out, failed []tokenizeTarget
@@ -193,7 +244,7 @@ func (t *tokenizer) order(reps []*fleet.Replica) []tokenizeTarget {
 	return append(out, failed...)
 }
 
-func (t *tokenizer) lastFail(name string) int64 {
+func (t *Tokenizer) lastFail(name string) int64 {
 	if v, ok := t.fails.Load(name); ok {
 		return v.(*atomic.Int64).Load()
 	}
@@ -205,7 +256,7 @@ func (t *tokenizer) lastFail(name string) int64 {
 // for a while (failMemory); one without a usable /tokenize is backed off;
 // a replica that failed (not one that refused the prompt, or has no
 // /tokenize) is also reported to the fleet.
-func (t *tokenizer) ask(ctx context.Context, order []tokenizeTarget, body []byte) ([]uint32, error) {
+func (t *Tokenizer) ask(ctx context.Context, order []tokenizeTarget, body []byte) ([]uint32, error) {
 	err := errors.New("gateway: no replica to tokenize with")
 	failures := 0
 	for _, tg := range order {
@@ -260,7 +311,7 @@ type tokenizeBackoff struct {
 }
 
 // backedOff reports whether name is not to be asked at now.
-func (t *tokenizer) backedOff(name string, now time.Time) bool {
+func (t *Tokenizer) backedOff(name string, now time.Time) bool {
 	v, ok := t.backoff.Load(name)
 	if !ok {
 		return false
@@ -273,7 +324,7 @@ func (t *tokenizer) backedOff(name string, now time.Time) bool {
 
 // backOff starts or extends name's backoff after a refusal, logging the
 // first one (again only after an answer cleared it).
-func (t *tokenizer) backOff(name string, err error) {
+func (t *Tokenizer) backOff(name string, err error) {
 	v, _ := t.backoff.LoadOrStore(name, &tokenizeBackoff{bo: backoff.Backoff{Min: tokenizeBackoffMin, Max: tokenizeBackoffMax}})
 	b := v.(*tokenizeBackoff)
 	b.mu.Lock()
@@ -282,7 +333,7 @@ func (t *tokenizer) backOff(name string, err error) {
 	wait := b.bo.Next()
 	b.until = time.Now().Add(wait)
 	b.mu.Unlock()
-	t.m.tokBackoff.WithLabelValues(name).Set(1)
+	t.m.backoff.WithLabelValues(name).Set(1)
 	if first {
 		t.log.Warn("tokenizer: no usable /tokenize; not asking it for a while (doubling up to 10m); "+
 			"until one answers, prompts it would tokenize route without prefix information and with estimated lengths",
@@ -293,7 +344,7 @@ func (t *tokenizer) backOff(name string, err error) {
 }
 
 // succeeded clears name's backoff after an answer.
-func (t *tokenizer) succeeded(name string) {
+func (t *Tokenizer) succeeded(name string) {
 	v, ok := t.backoff.Load(name)
 	if !ok {
 		return
@@ -305,12 +356,12 @@ func (t *tokenizer) succeeded(name string) {
 	b.bo.Reset()
 	b.mu.Unlock()
 	if was {
-		t.m.tokBackoff.WithLabelValues(name).Set(0)
+		t.m.backoff.WithLabelValues(name).Set(0)
 		t.log.Info("tokenizer: /tokenize answers again", "target", name)
 	}
 }
 
-func (t *tokenizer) call(ctx context.Context, baseURL string, body []byte) ([]uint32, error) {
+func (t *Tokenizer) call(ctx context.Context, baseURL string, body []byte) ([]uint32, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL+"/tokenize", bytes.NewReader(body))
 	if err != nil {
 		return nil, fmt.Errorf("gateway: tokenize: %w", err)
