@@ -48,8 +48,9 @@ type Config struct {
 	KVEvents KVEventsConfig `yaml:"kv_events"`
 	// Routing chooses the policy and its knobs.
 	Routing RoutingConfig `yaml:"routing"`
-	// Health configures active health checks and metrics scraping.
-	Health HealthConfig `yaml:"health"`
+	// Health configures active health checks and metrics scraping (see
+	// fleet.HealthConfig).
+	Health fleet.HealthConfig `yaml:"health"`
 	// Server bounds what clients can hold of the HTTP server, and how it
 	// drains on SIGTERM.
 	Server ServerConfig `yaml:"server"`
@@ -268,16 +269,6 @@ type RoutingConfig struct {
 	TokenizerVerifyEvery int `yaml:"tokenizer_verify_every"`
 }
 
-// HealthConfig tunes active checks and metrics scraping. Zero fields take
-// the fleet's defaults (filled by fleet.New, see fleet.Config).
-type HealthConfig struct {
-	Interval       time.Duration `yaml:"interval"`        // default fleet.DefaultHealthInterval (1s)
-	Timeout        time.Duration `yaml:"timeout"`         // default fleet.DefaultHealthTimeout (1s)
-	Failures       int           `yaml:"failures"`        // default fleet.DefaultFailureThreshold (3)
-	ScrapeInterval time.Duration `yaml:"scrape_interval"` // default fleet.DefaultScrapeInterval (250ms)
-	StaleAfter     time.Duration `yaml:"stale_after"`     // default fleet.DefaultStaleAfter (1s)
-}
-
 // UpstreamConfig bounds every call the gateway makes to a replica. A call
 // that fails before the first byte reaches the client (refused, timed out,
 // or left hanging on a replica the health checks mark down) is reported to
@@ -411,6 +402,7 @@ func (c Config) withDefaults() Config {
 	def(&u.FirstByteTimeout, 10*time.Minute)
 	def(&u.IdleTimeout, 2*time.Minute)
 	def(&u.TokenizeTimeout, 2*time.Second)
+	c.Health = c.Health.WithDefaults()
 	c.Queue = c.Queue.WithDefaults()
 	if c.Sim.Replicas == 0 {
 		c.Sim.Replicas = 4
@@ -624,22 +616,19 @@ func (c *Config) validate() error {
 	}{
 		{"upstream.connect_timeout", c.Upstream.ConnectTimeout}, {"upstream.header_timeout", c.Upstream.HeaderTimeout},
 		{"upstream.first_byte_timeout", c.Upstream.FirstByteTimeout}, {"upstream.idle_timeout", c.Upstream.IdleTimeout},
-		{"upstream.tokenize_timeout", c.Upstream.TokenizeTimeout}, {"health.interval", c.Health.Interval},
+		{"upstream.tokenize_timeout", c.Upstream.TokenizeTimeout},
 		{"server.header_timeout", c.Server.HeaderTimeout}, {"server.body_timeout", c.Server.BodyTimeout},
 		{"server.idle_timeout", c.Server.IdleTimeout}, {"server.drain_timeout", c.Server.DrainTimeout},
-		{"health.timeout", c.Health.Timeout}, {"health.scrape_interval", c.Health.ScrapeInterval}, {"health.stale_after", c.Health.StaleAfter},
 	} {
 		if d.v < 0 {
 			bad(d.field, "%v is negative", d.v)
 		}
 	}
+	errs = append(errs, c.Health.Validate()...)
 	errs = append(errs, c.Queue.Validate()...)
 	errs = append(errs, c.Tracing.validate()...)
 	if c.Server.MaxHeaderBytes < 4096 {
 		bad("server.max_header_bytes", "%d is below 4096", c.Server.MaxHeaderBytes)
-	}
-	if c.Health.Failures < 0 {
-		bad("health.failures", "%d is negative", c.Health.Failures)
 	}
 	if c.Embedded() {
 		if c.Sim.Replicas < 1 || c.Sim.Replicas > 64 {

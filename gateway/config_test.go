@@ -32,7 +32,7 @@ func TestExampleConfig(t *testing.T) {
 	if got.Routing.MaxInflightPrefillTokens != def.Routing.MaxInflightPrefillTokens ||
 		got.Routing.SessionTTL != def.Routing.SessionTTL ||
 		got.Routing.SpeculativeTTL != def.Routing.SpeculativeTTL ||
-		got.Health != (HealthConfig{Interval: fleet.DefaultHealthInterval, Timeout: fleet.DefaultHealthTimeout,
+		got.Health != (fleet.HealthConfig{Interval: fleet.DefaultHealthInterval, Timeout: fleet.DefaultHealthTimeout,
 			Failures: fleet.DefaultFailureThreshold, ScrapeInterval: fleet.DefaultScrapeInterval, StaleAfter: fleet.DefaultStaleAfter}) ||
 		got.Redis.Timeout != def.Redis.Timeout ||
 		got.MaxBodyBytes != def.MaxBodyBytes ||
