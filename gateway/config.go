@@ -19,6 +19,7 @@ import (
 	"github.com/warmpath/warmpath/gateway/admission"
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/kvevents"
+	"github.com/warmpath/warmpath/responses"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/scoring/blockindex"
 	"github.com/warmpath/warmpath/tenancy"
@@ -59,8 +60,9 @@ type Config struct {
 	// Queue configures the admission queue: per-tenant fair queues in
 	// front of a saturated fleet (see admission.Config).
 	Queue admission.Config `yaml:"queue"`
-	// Responses tunes the Responses and Conversations API.
-	Responses ResponsesConfig `yaml:"responses"`
+	// Responses tunes the Responses and Conversations API (see
+	// responses.Config).
+	Responses responses.Config `yaml:"responses"`
 	// MaxBodyBytes bounds request bodies; default 32 MiB.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 	// Debug adds response headers naming the chosen replica and its score
@@ -404,6 +406,7 @@ func (c Config) withDefaults() Config {
 	def(&u.TokenizeTimeout, 2*time.Second)
 	c.Health = c.Health.WithDefaults()
 	c.Queue = c.Queue.WithDefaults()
+	c.Responses = c.Responses.WithDefaults()
 	if c.Sim.Replicas == 0 {
 		c.Sim.Replicas = 4
 	}
@@ -626,6 +629,7 @@ func (c *Config) validate() error {
 	}
 	errs = append(errs, c.Health.Validate()...)
 	errs = append(errs, c.Queue.Validate()...)
+	errs = append(errs, c.Responses.Validate()...)
 	errs = append(errs, c.Tracing.validate()...)
 	if c.Server.MaxHeaderBytes < 4096 {
 		bad("server.max_header_bytes", "%d is below 4096", c.Server.MaxHeaderBytes)
