@@ -19,6 +19,7 @@ import (
 	"github.com/warmpath/warmpath/gateway/admission"
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/kvevents"
+	"github.com/warmpath/warmpath/record"
 	"github.com/warmpath/warmpath/responses"
 	"github.com/warmpath/warmpath/scoring"
 	"github.com/warmpath/warmpath/scoring/blockindex"
@@ -84,8 +85,8 @@ type Config struct {
 	Tracing TracingConfig `yaml:"tracing"`
 	// Record writes each answered request as one JSON line for offline
 	// replay (warmpath analyze); off unless record.dir is set (see
-	// RecordConfig).
-	Record RecordConfig `yaml:"record"`
+	// record.Config).
+	Record record.Config `yaml:"record"`
 }
 
 // RedisConfig names a Redis deployment. Set URL for one server, Addrs with
@@ -407,6 +408,7 @@ func (c Config) withDefaults() Config {
 	c.Health = c.Health.WithDefaults()
 	c.Queue = c.Queue.WithDefaults()
 	c.Responses = c.Responses.WithDefaults()
+	c.Record = c.Record.WithDefaults()
 	if c.Sim.Replicas == 0 {
 		c.Sim.Replicas = 4
 	}
@@ -630,6 +632,7 @@ func (c *Config) validate() error {
 	errs = append(errs, c.Health.Validate()...)
 	errs = append(errs, c.Queue.Validate()...)
 	errs = append(errs, c.Responses.Validate()...)
+	errs = append(errs, c.Record.Validate()...)
 	errs = append(errs, c.Tracing.validate()...)
 	if c.Server.MaxHeaderBytes < 4096 {
 		bad("server.max_header_bytes", "%d is below 4096", c.Server.MaxHeaderBytes)

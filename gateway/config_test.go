@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/record"
 	"github.com/warmpath/warmpath/responses"
 	"github.com/warmpath/warmpath/scoring"
 )
@@ -134,6 +135,7 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 		{name: "bad kv usage", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Routing: RoutingConfig{Saturation: scoring.Saturation{MaxKVUsage: 2}}}, field: "routing.max_kv_usage"},
 		{name: "bad sim", cfg: Config{Sim: SimConfig{Replicas: 500}}, field: "sim.replicas"},
 		{name: "negative health failures", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Health: fleet.HealthConfig{Failures: -1}}, field: "health.failures"},
+		{name: "negative record keep", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Record: record.Config{Dir: "r", Keep: -1}}, field: "record.keep"},
 		{name: "negative responses ttl", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Responses: responses.Config{TTL: -1}}, field: "responses.ttl"},
 		{name: "rank 1 events on the replay port", cfg: Config{Replicas: []fleet.ReplicaSpec{{URL: "http://a:1", KVEndpoint: "tcp://a:5557",
 			ReplayEndpoint: "tcp://a:5558", DataParallelSize: 2}}}, field: "replicas[0].kv_replay: kvevents: with 2 data-parallel ranks"},
