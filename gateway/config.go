@@ -298,12 +298,28 @@ type UpstreamConfig struct {
 	TokenizeTimeout time.Duration `yaml:"tokenize_timeout"`
 }
 
-// SimConfig configures the embedded simulated fleet.
+// SimConfig configures the embedded simulated fleet (package vllmsim,
+// which the gateway does not import: warmpath serve builds the fleet).
 type SimConfig struct {
 	Replicas int     `yaml:"replicas"`  // default 4
 	Speed    float64 `yaml:"speed"`     // default 1
 	KVBlocks int     `yaml:"kv_blocks"` // each replica's KV cache in 16-token blocks; default the simulator's (19,208)
 	Model    string  `yaml:"model"`     // default qwen3-32b
+}
+
+// WithDefaults returns s with every zero field but KVBlocks (which the
+// simulator fills) at its default.
+func (s SimConfig) WithDefaults() SimConfig {
+	if s.Replicas == 0 {
+		s.Replicas = 4
+	}
+	if s.Speed == 0 {
+		s.Speed = 1
+	}
+	if s.Model == "" {
+		s.Model = "qwen3-32b"
+	}
+	return s
 }
 
 // Embedded reports whether the configuration names no fleet, so New starts
@@ -409,15 +425,8 @@ func (c Config) withDefaults() Config {
 	c.Queue = c.Queue.WithDefaults()
 	c.Responses = c.Responses.WithDefaults()
 	c.Record = c.Record.WithDefaults()
-	if c.Sim.Replicas == 0 {
-		c.Sim.Replicas = 4
-	}
-	if c.Sim.Speed == 0 {
-		c.Sim.Speed = 1
-	}
-	if c.Sim.Model == "" {
-		c.Sim.Model = "qwen3-32b"
-	}
+	c.Auth = c.Auth.WithDefaults()
+	c.Sim = c.Sim.WithDefaults()
 	return c
 }
 
