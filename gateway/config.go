@@ -10,7 +10,6 @@ import (
 	"net/url"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -18,7 +17,6 @@ import (
 
 	"github.com/warmpath/warmpath/gateway/admission"
 	"github.com/warmpath/warmpath/gateway/fleet"
-	"github.com/warmpath/warmpath/kvevents"
 	"github.com/warmpath/warmpath/record"
 	"github.com/warmpath/warmpath/responses"
 	"github.com/warmpath/warmpath/scoring"
@@ -430,63 +428,15 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// validateFleet checks every replica and discovery spec with the fleet's
-// own checks (fleet.CheckReplica, fleet.CheckDNS: base URLs without /v1,
-// ZMQ endpoints that can be dialled) and their port layouts
-// (kvevents.CheckPortLayout: the replay ports clear of every
-// data-parallel rank's KV-event port), each error naming its spec's field.
+// validateFleet checks the replicas: and discovery: specs with the
+// fleet's own checks (fleet.CheckSpecs), each error naming its spec's
+// field.
 func (c *Config) validateFleet() []error {
 	var errs []error
-	names := map[string]int{}
-	for i, r := range c.Replicas {
-		probe := r
-		if field, err := checkPorts(r); err != nil {
-			// Reported with CheckPortLayout's advice, not again by the fleet.
-			errs = append(errs, fmt.Errorf("config: replicas[%d].%s: %w", i, field, err))
-			probe.KVEndpoint, probe.ReplayEndpoint = "", ""
-		}
-		ns, err := fleet.CheckReplica(probe)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("config: replicas[%d].%w", i, err))
-			continue
-		}
-		if j, dup := names[ns.Name]; dup {
-			errs = append(errs, fmt.Errorf("config: replicas[%d].name: duplicate %q (also replicas[%d])", i, ns.Name, j))
-		}
-		names[ns.Name] = i
-	}
-	for i, d := range c.Discovery {
-		if err := checkDNSPorts(d); err != nil {
-			errs = append(errs, fmt.Errorf("config: discovery[%d].replay_port: %w", i, err))
-			d.ReplayPort = 0 // reported; not again by the fleet
-		}
-		if _, err := fleet.CheckDNS(d); err != nil {
-			for _, e := range fleet.Each(err) {
-				errs = append(errs, fmt.Errorf("config: discovery[%d].%w", i, e))
-			}
-		}
+	for _, err := range fleet.CheckSpecs(c.Replicas, c.Discovery) {
+		errs = append(errs, fmt.Errorf("config: %w", err))
 	}
 	return errs
-}
-
-// checkPorts checks a replica's port layout with kvevents.CheckPortLayout
-// and returns the field to blame: kv_events or kv_replay when a rank's
-// port is out of range, kv_replay when the ranks' ports overlap.
-func checkPorts(r fleet.ReplicaSpec) (string, error) {
-	n := max(r.DataParallelSize, 1)
-	if err := kvevents.CheckPortLayout(r.KVEndpoint, "", n); err != nil {
-		return "kv_events", err
-	}
-	return "kv_replay", kvevents.CheckPortLayout(r.KVEndpoint, r.ReplayEndpoint, n)
-}
-
-// checkDNSPorts checks a discovery spec's port layout as every pod it
-// finds will have it.
-func checkDNSPorts(d fleet.DNSSpec) error {
-	if d.KVPort <= 0 || d.ReplayPort <= 0 || d.DataParallelSize < 0 {
-		return nil // a missing port, or a range error CheckDNS reports
-	}
-	return kvevents.CheckPortLayout("tcp://pod:"+strconv.Itoa(d.KVPort), "tcp://pod:"+strconv.Itoa(d.ReplayPort), max(d.DataParallelSize, 1))
 }
 
 // kvRanks is the number of data-parallel ranks the central topology binds
