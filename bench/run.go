@@ -542,7 +542,7 @@ func runGateway(ctx context.Context, cfg Config, policy string, urls, kv, replay
 	wall := func(d time.Duration) time.Duration {
 		return max(5*time.Millisecond, time.Duration(float64(d)/cfg.Speed))
 	}
-	gc.Health = gateway.HealthConfig{Interval: wall(time.Second), Timeout: 2 * time.Second, Failures: 3,
+	gc.Health = fleet.HealthConfig{Interval: wall(time.Second), Timeout: 2 * time.Second, Failures: 3,
 		ScrapeInterval: wall(250 * time.Millisecond), StaleAfter: 2 * time.Second}
 	gc.Routing.SpeculativeTTL = wall(2 * time.Second)
 	// The in-process Redis answers in microseconds unless the host stalls;

@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
@@ -18,7 +17,8 @@ import (
 	"github.com/warmpath/warmpath/gateway/admission"
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/gateway/routing"
-	"github.com/warmpath/warmpath/kvevents"
+	"github.com/warmpath/warmpath/record"
+	"github.com/warmpath/warmpath/responses"
 	"github.com/warmpath/warmpath/tenancy"
 )
 
@@ -46,8 +46,9 @@ type Config struct {
 	KVEvents KVEventsConfig `yaml:"kv_events"`
 	// Routing chooses the policy and its knobs (see routing.Config).
 	Routing routing.Config `yaml:"routing"`
-	// Health configures active health checks and metrics scraping.
-	Health HealthConfig `yaml:"health"`
+	// Health configures active health checks and metrics scraping (see
+	// fleet.HealthConfig).
+	Health fleet.HealthConfig `yaml:"health"`
 	// Server bounds what clients can hold of the HTTP server, and how it
 	// drains on SIGTERM.
 	Server ServerConfig `yaml:"server"`
@@ -56,8 +57,9 @@ type Config struct {
 	// Queue configures the admission queue: per-tenant fair queues in
 	// front of a saturated fleet (see admission.Config).
 	Queue admission.Config `yaml:"queue"`
-	// Responses tunes the Responses and Conversations API.
-	Responses ResponsesConfig `yaml:"responses"`
+	// Responses tunes the Responses and Conversations API (see
+	// responses.Config).
+	Responses responses.Config `yaml:"responses"`
 	// MaxBodyBytes bounds request bodies; default 32 MiB.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 	// Debug adds response headers naming the chosen replica and its score
@@ -79,8 +81,8 @@ type Config struct {
 	Tracing TracingConfig `yaml:"tracing"`
 	// Record writes each answered request as one JSON line for offline
 	// replay (warmpath analyze); off unless record.dir is set (see
-	// RecordConfig).
-	Record RecordConfig `yaml:"record"`
+	// record.Config).
+	Record record.Config `yaml:"record"`
 }
 
 // RedisConfig names a Redis deployment. Set URL for one server, Addrs with
@@ -160,16 +162,6 @@ const (
 	TokenizerHF        = routing.TokenizerHF
 )
 
-// HealthConfig tunes active checks and metrics scraping. Zero fields take
-// the fleet's defaults (filled by fleet.New, see fleet.Config).
-type HealthConfig struct {
-	Interval       time.Duration `yaml:"interval"`        // default fleet.DefaultHealthInterval (1s)
-	Timeout        time.Duration `yaml:"timeout"`         // default fleet.DefaultHealthTimeout (1s)
-	Failures       int           `yaml:"failures"`        // default fleet.DefaultFailureThreshold (3)
-	ScrapeInterval time.Duration `yaml:"scrape_interval"` // default fleet.DefaultScrapeInterval (250ms)
-	StaleAfter     time.Duration `yaml:"stale_after"`     // default fleet.DefaultStaleAfter (1s)
-}
-
 // UpstreamConfig bounds every call the gateway makes to a replica. A call
 // that fails before the first byte reaches the client (refused, timed out,
 // or left hanging on a replica the health checks mark down) is reported to
@@ -196,12 +188,28 @@ type UpstreamConfig struct {
 	TokenizeTimeout time.Duration `yaml:"tokenize_timeout"`
 }
 
-// SimConfig configures the embedded simulated fleet.
+// SimConfig configures the embedded simulated fleet (package vllmsim,
+// which the gateway does not import: warmpath serve builds the fleet).
 type SimConfig struct {
 	Replicas int     `yaml:"replicas"`  // default 4
 	Speed    float64 `yaml:"speed"`     // default 1
 	KVBlocks int     `yaml:"kv_blocks"` // each replica's KV cache in 16-token blocks; default the simulator's (19,208)
 	Model    string  `yaml:"model"`     // default qwen3-32b
+}
+
+// WithDefaults returns s with every zero field but KVBlocks (which the
+// simulator fills) at its default.
+func (s SimConfig) WithDefaults() SimConfig {
+	if s.Replicas == 0 {
+		s.Replicas = 4
+	}
+	if s.Speed == 0 {
+		s.Speed = 1
+	}
+	if s.Model == "" {
+		s.Model = "qwen3-32b"
+	}
+	return s
 }
 
 // Embedded reports whether the configuration names no fleet, so New starts
@@ -280,76 +288,24 @@ func (c Config) withDefaults() Config {
 	def(&u.FirstByteTimeout, 10*time.Minute)
 	def(&u.IdleTimeout, 2*time.Minute)
 	def(&u.TokenizeTimeout, 2*time.Second)
+	c.Health = c.Health.WithDefaults()
 	c.Queue = c.Queue.WithDefaults()
-	if c.Sim.Replicas == 0 {
-		c.Sim.Replicas = 4
-	}
-	if c.Sim.Speed == 0 {
-		c.Sim.Speed = 1
-	}
-	if c.Sim.Model == "" {
-		c.Sim.Model = "qwen3-32b"
-	}
+	c.Responses = c.Responses.WithDefaults()
+	c.Record = c.Record.WithDefaults()
+	c.Auth = c.Auth.WithDefaults()
+	c.Sim = c.Sim.WithDefaults()
 	return c
 }
 
-// validateFleet checks every replica and discovery spec with the fleet's
-// own checks (fleet.CheckReplica, fleet.CheckDNS: base URLs without /v1,
-// ZMQ endpoints that can be dialled) and their port layouts
-// (kvevents.CheckPortLayout: the replay ports clear of every
-// data-parallel rank's KV-event port), each error naming its spec's field.
+// validateFleet checks the replicas: and discovery: specs with the
+// fleet's own checks (fleet.CheckSpecs), each error naming its spec's
+// field.
 func (c *Config) validateFleet() []error {
 	var errs []error
-	names := map[string]int{}
-	for i, r := range c.Replicas {
-		probe := r
-		if field, err := checkPorts(r); err != nil {
-			// Reported with CheckPortLayout's advice, not again by the fleet.
-			errs = append(errs, fmt.Errorf("config: replicas[%d].%s: %w", i, field, err))
-			probe.KVEndpoint, probe.ReplayEndpoint = "", ""
-		}
-		ns, err := fleet.CheckReplica(probe)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("config: replicas[%d].%w", i, err))
-			continue
-		}
-		if j, dup := names[ns.Name]; dup {
-			errs = append(errs, fmt.Errorf("config: replicas[%d].name: duplicate %q (also replicas[%d])", i, ns.Name, j))
-		}
-		names[ns.Name] = i
-	}
-	for i, d := range c.Discovery {
-		if err := checkDNSPorts(d); err != nil {
-			errs = append(errs, fmt.Errorf("config: discovery[%d].replay_port: %w", i, err))
-			d.ReplayPort = 0 // reported; not again by the fleet
-		}
-		if _, err := fleet.CheckDNS(d); err != nil {
-			for _, e := range fleet.Each(err) {
-				errs = append(errs, fmt.Errorf("config: discovery[%d].%w", i, e))
-			}
-		}
+	for _, err := range fleet.CheckSpecs(c.Replicas, c.Discovery) {
+		errs = append(errs, fmt.Errorf("config: %w", err))
 	}
 	return errs
-}
-
-// checkPorts checks a replica's port layout with kvevents.CheckPortLayout
-// and returns the field to blame: kv_events or kv_replay when a rank's
-// port is out of range, kv_replay when the ranks' ports overlap.
-func checkPorts(r fleet.ReplicaSpec) (string, error) {
-	n := max(r.DataParallelSize, 1)
-	if err := kvevents.CheckPortLayout(r.KVEndpoint, "", n); err != nil {
-		return "kv_events", err
-	}
-	return "kv_replay", kvevents.CheckPortLayout(r.KVEndpoint, r.ReplayEndpoint, n)
-}
-
-// checkDNSPorts checks a discovery spec's port layout as every pod it
-// finds will have it.
-func checkDNSPorts(d fleet.DNSSpec) error {
-	if d.KVPort <= 0 || d.ReplayPort <= 0 || d.DataParallelSize < 0 {
-		return nil // a missing port, or a range error CheckDNS reports
-	}
-	return kvevents.CheckPortLayout("tcp://pod:"+strconv.Itoa(d.KVPort), "tcp://pod:"+strconv.Itoa(d.ReplayPort), max(d.DataParallelSize, 1))
 }
 
 // kvRanks is the number of data-parallel ranks the central topology binds
@@ -451,22 +407,21 @@ func (c *Config) validate() error {
 	}{
 		{"upstream.connect_timeout", c.Upstream.ConnectTimeout}, {"upstream.header_timeout", c.Upstream.HeaderTimeout},
 		{"upstream.first_byte_timeout", c.Upstream.FirstByteTimeout}, {"upstream.idle_timeout", c.Upstream.IdleTimeout},
-		{"upstream.tokenize_timeout", c.Upstream.TokenizeTimeout}, {"health.interval", c.Health.Interval},
+		{"upstream.tokenize_timeout", c.Upstream.TokenizeTimeout},
 		{"server.header_timeout", c.Server.HeaderTimeout}, {"server.body_timeout", c.Server.BodyTimeout},
 		{"server.idle_timeout", c.Server.IdleTimeout}, {"server.drain_timeout", c.Server.DrainTimeout},
-		{"health.timeout", c.Health.Timeout}, {"health.scrape_interval", c.Health.ScrapeInterval}, {"health.stale_after", c.Health.StaleAfter},
 	} {
 		if d.v < 0 {
 			bad(d.field, "%v is negative", d.v)
 		}
 	}
+	errs = append(errs, c.Health.Validate()...)
 	errs = append(errs, c.Queue.Validate()...)
+	errs = append(errs, c.Responses.Validate()...)
+	errs = append(errs, c.Record.Validate()...)
 	errs = append(errs, c.Tracing.validate()...)
 	if c.Server.MaxHeaderBytes < 4096 {
 		bad("server.max_header_bytes", "%d is below 4096", c.Server.MaxHeaderBytes)
-	}
-	if c.Health.Failures < 0 {
-		bad("health.failures", "%d is negative", c.Health.Failures)
 	}
 	if c.Embedded() {
 		if c.Sim.Replicas < 1 || c.Sim.Replicas > 64 {

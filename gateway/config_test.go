@@ -11,6 +11,8 @@ import (
 
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/gateway/routing"
+	"github.com/warmpath/warmpath/record"
+	"github.com/warmpath/warmpath/responses"
 	"github.com/warmpath/warmpath/scoring"
 )
 
@@ -33,7 +35,7 @@ func TestExampleConfig(t *testing.T) {
 	if got.Routing.MaxInflightPrefillTokens != def.Routing.MaxInflightPrefillTokens ||
 		got.Routing.SessionTTL != def.Routing.SessionTTL ||
 		got.Routing.SpeculativeTTL != def.Routing.SpeculativeTTL ||
-		got.Health != (HealthConfig{Interval: fleet.DefaultHealthInterval, Timeout: fleet.DefaultHealthTimeout,
+		got.Health != (fleet.HealthConfig{Interval: fleet.DefaultHealthInterval, Timeout: fleet.DefaultHealthTimeout,
 			Failures: fleet.DefaultFailureThreshold, ScrapeInterval: fleet.DefaultScrapeInterval, StaleAfter: fleet.DefaultStaleAfter}) ||
 		got.Redis.Timeout != def.Redis.Timeout ||
 		got.MaxBodyBytes != def.MaxBodyBytes ||
@@ -133,6 +135,9 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 		{name: "bad block size", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Routing: routing.Config{BlockSize: -1}}, field: "routing.block_size"},
 		{name: "bad kv usage", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Routing: routing.Config{Saturation: scoring.Saturation{MaxKVUsage: 2}}}, field: "routing.max_kv_usage"},
 		{name: "bad sim", cfg: Config{Sim: SimConfig{Replicas: 500}}, field: "sim.replicas"},
+		{name: "negative health failures", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Health: fleet.HealthConfig{Failures: -1}}, field: "health.failures"},
+		{name: "negative record keep", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Record: record.Config{Dir: "r", Keep: -1}}, field: "record.keep"},
+		{name: "negative responses ttl", cfg: Config{Replicas: []fleet.ReplicaSpec{good}, Responses: responses.Config{TTL: -1}}, field: "responses.ttl"},
 		{name: "rank 1 events on the replay port", cfg: Config{Replicas: []fleet.ReplicaSpec{{URL: "http://a:1", KVEndpoint: "tcp://a:5557",
 			ReplayEndpoint: "tcp://a:5558", DataParallelSize: 2}}}, field: "replicas[0].kv_replay: kvevents: with 2 data-parallel ranks"},
 		{name: "ranks past the last port", cfg: Config{Replicas: []fleet.ReplicaSpec{{URL: "http://a:1", KVEndpoint: "tcp://a:65535",

@@ -6,6 +6,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -71,13 +72,26 @@ func fieldDocs(t *testing.T, pkg string, cache map[string]map[string]map[string]
 	return docs
 }
 
+// dynamicDefaults are the fields whose default is not one value but is
+// chosen as serve runs, with what it depends on for the Default column
+// (the field's doc comment states the rule). No value is repeated here:
+// the others' defaults come from Config.withDefaults, which calls each
+// block's own WithDefaults.
+var dynamicDefaults = map[string]string{
+	"routing.binding_write_spacing": "whether other gateways are seen",
+	"tracing.protocol":              "the OpenTelemetry variables",
+	"tracing.sample_ratio":          "the OpenTelemetry variables",
+	"sim.kv_blocks":                 "the simulator's profile",
+}
+
 // configFields writes the reference of every configuration field: its yaml
 // path, its value after defaults are filled (Config.withDefaults; blank
-// when zero, or filled by the owning package's validation), its
-// environment variable and the doc comment of the Go field behind it.
+// when zero, or what a dynamic default depends on), its environment
+// variable and the doc comment of the Go field behind it.
 func configFields(t *testing.T) []byte {
 	t.Helper()
-	def := reflect.ValueOf(servedDefaults())
+	def := reflect.ValueOf(Config{}.withDefaults())
+	dynamic := maps.Clone(dynamicDefaults)
 	root := reflect.TypeFor[Config]()
 	cache := map[string]map[string]map[string]string{}
 	var b bytes.Buffer
@@ -93,19 +107,20 @@ func configFields(t *testing.T) []byte {
 		if doc == "" {
 			t.Errorf("%s (%s.%s) has no doc comment", ev.Path, parent.Name(), field.Name)
 		}
-		fmt.Fprintf(&b, "| `%s` | %s | `%s` | %s |\n", ev.Path, defaultCell(def.FieldByIndex(ev.index)), ev.Name, escapeCell(doc))
+		cell := defaultCell(def.FieldByIndex(ev.index))
+		if why, ok := dynamic[ev.Path]; ok {
+			if cell != "" {
+				t.Errorf("%s has the static default %s but is listed in dynamicDefaults", ev.Path, cell)
+			}
+			cell = "dynamic: " + why
+			delete(dynamic, ev.Path)
+		}
+		fmt.Fprintf(&b, "| `%s` | %s | `%s` | %s |\n", ev.Path, cell, ev.Name, escapeCell(doc))
+	}
+	for path := range dynamic {
+		t.Errorf("dynamicDefaults names %s, which is no configuration field", path)
 	}
 	return b.Bytes()
-}
-
-// servedDefaults is the configuration serve runs with when the file sets
-// nothing: Config.withDefaults, then tenancy's own defaults of the auth:
-// block (the fleet fills health:'s while it normalizes its replicas; their
-// comments name them).
-func servedDefaults() Config {
-	d := Config{}.withDefaults()
-	d.Auth = d.Auth.WithDefaults()
-	return d
 }
 
 // defaultCell shows a filled-in default, or nothing for a zero value.
@@ -127,10 +142,11 @@ const configFieldsHead = `# Configuration fields
      go test ./gateway -run TestConfigFieldsReference -update -->
 
 Every field of the YAML file, in the order of the configuration types: its
-path, the value ` + "`serve`" + ` fills in when the file leaves it unset (blank
-where the default is zero or is filled by the package that owns the field,
-whose comment then names it), its [environment variable](environment.md),
-and the doc comment of the Go field that holds it. How the pieces fit:
+path, the value ` + "`serve`" + ` fills in when the file leaves it unset (each
+block's own defaults; blank where the default is zero; "dynamic: " and
+what it depends on where serve chooses it as it runs, by the rule the
+field's comment states), its [environment variable](environment.md), and the doc
+comment of the Go field that holds it. How the pieces fit:
 [configuration](configuration.md).
 
 `

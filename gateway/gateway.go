@@ -279,26 +279,23 @@ func (g *Gateway) MetricsAddr() string {
 	return g.Addr()
 }
 
-// fleetConfig translates the configuration into the fleet's: the replica
-// and discovery specs are passed as decoded, the fleet fills its defaults.
+// fleetConfig is the fleet's configuration: the replica and discovery
+// specs as decoded, the health: block as it is, and the fleet's
+// dependencies.
 func (c *Config) fleetConfig(o Options, log *slog.Logger, reg prometheus.Registerer) fleet.Config {
 	var header http.Header
 	if o.UpstreamAPIKey != "" {
 		header = http.Header{"Authorization": {"Bearer " + o.UpstreamAPIKey}}
 	}
 	return fleet.Config{
-		Replicas:         c.Replicas,
-		Discovery:        c.Discovery,
-		HealthInterval:   c.Health.Interval,
-		HealthTimeout:    c.Health.Timeout,
-		FailureThreshold: c.Health.Failures,
-		ScrapeInterval:   c.Health.ScrapeInterval,
-		StaleAfter:       c.Health.StaleAfter,
-		Saturation:       c.Routing.Saturation,
-		Header:           header,
-		Logger:           log.With("component", "fleet"),
-		Registerer:       reg,
-		Resolver:         o.Resolver,
+		Replicas:   c.Replicas,
+		Discovery:  c.Discovery,
+		Health:     c.Health,
+		Saturation: c.Routing.Saturation,
+		Header:     header,
+		Logger:     log.With("component", "fleet"),
+		Registerer: reg,
+		Resolver:   o.Resolver,
 	}
 }
 

@@ -54,7 +54,7 @@ func fleetConfig(f *vllmsim.Fleet) Config {
 	// start); a test that sets DevKey clears the mode for keys.
 	c.Auth.Mode = tenancy.ModeNone
 	c.Server.PreStop = -1 // no balancer in front of a test gateway
-	c.Health = HealthConfig{Interval: 50 * time.Millisecond, Timeout: 500 * time.Millisecond, Failures: 2, ScrapeInterval: 50 * time.Millisecond, StaleAfter: 2 * time.Second}
+	c.Health = fleet.HealthConfig{Interval: 50 * time.Millisecond, Timeout: 500 * time.Millisecond, Failures: 2, ScrapeInterval: 50 * time.Millisecond, StaleAfter: 2 * time.Second}
 	return c
 }
 

@@ -39,7 +39,7 @@ func TestQueuedRequestFollowsMembership(t *testing.T) {
 	cfg.Server.PreStop = -1
 	cfg.Debug = true
 	cfg.Discovery = []fleet.DNSSpec{{Name: "vllm.test", Port: port, Interval: 20 * time.Millisecond}}
-	cfg.Health = HealthConfig{Interval: 50 * time.Millisecond, Timeout: 500 * time.Millisecond, Failures: 2, ScrapeInterval: 50 * time.Millisecond, StaleAfter: 2 * time.Second}
+	cfg.Health = fleet.HealthConfig{Interval: 50 * time.Millisecond, Timeout: 500 * time.Millisecond, Failures: 2, ScrapeInterval: 50 * time.Millisecond, StaleAfter: 2 * time.Second}
 	cfg.Queue.Saturation = admission.Saturation{EngineWaiting: 1, MaxRunning: 1}
 	cfg.Queue.RecheckInterval = 20 * time.Millisecond
 	rdb := redisFor(t, &cfg)

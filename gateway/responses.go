@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"net/http"
-	"time"
 
 	"github.com/warmpath/warmpath/gateway/request"
 	"github.com/warmpath/warmpath/internal/apierror"
@@ -13,25 +12,6 @@ import (
 	"github.com/warmpath/warmpath/tenancy"
 )
 
-// ResponsesConfig tunes the Responses and Conversations API (package
-// responses). Zero fields take that package's defaults, stated here.
-type ResponsesConfig struct {
-	// TTL is how long a stored response and its items live after its
-	// chain was last continued; default 30 days.
-	TTL time.Duration `yaml:"ttl"`
-	// ConversationTTL is how long a conversation lives after its last
-	// use; default 30 days.
-	ConversationTTL time.Duration `yaml:"conversation_ttl"`
-	// EventTTL keeps a background response's event buffer for replays;
-	// default 24h.
-	EventTTL time.Duration `yaml:"event_ttl"`
-	// TurnTimeout bounds one turn, request to last chunk; default 10m.
-	TurnTimeout time.Duration `yaml:"turn_timeout"`
-	// BackgroundWorkers is how many background responses this gateway
-	// runs at once; default 4.
-	BackgroundWorkers int `yaml:"background_workers"`
-}
-
 // newResponses builds the Responses API over the gateway's routed client.
 // It needs Redis (its state is shared by every gateway); without one it is
 // off and its routes answer 404.
@@ -40,21 +20,16 @@ func (g *Gateway) newResponses() (*responses.Service, error) {
 		g.log.Info("responses: no Redis configured; /v1/responses and /v1/conversations are off")
 		return nil, nil
 	}
-	rc := g.cfg.Responses
 	return responses.New(responses.Options{
-		Redis:             g.rdb,
-		KeyPrefix:         g.cfg.Redis.KeyPrefix,
-		Tenant:            tenantOf,
-		TTL:               rc.TTL,
-		ConversationTTL:   rc.ConversationTTL,
-		EventTTL:          rc.EventTTL,
-		TurnTimeout:       rc.TurnTimeout,
-		BackgroundWorkers: rc.BackgroundWorkers,
-		MaxBodyBytes:      g.cfg.MaxBodyBytes,
-		Models:            g.fleet.Models,
-		Tokenize:          g.countTokens,
-		Logger:            g.log.With("component", "responses"),
-		Registerer:        g.wrapped,
+		Redis:        g.rdb,
+		KeyPrefix:    g.cfg.Redis.KeyPrefix,
+		Tenant:       tenantOf,
+		Config:       g.cfg.Responses,
+		MaxBodyBytes: g.cfg.MaxBodyBytes,
+		Models:       g.fleet.Models,
+		Tokenize:     g.countTokens,
+		Logger:       g.log.With("component", "responses"),
+		Registerer:   g.wrapped,
 	}, frontChat{g})
 }
 

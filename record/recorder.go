@@ -19,37 +19,6 @@ import (
 	"time"
 )
 
-// Defaults of Config.
-const (
-	DefaultMaxFileBytes = 64 << 20
-	DefaultKeep         = 8
-	DefaultQueue        = 4096
-)
-
-// Config configures a Recorder. Dir is required; every other field has a
-// default.
-type Config struct {
-	// Dir is the folder the files are written to; Run creates it.
-	Dir string
-	// MaxFileBytes caps a file's size: a line that would pass it starts a
-	// new file (a single longer line gets a file of its own). Default
-	// DefaultMaxFileBytes (64 MiB).
-	MaxFileBytes int64
-	// Keep is how many files are kept, the current one included; older
-	// ones are deleted. Default DefaultKeep.
-	Keep int
-	// Queue is how many entries may wait for the writer; more are
-	// dropped. Default DefaultQueue.
-	Queue int
-	// Key keys the hashes of tenant and session ids (HMAC-SHA-256), so
-	// that nobody without it can tell which tenant a line belongs to;
-	// with no key they are plain SHA-256 hashes, which a guessed name
-	// can be checked against.
-	Key []byte
-	// Log receives write errors; nil discards them.
-	Log *slog.Logger
-}
-
 // Entry is one routed request.
 type Entry struct {
 	// Time is when the request was routed; files keep milliseconds.

@@ -30,22 +30,9 @@ type Options struct {
 	// Tenant returns the authenticated tenant of a request's context;
 	// every stored record is scoped by it. nil means single-tenant: "".
 	Tenant func(ctx context.Context) string
-	// TTL is how long a response (and its items) lives after its chain was
-	// last continued; default 30 days.
-	TTL time.Duration
-	// ConversationTTL is how long a conversation and its items live after
-	// their last use; default 30 days. (OpenAI keeps conversations without
-	// a TTL; a shared Redis needs a bound.)
-	ConversationTTL time.Duration
-	// EventTTL is how long a background response's event buffer is kept
-	// after its last event, for GET ?stream=true replays; default 24h.
-	EventTTL time.Duration
-	// TurnTimeout bounds one upstream turn, from the request to the last
-	// chunk; default 10 minutes.
-	TurnTimeout time.Duration
-	// BackgroundWorkers is how many background responses one Service runs
-	// at once; default 4.
-	BackgroundWorkers int
+	// Config holds the tunables of the responses: block (TTLs, the turn
+	// timeout, background workers); zero fields take its defaults.
+	Config
 	// LeaseTTL is how long a background run's lease (and a conversation
 	// lock) lasts without renewal; it is renewed every LeaseTTL/3. A run
 	// whose lease lapses is marked failed by any Service's sweeper.
@@ -68,7 +55,7 @@ type Options struct {
 	Now func() time.Time
 }
 
-// Defaults of Options.
+// Defaults of Config and Options.
 const (
 	DefaultTTL               = 30 * 24 * time.Hour
 	DefaultEventTTL          = 24 * time.Hour
@@ -85,11 +72,7 @@ func (o *Options) fill() error {
 	if o.Tenant == nil {
 		o.Tenant = func(context.Context) string { return "" }
 	}
-	o.TTL = orDefault(o.TTL, DefaultTTL)
-	o.ConversationTTL = orDefault(o.ConversationTTL, DefaultTTL)
-	o.EventTTL = orDefault(o.EventTTL, DefaultEventTTL)
-	o.TurnTimeout = orDefault(o.TurnTimeout, DefaultTurnTimeout)
-	o.BackgroundWorkers = orDefault(o.BackgroundWorkers, DefaultBackgroundWorkers)
+	o.Config = o.Config.WithDefaults()
 	o.LeaseTTL = orDefault(o.LeaseTTL, DefaultLeaseTTL)
 	o.MaxBodyBytes = orDefault(o.MaxBodyBytes, DefaultMaxBodyBytes)
 	if o.Logger == nil {

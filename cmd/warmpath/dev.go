@@ -27,13 +27,7 @@ type devStack struct {
 // store and points cfg at that; a configured Redis is left as it is. The
 // fleet serves once run is called.
 func startDev(cfg *gateway.Config, log *slog.Logger) (*devStack, error) {
-	sc := cfg.Sim
-	if sc.Replicas == 0 {
-		sc.Replicas = 4
-	}
-	if sc.Model == "" {
-		sc.Model = "qwen3-32b"
-	}
+	sc := cfg.Sim.WithDefaults()
 	var mr *miniredis.Miniredis
 	if cfg.Redis.URL == "" && len(cfg.Redis.Addrs) == 0 {
 		mr = miniredis.NewMiniRedis()

@@ -20,12 +20,12 @@ import (
 // Defaults applied by [New] to zero-valued [Config] and [DNSSpec] fields
 // (the saturation thresholds' are [scoring.Saturation]'s).
 const (
-	DefaultHealthInterval    = time.Second            // Config.HealthInterval
-	DefaultHealthTimeout     = time.Second            // Config.HealthTimeout
-	DefaultFailureThreshold  = 3                      // Config.FailureThreshold
+	DefaultHealthInterval    = time.Second            // HealthConfig.Interval
+	DefaultHealthTimeout     = time.Second            // HealthConfig.Timeout
+	DefaultFailureThreshold  = 3                      // HealthConfig.Failures
 	DefaultRecoveryThreshold = 2                      // Config.RecoveryThreshold
-	DefaultScrapeInterval    = 250 * time.Millisecond // Config.ScrapeInterval
-	DefaultStaleAfter        = time.Second            // Config.StaleAfter (and ScrapeTimeout)
+	DefaultScrapeInterval    = 250 * time.Millisecond // HealthConfig.ScrapeInterval
+	DefaultStaleAfter        = time.Second            // HealthConfig.StaleAfter (and Config.ScrapeTimeout)
 	DefaultModelsInterval    = 30 * time.Second       // Config.ModelsInterval
 	DefaultDNSInterval       = 10 * time.Second       // DNSSpec.Interval
 )
@@ -140,6 +140,61 @@ type DNSSpec struct {
 	Interval time.Duration `yaml:"interval"`
 }
 
+// HealthConfig tunes the active health checks and the metrics scrapes
+// (health: in the gateway's configuration file). Zero fields take the
+// defaults ([HealthConfig.WithDefaults]); negative ones are errors.
+type HealthConfig struct {
+	// Interval is the period of active GET /health checks; default 1s.
+	Interval time.Duration `yaml:"interval"`
+	// Timeout bounds one health check, and one GET /v1/models; default
+	// 1s.
+	Timeout time.Duration `yaml:"timeout"`
+	// Failures is the number of consecutive failures, active or passive,
+	// after which a healthy replica becomes unhealthy; default 3.
+	Failures int `yaml:"failures"`
+	// ScrapeInterval is the period of GET /metrics scrapes; default
+	// 250ms.
+	ScrapeInterval time.Duration `yaml:"scrape_interval"`
+	// StaleAfter is the age beyond which a replica's metrics are stale
+	// (stale metrics make it count as saturated), and the bound of one
+	// scrape; default 1s.
+	StaleAfter time.Duration `yaml:"stale_after"`
+}
+
+// WithDefaults returns h with every zero field at its default.
+func (h HealthConfig) WithDefaults() HealthConfig {
+	for _, d := range []struct {
+		p   *time.Duration
+		def time.Duration
+	}{{&h.Interval, DefaultHealthInterval}, {&h.Timeout, DefaultHealthTimeout}, {&h.ScrapeInterval, DefaultScrapeInterval}, {&h.StaleAfter, DefaultStaleAfter}} {
+		if *d.p == 0 {
+			*d.p = d.def
+		}
+	}
+	if h.Failures == 0 {
+		h.Failures = DefaultFailureThreshold
+	}
+	return h
+}
+
+// Validate checks h; its errors name the field by its yaml path
+// (health.interval, …).
+func (h HealthConfig) Validate() []error {
+	var errs []error
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{{"interval", h.Interval}, {"timeout", h.Timeout}, {"scrape_interval", h.ScrapeInterval}, {"stale_after", h.StaleAfter}} {
+		if d.v < 0 {
+			errs = append(errs, fmt.Errorf("config: health.%s: %v is negative", d.field, d.v))
+		}
+	}
+	if h.Failures < 0 {
+		errs = append(errs, fmt.Errorf("config: health.failures: %d is negative", h.Failures))
+	}
+	return errs
+}
+
 // Resolver resolves host names; *net.Resolver satisfies it.
 type Resolver interface {
 	// LookupHost returns the addresses of host.
@@ -157,27 +212,16 @@ type Config struct {
 	// replica's (or an earlier DNS spec's) is skipped.
 	Discovery []DNSSpec
 
-	// HealthInterval is the period of active GET /health checks.
-	// Default: 1s.
-	HealthInterval time.Duration
-	// HealthTimeout bounds one health check, and one GET /v1/models.
-	// Default: 1s.
-	HealthTimeout time.Duration
-	// FailureThreshold is the number of consecutive failures, active or
-	// passive, after which a healthy replica becomes unhealthy. Default: 3.
-	FailureThreshold int
+	// Health tunes the active checks and the metrics scrapes; zero
+	// fields take its defaults (see [HealthConfig]).
+	Health HealthConfig
 	// RecoveryThreshold is the number of consecutive successful active
 	// checks after which an unhealthy replica becomes healthy again.
 	// Default: 2. A replica that has never been healthy becomes healthy on
 	// its first successful check.
 	RecoveryThreshold int
-	// ScrapeInterval is the period of GET /metrics scrapes. Default: 250ms.
-	ScrapeInterval time.Duration
-	// ScrapeTimeout bounds one scrape. Default: StaleAfter.
+	// ScrapeTimeout bounds one scrape. Default: Health.StaleAfter.
 	ScrapeTimeout time.Duration
-	// StaleAfter is the age beyond which a replica's metrics are stale;
-	// stale metrics make it count as saturated. Default: 1s.
-	StaleAfter time.Duration
 	// ModelsInterval is how often replicas without a configured Model are
 	// asked GET /v1/models (also on becoming healthy). Default: 30s.
 	ModelsInterval time.Duration
@@ -229,10 +273,10 @@ func (c Config) normalize() (Config, error) {
 		d    *time.Duration
 		def  time.Duration
 	}{
-		{"healthInterval", &c.HealthInterval, DefaultHealthInterval},
-		{"healthTimeout", &c.HealthTimeout, DefaultHealthTimeout},
-		{"scrapeInterval", &c.ScrapeInterval, DefaultScrapeInterval},
-		{"staleAfter", &c.StaleAfter, DefaultStaleAfter},
+		{"healthInterval", &c.Health.Interval, DefaultHealthInterval},
+		{"healthTimeout", &c.Health.Timeout, DefaultHealthTimeout},
+		{"scrapeInterval", &c.Health.ScrapeInterval, DefaultScrapeInterval},
+		{"staleAfter", &c.Health.StaleAfter, DefaultStaleAfter},
 		{"modelsInterval", &c.ModelsInterval, DefaultModelsInterval},
 		{"scrapeTimeout", &c.ScrapeTimeout, 0}, // defaulted below
 	}
@@ -245,14 +289,14 @@ func (c Config) normalize() (Config, error) {
 		}
 	}
 	if c.ScrapeTimeout == 0 {
-		c.ScrapeTimeout = c.StaleAfter
+		c.ScrapeTimeout = c.Health.StaleAfter
 	}
 	ints := []struct {
 		name string
 		v    *int
 		def  int
 	}{
-		{"failureThreshold", &c.FailureThreshold, DefaultFailureThreshold},
+		{"failureThreshold", &c.Health.Failures, DefaultFailureThreshold},
 		{"recoveryThreshold", &c.RecoveryThreshold, DefaultRecoveryThreshold},
 	}
 	for _, i := range ints {

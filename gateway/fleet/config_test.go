@@ -54,8 +54,8 @@ var validationTests = []struct {
 	{"static dp ports overlap", Config{Replicas: []ReplicaSpec{{URL: "http://a:1", KVEndpoint: "tcp://a:5557", ReplayEndpoint: "tcp://a:5558", DataParallelSize: 2}}}, "fleet: replicas[0].kv_replay: "},
 	{"dns scheme", Config{Discovery: []DNSSpec{{Name: "a", Port: 1, Scheme: "grpc"}}}, "fleet: discovery[0].scheme: "},
 	{"dns interval", Config{Discovery: []DNSSpec{{Name: "a", Port: 1, Interval: -time.Second}}}, "fleet: discovery[0].interval: "},
-	{"negative health interval", Config{Replicas: []ReplicaSpec{{URL: "http://a:1"}}, HealthInterval: -1}, "fleet: healthInterval: "},
-	{"negative threshold", Config{Replicas: []ReplicaSpec{{URL: "http://a:1"}}, FailureThreshold: -1}, "fleet: failureThreshold: "},
+	{"negative health interval", Config{Replicas: []ReplicaSpec{{URL: "http://a:1"}}, Health: HealthConfig{Interval: -1}}, "fleet: healthInterval: "},
+	{"negative threshold", Config{Replicas: []ReplicaSpec{{URL: "http://a:1"}}, Health: HealthConfig{Failures: -1}}, "fleet: failureThreshold: "},
 }
 
 func TestNewValidation(t *testing.T) {
@@ -78,6 +78,32 @@ func TestNewValidation(t *testing.T) {
 	}
 }
 
+// HealthConfig's own defaults are the ones New fills, a set field is
+// kept, and Validate names each negative field by its yaml path.
+func TestHealthConfig(t *testing.T) {
+	want := HealthConfig{Interval: DefaultHealthInterval, Timeout: DefaultHealthTimeout, Failures: DefaultFailureThreshold,
+		ScrapeInterval: DefaultScrapeInterval, StaleAfter: DefaultStaleAfter}
+	if got := (HealthConfig{}).WithDefaults(); got != want {
+		t.Errorf("WithDefaults() = %+v; want %+v", got, want)
+	}
+	if got := (HealthConfig{Failures: 7}).WithDefaults().Failures; got != 7 {
+		t.Errorf("WithDefaults kept failures %d; want 7", got)
+	}
+	errs := HealthConfig{Interval: -1, Timeout: -1, Failures: -1, ScrapeInterval: -1, StaleAfter: -1}.Validate()
+	var got []string
+	for _, err := range errs {
+		got = append(got, err.Error())
+	}
+	for _, field := range []string{"health.interval", "health.timeout", "health.failures", "health.scrape_interval", "health.stale_after"} {
+		if !strings.Contains(strings.Join(got, "\n"), "config: "+field+":") {
+			t.Errorf("Validate() = %q; want an error naming %s", got, field)
+		}
+	}
+	if errs := want.Validate(); errs != nil {
+		t.Errorf("defaults: Validate() = %v; want none", errs)
+	}
+}
+
 func TestNewDefaults(t *testing.T) {
 	f, err := New(Config{Replicas: []ReplicaSpec{
 		{URL: "http://10.0.0.7:8000/"},
@@ -88,9 +114,9 @@ func TestNewDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := f.cfg
-	if c.HealthInterval != DefaultHealthInterval || c.HealthTimeout != DefaultHealthTimeout ||
-		c.FailureThreshold != DefaultFailureThreshold || c.RecoveryThreshold != DefaultRecoveryThreshold ||
-		c.ScrapeInterval != DefaultScrapeInterval || c.StaleAfter != DefaultStaleAfter ||
+	health := HealthConfig{Interval: DefaultHealthInterval, Timeout: DefaultHealthTimeout, Failures: DefaultFailureThreshold,
+		ScrapeInterval: DefaultScrapeInterval, StaleAfter: DefaultStaleAfter}
+	if c.Health != health || c.RecoveryThreshold != DefaultRecoveryThreshold ||
 		c.ScrapeTimeout != DefaultStaleAfter || c.ModelsInterval != DefaultModelsInterval {
 		t.Errorf("defaults not applied: %+v", c)
 	}

@@ -16,11 +16,11 @@
 // [New] validates the configuration and starts nothing. [Fleet.Run] owns
 // every goroutine and blocks until its context is done:
 //
-//   - per replica, a health goroutine (GET /health every HealthInterval,
+//   - per replica, a health goroutine (GET /health every Health.Interval,
 //     and GET /v1/models when the spec names no model: on becoming healthy
 //     and every ModelsInterval; when it names one, once on becoming
 //     healthy, to warn if the replica does not serve it) and a scrape
-//     goroutine (GET /metrics every ScrapeInterval);
+//     goroutine (GET /metrics every Health.ScrapeInterval);
 //   - per DNS spec, a goroutine that resolves the name at once and then
 //     every Interval.
 //
@@ -66,7 +66,7 @@
 // receives no traffic until a health check succeeds. Then:
 //
 //	pending   --first successful active check-------------------> healthy
-//	healthy   --FailureThreshold consecutive failures------------> unhealthy
+//	healthy   --Health.Failures consecutive failures-------------> unhealthy
 //	unhealthy --RecoveryThreshold consecutive active successes---> healthy
 //
 // Failures are active (GET /health error, timeout or non-200) or passive
@@ -81,7 +81,7 @@
 //
 // Scrapes are independent of health: a failed scrape keeps the previous
 // numbers and records ScrapeErr, and once the last success is older than
-// StaleAfter the replica counts as saturated (reason "stale") rather than
+// Health.StaleAfter the replica counts as saturated (reason "stale") rather than
 // unhealthy. [Replica.Saturated] also reports "waiting", "kv" and
 // "inflight" against the [Saturation] thresholds.
 //

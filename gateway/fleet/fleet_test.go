@@ -128,13 +128,15 @@ func (v *fakeVLLM) spec(model string) ReplicaSpec { return ReplicaSpec{URL: v.UR
 // fastConfig returns a config with short intervals for tests.
 func fastConfig(specs ...ReplicaSpec) Config {
 	return Config{
-		Replicas:          specs,
-		HealthInterval:    5 * time.Millisecond,
-		HealthTimeout:     time.Second,
-		ScrapeInterval:    5 * time.Millisecond,
+		Replicas: specs,
+		Health: HealthConfig{
+			Interval:       5 * time.Millisecond,
+			Timeout:        time.Second,
+			ScrapeInterval: 5 * time.Millisecond,
+			StaleAfter:     time.Hour, // no staleness unless a test wants it
+			Failures:       2,
+		},
 		ScrapeTimeout:     time.Second,
-		StaleAfter:        time.Hour, // no staleness unless a test wants it
-		FailureThreshold:  2,
 		RecoveryThreshold: 2,
 	}
 }
@@ -228,7 +230,7 @@ func TestHealthUnreachable(t *testing.T) {
 func TestPassiveFailure(t *testing.T) {
 	v := newFakeVLLM(t)
 	cfg := fastConfig(v.spec("m"))
-	cfg.HealthInterval = time.Hour // one check at start, then only passive reports
+	cfg.Health.Interval = time.Hour // one check at start, then only passive reports
 	f := startFleet(t, cfg)
 	r := f.Snapshot().Replicas[0]
 	testrun.Eventually(t, 10*time.Second, func() bool { return r.State().Healthy }, "healthy")
@@ -315,7 +317,7 @@ func TestStaleMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	cfg := fastConfig(v.spec("m"))
 	cfg.Now = clock.Now
-	cfg.StaleAfter = time.Second
+	cfg.Health.StaleAfter = time.Second
 	cfg.Registerer = reg
 	f := startFleet(t, cfg)
 	r := f.Snapshot().Replicas[0]
@@ -411,8 +413,8 @@ func TestDNSMembership(t *testing.T) {
 	res.set([]string{"127.0.0.2", "127.0.0.3"}, nil)
 	reg := prometheus.NewRegistry()
 	cfg := fastConfig(ReplicaSpec{Name: "static", URL: "http://127.0.0.1:1"})
-	cfg.HealthInterval = time.Hour // members are unreachable; keep probing down
-	cfg.ScrapeInterval = time.Hour
+	cfg.Health.Interval = time.Hour // members are unreachable; keep probing down
+	cfg.Health.ScrapeInterval = time.Hour
 	// Port 1 on loopback: nothing listens, so probes fail fast.
 	cfg.Discovery = []DNSSpec{{Name: "vllm.test", Port: 1, KVPort: 5557, ReplayPort: 5558, Interval: 2 * time.Millisecond}}
 	cfg.Resolver = res
@@ -481,7 +483,7 @@ func TestDNSMergeWithStatic(t *testing.T) {
 	res := &fakeResolver{}
 	res.set([]string{"127.0.0.1", "127.0.0.2", "not-an-ip", "::ffff:127.0.0.5"}, nil)
 	cfg := fastConfig(ReplicaSpec{URL: "http://127.0.0.1:1", Model: "static-model"})
-	cfg.HealthInterval, cfg.ScrapeInterval = time.Hour, time.Hour
+	cfg.Health.Interval, cfg.Health.ScrapeInterval = time.Hour, time.Hour
 	cfg.Discovery = []DNSSpec{
 		{Name: "vllm.test", Port: 1, Interval: time.Hour},
 		{Name: "vllm.test", Port: 1, Interval: time.Hour, Model: "shadowed"}, // same members: first spec wins

@@ -67,7 +67,7 @@ func drain(body io.ReadCloser) {
 
 // checkHealth runs one GET /health. A nil error means healthy.
 func (p *prober) checkHealth(ctx context.Context) error {
-	resp, cancel, err := p.get(ctx, "/health", p.r.cfg.HealthTimeout, "")
+	resp, cancel, err := p.get(ctx, "/health", p.r.cfg.Health.Timeout, "")
 	if err != nil {
 		return fmt.Errorf("GET /health: %w", err)
 	}
@@ -81,7 +81,7 @@ func (p *prober) checkHealth(ctx context.Context) error {
 
 // discoverModels runs one GET /v1/models.
 func (p *prober) discoverModels(ctx context.Context) ([]string, error) {
-	resp, cancel, err := p.get(ctx, "/v1/models", p.r.cfg.HealthTimeout, "application/json")
+	resp, cancel, err := p.get(ctx, "/v1/models", p.r.cfg.Health.Timeout, "application/json")
 	if err != nil {
 		return nil, fmt.Errorf("GET /v1/models: %w", err)
 	}
@@ -181,16 +181,16 @@ func (p *prober) scrapeOnce(ctx context.Context, sc *scraper, query string) (eng
 	return m, nil
 }
 
-// healthLoop checks health every HealthInterval until ctx is done, and
+// healthLoop checks health every Health.Interval until ctx is done, and
 // discovers models when the spec names none: on becoming healthy and then
 // every ModelsInterval (counted in health ticks) while healthy. When the
 // spec names one, it checks on becoming healthy that the replica serves it
 // (verifyModel).
 func (p *prober) healthLoop(ctx context.Context) {
 	cfg := p.r.cfg
-	t := time.NewTicker(cfg.HealthInterval)
+	t := time.NewTicker(cfg.Health.Interval)
 	defer t.Stop()
-	modelsEvery := max(1, int(cfg.ModelsInterval/cfg.HealthInterval))
+	modelsEvery := max(1, int(cfg.ModelsInterval/cfg.Health.Interval))
 	ticks := 0 // healthy ticks since the last successful model discovery
 	needModels := p.r.Spec.Model == ""
 	modelsFailing := false // for log de-duplication
@@ -237,9 +237,9 @@ func (p *prober) healthLoop(ctx context.Context) {
 	}
 }
 
-// scrapeLoop scrapes metrics every ScrapeInterval until ctx is done.
+// scrapeLoop scrapes metrics every Health.ScrapeInterval until ctx is done.
 func (p *prober) scrapeLoop(ctx context.Context) {
-	t := time.NewTicker(p.r.cfg.ScrapeInterval)
+	t := time.NewTicker(p.r.cfg.Health.ScrapeInterval)
 	defer t.Stop()
 	sc := &scraper{br: bufio.NewReaderSize(nil, metricsBufSize)}
 	for {

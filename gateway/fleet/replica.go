@@ -18,7 +18,7 @@ import (
 // two, then the load thresholds' (see [scoring.Saturation.Judge]).
 const (
 	ReasonUnhealthy = "unhealthy" // not healthy (or never checked successfully)
-	ReasonStale     = "stale"     // no successful scrape within StaleAfter
+	ReasonStale     = "stale"     // no successful scrape within Health.StaleAfter
 	ReasonWaiting   = scoring.SaturatedWaiting
 	ReasonKV        = scoring.SaturatedKV
 	ReasonInflight  = scoring.SaturatedInflight
@@ -228,7 +228,7 @@ func (r *Replica) update(fn func(*State)) *State {
 
 // ReportFailure records a failed request (a dial error, a 5xx from the
 // engine, a broken stream). Consecutive failures, counted together with
-// failed active checks, make the replica unhealthy at FailureThreshold; only
+// failed active checks, make the replica unhealthy at Health.Failures; only
 // active checks make it healthy again. Errors matching context.Canceled are
 // ignored: a client that goes away is not the replica's fault. A nil err
 // counts as an unspecified failure. It is ReportFailureOf a call that
@@ -244,7 +244,7 @@ func (r *Replica) ReportFailure(err error) { r.ReportFailureOf(time.Now(), err) 
 // /tokenize timing out together). So a failure counts only if its call
 // began after the last failure that counted was reported; a replica that
 // keeps failing what is sent to it after a failure still reaches
-// FailureThreshold.
+// Health.Failures.
 func (r *Replica) ReportFailureOf(began time.Time, err error) {
 	if errors.Is(err, context.Canceled) {
 		return
@@ -263,7 +263,7 @@ func (r *Replica) ReportFailureOf(began time.Time, err error) {
 }
 
 // Failing reports whether the replica's last call or health check failed
-// (consecutive failures, below FailureThreshold or not): it may be going
+// (consecutive failures, below Health.Failures or not): it may be going
 // down, and what it was running may have failed rather than finished. A
 // successful request or health check clears it. It does not block.
 func (r *Replica) Failing() bool { return r.anyFailed.Load() }
@@ -322,7 +322,7 @@ func (r *Replica) failLocked(reason string, now time.Time) {
 	r.passes = 0
 	r.anyFailed.Store(true)
 	s := r.State()
-	flip := s.Healthy && r.fails >= r.conf().FailureThreshold
+	flip := s.Healthy && r.fails >= r.conf().Health.Failures
 	r.update(func(s *State) {
 		if !now.IsZero() {
 			s.LastCheck = now
@@ -338,7 +338,7 @@ func (r *Replica) failLocked(reason string, now time.Time) {
 		}
 		r.toUnhealthy.Add(1)
 		r.logger().Warn("fleet: replica unhealthy", "reason", reason, "failures", r.fails)
-	case !r.everHealthy && r.fails == r.conf().FailureThreshold:
+	case !r.everHealthy && r.fails == r.conf().Health.Failures:
 		r.logger().Warn("fleet: replica not answering yet", "reason", reason, "failures", r.fails)
 	}
 }
@@ -411,9 +411,8 @@ func (r *Replica) setModels(models []string) {
 // zeroReplicaConfig serves a Replica built outside New (a zero Replica in a
 // test). It is never modified.
 var zeroReplicaConfig = Config{
-	FailureThreshold:  DefaultFailureThreshold,
+	Health:            HealthConfig{Failures: DefaultFailureThreshold, StaleAfter: DefaultStaleAfter},
 	RecoveryThreshold: DefaultRecoveryThreshold,
-	StaleAfter:        DefaultStaleAfter,
 	Saturation:        scoring.Saturation{}.WithDefaults(),
 }
 
@@ -437,12 +436,12 @@ func (r *Replica) logger() *slog.Logger {
 // saturation returns the thresholds and staleness limit in force.
 func (r *Replica) saturation() (scoring.Saturation, time.Duration) {
 	c := r.conf()
-	return c.Saturation, c.StaleAfter
+	return c.Saturation, c.Health.StaleAfter
 }
 
 // Saturated reports whether the replica should take no more affinity
 // (sticky or prefix-driven) traffic at time now, and why: "unhealthy",
-// "stale" (no successful scrape within StaleAfter, or none yet), or one of
+// "stale" (no successful scrape within Health.StaleAfter, or none yet), or one of
 // the load thresholds' reasons ([scoring.Saturation.Judge]: queue, KV use,
 // in-flight prefill). It does not block.
 func (r *Replica) Saturated(now time.Time) (bool, string) {

@@ -119,7 +119,7 @@ func TestHealthStateMachine(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := testReplica(t, func(c *Config) { c.FailureThreshold, c.RecoveryThreshold = tt.fail, tt.recov })
+			r := testReplica(t, func(c *Config) { c.Health.Failures, c.RecoveryThreshold = tt.fail, tt.recov })
 			now := time.Unix(1000, 0)
 			for i, step := range tt.steps {
 				now = now.Add(time.Second)
@@ -150,7 +150,7 @@ func TestHealthStateMachine(t *testing.T) {
 }
 
 func TestHealthReason(t *testing.T) {
-	r := testReplica(t, func(c *Config) { c.FailureThreshold = 2 })
+	r := testReplica(t, func(c *Config) { c.Health.Failures = 2 })
 	if got := r.State().HealthReason; got != reasonPending {
 		t.Errorf("initial reason = %q; want %q", got, reasonPending)
 	}
