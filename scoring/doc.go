@@ -71,7 +71,7 @@
 //	cost        = TTFT + Others + Future − Replication
 //	Others      = (P − M) × perToken × (1 + ArrivalRate × (TTFT − Overhead) + GatewayBehind + B ÷ N)
 //	B           = Backlog − Σ (GatewayAhead + GatewayBehind)   waiting with no replica chosen
-//	Future      = remaining turns × P(gap > life) × P × perToken
+//	Future      = (1 − (1 − P(gap > life))^remaining turns) × P × perToken
 //	life        = (1 − KVUsage) × CacheTokens ÷ UncachedRate
 //	Replication = Sharers × max(0, held − as)     on a replica holding less than H
 //
@@ -84,11 +84,12 @@
 // of Input.Backlog over the N available replicas: the queue drains at the
 // replicas' pace, so a second of one replica's time delays each by 1 ÷ N
 // of it). Future
-// is what the conversation's next turns pay for being placed there: an LRU
-// cache that admits UncachedRate tokens a second forgets an unused prefix
-// after life seconds, and each turn still to come
+// is what the conversation's later turns pay for being placed there: an
+// LRU cache that admits UncachedRate tokens a second forgets an unused
+// prefix after life seconds, and the first turn still to come
 // ([SessionStats.Remaining]) whose gap exceeds it ([SessionStats.Survival])
-// prefills the whole prompt again. Together they are the cache-placement
+// prefills the whole prompt again; routing then places the conversation
+// anew, so a placement costs at most one such re-prefill. Together they are the cache-placement
 // term: a cache hit shrinks both this request's prefill and what it costs
 // others, so at low load a conversation stays where its prefix is unless
 // another replica is faster by more than twice what the prefix costs to

@@ -285,17 +285,24 @@ func (c *Cost) others(l load, e Estimate, backlog float64) float64 {
 	return float64(e.UncachedTokens) * c.perToken(l) * (1 + l.rate*max(0, e.TTFT-c.Overhead) + max(0, backlog) + l.behind)
 }
 
-// future is what the conversation's next turns are expected to pay for
-// being placed on a replica under load l: each of the turns still to come
-// (SessionStats.Remaining) finds its prefix evicted when the gap before it
-// outlasts the replica's cache (SessionStats.Survival of the prefix's
-// life there), and then prefills the whole prompt again:
+// future is what the conversation's later turns are expected to pay for
+// being placed on a replica under load l. A placement lasts until the
+// conversation's prefix is evicted there: a turn whose gap outlasts the
+// replica's cache (SessionStats.Survival of the prefix's life there)
+// prefills the whole prompt again, and routing then places the
+// conversation anew, so one placement costs at most one such re-prefill.
+// Over the turns still to come (SessionStats.Remaining):
 //
-//	Future = remaining turns × P(gap > life) × prompt × perToken
+//	Future = (1 − (1 − P(gap > life))^remaining turns) × prompt × perToken
 //
-// A replica whose cache churns (many tokens admitted per second for its
-// size) is a poor home for a conversation that will pause; one with room
-// keeps it.
+// A replica whose cache churns is a poorer home for a conversation that
+// will pause, but for a long conversation every replica's chance of one
+// eviction nears 1, and today's churn no longer tells them apart. Pricing
+// each remaining turn's eviction (remaining × P(gap > life)) instead
+// counted the re-prefills of placements routing would have made after
+// the first, and let a momentary difference in churn between two
+// replicas outweigh the whole prefix a conversation abandons by moving
+// (docs/benchmarks/log/2026-12-07-agentic-real-model.md).
 func (c *Cost) future(l load, st *SessionStats, turn int, prompt float64) float64 {
 	if st == nil || math.IsInf(l.life, 1) {
 		return 0
@@ -304,7 +311,7 @@ func (c *Cost) future(l load, st *SessionStats, turn int, prompt float64) float6
 	if r <= 0 {
 		return 0
 	}
-	return r * st.Survival(l.life) * prompt * c.perToken(l)
+	return (1 - math.Pow(1-st.Survival(l.life), r)) * prompt * c.perToken(l)
 }
 
 // replication is what a copy of a shared prefix on a replica saves the

@@ -124,7 +124,7 @@ func TestAdmitBound(t *testing.T) {
 }
 
 // The cache-placement term: the fleet's share and the queue's share of
-// the request's prefill, and its next turns' expected re-prefill.
+// the request's prefill, and its conversation's expected re-prefill.
 func TestPlacementTerms(t *testing.T) {
 	c := DefaultCost()
 	l := load{rate: 2, life: math.Inf(1)}
@@ -148,8 +148,28 @@ func TestPlacementTerms(t *testing.T) {
 		t.Error("a cache nothing churns still costs the future")
 	}
 	l.life = 10 // every gap (100 s) outlasts it
-	if got, want := c.future(l, &st, 1, 5000), 3*5000*pt; math.Abs(got-want) > 0.01*want {
-		t.Errorf("future = %v; want 3 turns × 5000 tokens × perToken = %v", got, want)
+	// Three turns remain and each would find the prefix gone, but the
+	// placement ends at the first: one re-prefill.
+	if got, want := c.future(l, &st, 1, 5000), 5000*pt; math.Abs(got-want) > 0.01*want {
+		t.Errorf("future = %v; want one re-prefill, 5000 tokens × perToken = %v", got, want)
+	}
+	// Half the gaps outlast the cache: the placement survives three turns
+	// with probability 1/8.
+	var half SessionStats
+	for range 100 {
+		half.ObserveTurn(1)
+		half.ObserveTurn(2)
+		half.ObserveTurn(3)
+		half.ObserveTurn(4)
+		half.ObserveGap(1)
+		half.ObserveGap(100)
+	}
+	s, r := half.Survival(10), half.Remaining(1)
+	if math.Abs(s-0.5) > 0.05 || math.Abs(r-3) > 0.1 {
+		t.Fatalf("survival %v, remaining %v; want 0.5 and 3", s, r)
+	}
+	if got, want := c.future(l, &half, 1, 5000), (1-math.Pow(1-s, r))*5000*pt; math.Abs(got-want) > 0.01*want || got > 0.9*5000*pt {
+		t.Errorf("future = %v; want P(an eviction in %v turns) = %v of a re-prefill, %v", got, r, 1-math.Pow(1-s, r), want)
 	}
 	if got := c.future(l, &st, 4, 5000); got != 0 {
 		t.Errorf("future at the last turn seen = %v; want 0", got)
