@@ -319,6 +319,32 @@ func testStoreUpdateLocalThenFlush(t *testing.T, tp *redistest.Topology) {
 	}
 }
 
+// An update made within the millisecond of the write it follows (a turn
+// that ends right after its binding was published) is still what this
+// process's lookups see: Redis keeps the stamp to the millisecond, and
+// the update is stamped after it.
+func TestStoreUpdateLocalSameMillisecond(t *testing.T) {
+	redistest.Each(t, testStoreUpdateLocalSameMillisecond)
+}
+
+func testStoreUpdateLocalSameMillisecond(t *testing.T, tp *redistest.Topology) {
+	rdb, prefix := tp.Client(t)
+	ctx := context.Background()
+	clock := time.UnixMilli(1_800_000_000_000).Add(300 * time.Microsecond)
+	s := NewStore(rdb, Options{Prefix: prefix, Now: func() time.Time { return clock }})
+	if _, err := s.Remember(ctx, "k", bind("r1", 3), false); err != nil {
+		t.Fatal(err)
+	}
+	clock = clock.Add(200 * time.Microsecond) // the same millisecond
+	b, changed := s.UpdateLocal("k", bind("r1", 3), func(b *Binding) bool { b.CachedTokens = 832; return true })
+	if !changed || b.Updated.UnixMilli() <= clock.UnixMilli() {
+		t.Fatalf("update stamped %v (changed %v); want after the millisecond of %v", b.Updated, changed, clock)
+	}
+	if b, _, _ := s.Lookup(ctx, "k"); b.CachedTokens != 832 {
+		t.Errorf("own lookup before the flush: cached %d; want the update's 832", b.CachedTokens)
+	}
+}
+
 // Concurrent first turns of one session on several gateways agree on one
 // replica.
 func TestStoreFirstWriterWins(t *testing.T) { redistest.Each(t, testStoreFirstWriterWins) }

@@ -339,9 +339,20 @@ func (s *Store) UpdateLocal(key string, base Binding, fn func(*Binding) bool) (B
 	if !fn(&b) {
 		return b, false
 	}
-	b.Updated = s.opts.Now()
+	b.Updated = later(s.opts.Now(), b.Updated)
 	s.rememberUnchecked(key, b)
 	return b, true
+}
+
+// later stamps an update of a binding last written at prev: now, but at
+// least a millisecond after prev, so that a lookup tells the update from
+// the write it follows even when both fall within one millisecond (Redis
+// keeps the stamp to the millisecond; see newer).
+func later(now, prev time.Time) time.Time {
+	if floor := prev.Truncate(time.Millisecond).Add(time.Millisecond); now.Before(floor) {
+		return floor
+	}
+	return now
 }
 
 // Flush writes this process's latest copy of the session's binding to
