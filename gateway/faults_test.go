@@ -185,7 +185,7 @@ func TestHungReplicaReleasesRequests(t *testing.T) {
 	sim := startSim(t, vllmsim.Config{Replicas: 4})
 	cfg := fleetConfig(sim)
 	cfg.Debug = true
-	cfg.Upstream = UpstreamConfig{HeaderTimeout: time.Hour, TokenizeTimeout: 300 * time.Millisecond}
+	cfg.Upstream = proxy.Config{HeaderTimeout: time.Hour, TokenizeTimeout: 300 * time.Millisecond}
 	rdb := redisFor(t, &cfg)
 	gw := startGateway(t, cfg, rdb)
 
@@ -254,7 +254,7 @@ func TestHungReplicaReleasesRequests(t *testing.T) {
 func TestStalledStreamEndsWithErrorEvent(t *testing.T) {
 	sim := startSim(t, vllmsim.Config{Replicas: 1, Speed: 1, StreamInterval: 20 * time.Millisecond})
 	cfg := fleetConfig(sim)
-	cfg.Upstream = UpstreamConfig{IdleTimeout: 300 * time.Millisecond}
+	cfg.Upstream = proxy.Config{IdleTimeout: 300 * time.Millisecond}
 	rdb := redisFor(t, &cfg)
 	gw := startGateway(t, cfg, rdb)
 

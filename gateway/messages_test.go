@@ -14,6 +14,7 @@ import (
 
 	"github.com/tidwall/gjson"
 
+	"github.com/warmpath/warmpath/gateway/proxy"
 	"github.com/warmpath/warmpath/internal/testrun"
 	"github.com/warmpath/warmpath/misses"
 	"github.com/warmpath/warmpath/scoring"
@@ -406,7 +407,7 @@ func TestMessagesTenancy(t *testing.T) {
 func TestMessagesUpstreamFailsMidStream(t *testing.T) {
 	sim := startSim(t, vllmsim.Config{Replicas: 1, Speed: 1, StreamInterval: 20 * time.Millisecond})
 	cfg := fleetConfig(sim)
-	cfg.Upstream = UpstreamConfig{IdleTimeout: 300 * time.Millisecond, HeaderTimeout: 300 * time.Millisecond}
+	cfg.Upstream = proxy.Config{IdleTimeout: 300 * time.Millisecond, HeaderTimeout: 300 * time.Millisecond}
 	rdb := redisFor(t, &cfg)
 	gw := startGateway(t, cfg, rdb)
 	body := `{"model":"qwen3-32b","max_tokens":400,"stream":%t,"messages":[{"role":"user","content":"` + words("cut", 30) + `"}]}`
