@@ -20,6 +20,7 @@ import (
 	"github.com/warmpath/warmpath/anthropic"
 	"github.com/warmpath/warmpath/gateway/admission"
 	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/gateway/proxy"
 	"github.com/warmpath/warmpath/gateway/routing"
 	"github.com/warmpath/warmpath/kvevents"
 	"github.com/warmpath/warmpath/record"
@@ -61,34 +62,33 @@ type Options struct {
 // Gateway is a running warmpath gateway: an OpenAI-compatible HTTP edge over
 // a vLLM fleet. Build one with New, then call Run.
 type Gateway struct {
-	cfg         Config
-	log         *slog.Logger
-	reg         *prometheus.Registry
-	m           *metrics
-	kvm         *kvevents.Metrics
-	fleet       *fleet.Fleet
-	router      *routing.Router // the routing stage: policy, indexes, tokenizer, session bindings
-	rdb         redis.UniversalClient
-	ownsRedis   bool
-	breaker     *redisBreaker // nil without Redis
-	tenants     *tenants
-	activity    *activity          // what the status page shows
-	miss        *missTracker       // miss attribution and prefix-break diagnostics (misses.go)
-	rec         *record.Recorder   // nil unless record.dir is set (record.go)
-	responses   *responses.Service // nil without Redis
-	messages    *anthropic.Service
-	admit       admitFunc
-	waiting     backlog               // requests waiting in admit, by model
-	queue       *admission.Queue      // nil: no fair queue (queue.disabled)
-	shareQueue  *backlogSync          // shares waiting with the other gateways; nil without a queue or Redis
-	wrapped     prometheus.Registerer // reg with the policy label
-	upstream    *http.Transport
-	upstreamKey string
-	ln          net.Listener
-	srv         *http.Server
-	metricsLn   net.Listener // nil: /metrics is served on ln
-	metricsSrv  *http.Server
-	draining    atomic.Bool // SIGTERM arrived: /readyz answers 503
+	cfg        Config
+	log        *slog.Logger
+	reg        *prometheus.Registry
+	m          *metrics
+	kvm        *kvevents.Metrics
+	fleet      *fleet.Fleet
+	router     *routing.Router // the routing stage: policy, indexes, tokenizer, session bindings
+	rdb        redis.UniversalClient
+	ownsRedis  bool
+	breaker    *redisBreaker // nil without Redis
+	tenants    *tenants
+	activity   *activity          // what the status page shows
+	miss       *missTracker       // miss attribution and prefix-break diagnostics (misses.go)
+	rec        *record.Recorder   // nil unless record.dir is set (record.go)
+	responses  *responses.Service // nil without Redis
+	messages   *anthropic.Service
+	admit      admitFunc
+	waiting    backlog               // requests waiting in admit, by model
+	queue      *admission.Queue      // nil: no fair queue (queue.disabled)
+	shareQueue *backlogSync          // shares waiting with the other gateways; nil without a queue or Redis
+	wrapped    prometheus.Registerer // reg with the policy label
+	fwd        *proxy.Forwarder      // the forwarding stage: the upstream transport, attempts and retries
+	ln         net.Listener
+	srv        *http.Server
+	metricsLn  net.Listener // nil: /metrics is served on ln
+	metricsSrv *http.Server
+	draining   atomic.Bool // SIGTERM arrived: /readyz answers 503
 	// tokenizeWarn rate-limits a warning any client can trigger.
 	tokenizeWarn sometimes
 	drainCtx     context.Context // ends when the drain timeout passes, cutting open streams
@@ -115,12 +115,12 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	if o.wrapRegisterer != nil {
 		wrapped = o.wrapRegisterer(wrapped)
 	}
-	g := &Gateway{cfg: cfg, log: log, reg: reg, wrapped: wrapped, m: newMetrics(wrapped), kvm: kvevents.NewMetrics(wrapped), upstreamKey: o.UpstreamAPIKey, started: time.Now()}
+	g := &Gateway{cfg: cfg, log: log, reg: reg, wrapped: wrapped, m: newMetrics(wrapped), kvm: kvevents.NewMetrics(wrapped), started: time.Now()}
 	g.drainCtx, g.cutStreams = context.WithCancel(context.Background())
 	g.activity = newActivity()
 	g.miss = newMissTracker(cfg.Routing.BlockSize, wrapped)
 	g.tokenizeWarn.period = 10 * time.Second
-	for _, build := range []func(Options) error{g.buildStores, g.buildFleet, g.buildAdmission, g.buildRouting, g.buildFronts, g.buildServers} {
+	for _, build := range []func(Options) error{g.buildTracing, g.buildStores, g.buildFleet, g.buildAdmission, g.buildRouting, g.buildFronts, g.buildServers} {
 		if err := build(o); err != nil {
 			g.close()
 			return nil, err
@@ -175,7 +175,14 @@ func (g *Gateway) buildStores(o Options) error {
 	return nil
 }
 
-// buildFleet builds the fleet and the upstream transport.
+// buildTracing starts tracing's exporter (when tracing is on).
+func (g *Gateway) buildTracing(o Options) error {
+	var err error
+	g.trace, err = newTracing(g.cfg.Tracing, o)
+	return err
+}
+
+// buildFleet builds the fleet and the forwarding stage over it.
 func (g *Gateway) buildFleet(o Options) error {
 	cfg := &g.cfg
 	var err error
@@ -184,14 +191,12 @@ func (g *Gateway) buildFleet(o Options) error {
 	if g.fleet, err = fleet.New(fc); err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
-	g.upstream = &http.Transport{
-		Proxy:                 nil,
-		DialContext:           (&net.Dialer{Timeout: cfg.Upstream.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns:          4096,
-		MaxIdleConnsPerHost:   512,
-		IdleConnTimeout:       90 * time.Second,
-		ExpectContinueTimeout: time.Second,
+	var tr proxy.Tracer
+	if g.trace.on() {
+		tr = &g.trace
 	}
+	g.fwd = proxy.New(cfg.Upstream, proxy.Deps{APIKey: o.UpstreamAPIKey, Drain: g.drainCtx, Tracer: tr,
+		UpstreamErrors: g.m.upstreamErrors, Retries: g.m.retries})
 	return nil
 }
 
@@ -204,7 +209,7 @@ func (g *Gateway) buildRouting(Options) error {
 	g.router, err = routing.New(cfg.Routing, routing.Deps{Fleet: g.fleet, Capacity: g.capacity(), Backlog: &g.waiting,
 		Redis: g.rdb, KeyPrefix: cfg.Redis.KeyPrefix, RedisTimeout: cfg.Redis.Timeout,
 		Tracking: single && cfg.Redis.Tracking == "on" && cfg.Redis.MasterName == "",
-		Tokenize: &http.Client{Transport: g.upstream, Timeout: cfg.Upstream.TokenizeTimeout}, RedisErrors: g.m.redisErrors,
+		Tokenize: &http.Client{Transport: g.fwd.Transport(), Timeout: cfg.Upstream.TokenizeTimeout}, RedisErrors: g.m.redisErrors,
 		Decided: g.decided, TokenizeFailed: g.tokenizeFailed, Logger: g.log, Registerer: g.wrapped})
 	return err
 }
@@ -243,8 +248,8 @@ func (g *Gateway) buildFronts(Options) error {
 	return nil
 }
 
-// buildServers binds the listeners (so Addr is known before Run), starts
-// tracing's exporter and builds the HTTP servers.
+// buildServers binds the listeners (so Addr is known before Run) and
+// builds the HTTP servers.
 func (g *Gateway) buildServers(o Options) error {
 	cfg := &g.cfg
 	var err error
@@ -257,9 +262,6 @@ func (g *Gateway) buildServers(o Options) error {
 			return fmt.Errorf("config: metrics_listen: %w", err)
 		}
 		g.metricsSrv = &http.Server{Handler: promhttp.HandlerFor(g.reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 10 * time.Second}
-	}
-	if g.trace, err = newTracing(cfg.Tracing, o); err != nil {
-		return err
 	}
 	g.srv = &http.Server{
 		Handler:           g.routes(),
@@ -351,8 +353,8 @@ func (g *Gateway) close() {
 	if g.metricsLn != nil {
 		g.metricsLn.Close()
 	}
-	if g.upstream != nil {
-		g.upstream.CloseIdleConnections()
+	if g.fwd != nil {
+		g.fwd.Close()
 	}
 	if g.ownsRedis && g.rdb != nil {
 		g.rdb.Close()

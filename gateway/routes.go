@@ -8,6 +8,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/warmpath/warmpath/gateway/proxy"
 	"github.com/warmpath/warmpath/gateway/request"
 	"github.com/warmpath/warmpath/internal/apierror"
 	"github.com/warmpath/warmpath/internal/chatapi"
@@ -162,7 +163,7 @@ func (g *Gateway) inference(api request.API) handler {
 			return bodyError(err)
 		}
 		h := r.Header.Clone()
-		setForwarded(h, r)
+		proxy.SetForwarded(h, r)
 		// The Content-Type is not checked: a bare `curl -d` sends form
 		// encoding, and the body either parses as JSON or is rejected.
 		p, _ := tenancy.FromContext(r.Context())
@@ -174,7 +175,7 @@ func (g *Gateway) inference(api request.API) handler {
 		if err != nil {
 			return err
 		}
-		copyResponse(w, resp)
+		proxy.CopyResponse(w, resp)
 		return nil
 	}
 }
