@@ -3,8 +3,6 @@ package gateway
 import (
 	"context"
 	"errors"
-	"fmt"
-	"net"
 	"net/http"
 	"time"
 
@@ -45,36 +43,8 @@ func (g *Gateway) Run(ctx context.Context) error {
 		eg.Go(func() error { return g.shareQueue.Run(ectx) })
 	}
 	eg.Go(func() error { return g.runKVEvents(ectx) })
-	servers := []*http.Server{g.srv}
-	serve(eg, g.srv, g.ln)
-	if g.metricsSrv != nil {
-		servers = append(servers, g.metricsSrv)
-		serve(eg, g.metricsSrv, g.metricsLn)
-	}
-	eg.Go(func() error {
-		select {
-		case <-ctx.Done():
-			g.drain(ectx, servers)
-		case <-ectx.Done(): // a component failed: stop at once
-			for _, s := range servers {
-				s.Close()
-			}
-		}
-		stopComponents()
-		return nil
-	})
+	g.edge.run(ctx, ectx, eg, stopComponents)
 	return eg.Wait()
-}
-
-// serve runs srv on ln under eg until it is shut down.
-func serve(eg *errgroup.Group, srv *http.Server, ln net.Listener) {
-	eg.Go(func() error {
-		err := srv.Serve(ln)
-		if errors.Is(err, http.ErrServerClosed) {
-			return nil
-		}
-		return fmt.Errorf("gateway: serve %s: %w", ln.Addr(), err)
-	})
 }
 
 // drain shuts the servers down gracefully: /readyz answers 503 at once
@@ -83,10 +53,10 @@ func serve(eg *errgroup.Group, srv *http.Server, ln net.Listener) {
 // have server.drain_timeout to finish; streams still open then are ended
 // with an error event (proxy.NewSSEFilter) and the rest closed. ctx ending (a
 // failed component) cuts every wait short.
-func (g *Gateway) drain(ctx context.Context, servers []*http.Server) {
-	sc := g.cfg.Server
-	g.draining.Store(true)
-	g.log.Info("draining: readiness off", "pre_stop", sc.PreStop, "drain_timeout", sc.DrainTimeout)
+func (e *edge) drain(ctx context.Context, servers []*http.Server) {
+	sc := e.sc
+	e.draining.Store(true)
+	e.log.Info("draining: readiness off", "pre_stop", sc.PreStop, "drain_timeout", sc.DrainTimeout)
 	if sc.PreStop > 0 {
 		t := time.NewTimer(sc.PreStop)
 		select {
@@ -99,10 +69,10 @@ func (g *Gateway) drain(ctx context.Context, servers []*http.Server) {
 	defer cancel()
 	err := shutdownAll(dctx, servers)
 	if err == nil {
-		g.log.Info("drained")
+		e.log.Info("drained")
 		return
 	}
-	g.cutStreams()
+	e.cutStreams()
 	// Give the cut streams a moment to send their error event and [DONE].
 	fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer fcancel()
@@ -111,7 +81,7 @@ func (g *Gateway) drain(ctx context.Context, servers []*http.Server) {
 			s.Close()
 		}
 	}
-	g.log.Warn("drain timeout passed; open streams were ended with an error event", "err", err)
+	e.log.Warn("drain timeout passed; open streams were ended with an error event", "err", err)
 }
 
 func shutdownAll(ctx context.Context, servers []*http.Server) error {

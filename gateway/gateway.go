@@ -6,14 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
@@ -83,17 +80,10 @@ type Gateway struct {
 	queue      *admission.Queue      // nil: no fair queue (queue.disabled)
 	shareQueue *backlogSync          // shares waiting with the other gateways; nil without a queue or Redis
 	wrapped    prometheus.Registerer // reg with the policy label
+	edge       *edge                 // the HTTP servers and the drain
 	fwd        *proxy.Forwarder      // the forwarding stage: the upstream transport, attempts and retries
-	ln         net.Listener
-	srv        *http.Server
-	metricsLn  net.Listener // nil: /metrics is served on ln
-	metricsSrv *http.Server
-	draining   atomic.Bool // SIGTERM arrived: /readyz answers 503
 	// tokenizeWarn rate-limits a warning any client can trigger.
 	tokenizeWarn sometimes
-	drainCtx     context.Context // ends when the drain timeout passes, cutting open streams
-	cutStreams   context.CancelFunc
-	started      time.Time
 	trace        tracing // OpenTelemetry; off unless configured (tracing.go)
 }
 
@@ -115,8 +105,8 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	if o.wrapRegisterer != nil {
 		wrapped = o.wrapRegisterer(wrapped)
 	}
-	g := &Gateway{cfg: cfg, log: log, reg: reg, wrapped: wrapped, m: newMetrics(wrapped), kvm: kvevents.NewMetrics(wrapped), started: time.Now()}
-	g.drainCtx, g.cutStreams = context.WithCancel(context.Background())
+	g := &Gateway{cfg: cfg, log: log, reg: reg, wrapped: wrapped, m: newMetrics(wrapped), kvm: kvevents.NewMetrics(wrapped)}
+	g.edge = newEdge(cfg.Server, log)
 	g.activity = newActivity()
 	g.miss = newMissTracker(cfg.Routing.BlockSize, wrapped)
 	g.tokenizeWarn.period = 10 * time.Second
@@ -195,7 +185,7 @@ func (g *Gateway) buildFleet(o Options) error {
 	if g.trace.on() {
 		tr = &g.trace
 	}
-	g.fwd = proxy.New(cfg.Upstream, proxy.Deps{APIKey: o.UpstreamAPIKey, Drain: g.drainCtx, Tracer: tr,
+	g.fwd = proxy.New(cfg.Upstream, proxy.Deps{APIKey: o.UpstreamAPIKey, Drain: g.edge.drainCtx, Tracer: tr,
 		UpstreamErrors: g.m.upstreamErrors, Retries: g.m.retries})
 	return nil
 }
@@ -250,36 +240,16 @@ func (g *Gateway) buildFronts(Options) error {
 
 // buildServers binds the listeners (so Addr is known before Run) and
 // builds the HTTP servers.
-func (g *Gateway) buildServers(o Options) error {
-	cfg := &g.cfg
-	var err error
-	if g.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
-		return fmt.Errorf("config: listen: %w", err)
+func (g *Gateway) buildServers(Options) error {
+	if err := g.edge.listen(g.cfg.Listen, g.cfg.MetricsListen, g.m.connsRejected, g.reg); err != nil {
+		return err
 	}
-	g.ln = limitClients(g.ln, cfg.Server.MaxConnsPerClient, g.m.connsRejected)
-	if cfg.MetricsListen != "" {
-		if g.metricsLn, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
-			return fmt.Errorf("config: metrics_listen: %w", err)
-		}
-		g.metricsSrv = &http.Server{Handler: promhttp.HandlerFor(g.reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 10 * time.Second}
-	}
-	g.srv = &http.Server{
-		Handler:           g.routes(),
-		ReadHeaderTimeout: cfg.Server.HeaderTimeout,
-		MaxHeaderBytes:    cfg.Server.MaxHeaderBytes,
-		IdleTimeout:       cfg.Server.IdleTimeout,
-		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelWarn),
-	}
+	g.edge.handle(g.routes())
 	return nil
 }
 
 // MetricsAddr returns the address /metrics is served on.
-func (g *Gateway) MetricsAddr() string {
-	if g.metricsLn != nil {
-		return g.metricsLn.Addr().String()
-	}
-	return g.Addr()
-}
+func (g *Gateway) MetricsAddr() string { return g.edge.metricsAddr() }
 
 // fleetConfig is the fleet's configuration: the replica and discovery
 // specs as decoded, the health: block as it is, and the fleet's
@@ -337,11 +307,11 @@ func (rc RedisConfig) Client() (redis.UniversalClient, error) {
 const clusterStateReload = time.Second
 
 // Addr returns the address the gateway listens on.
-func (g *Gateway) Addr() string { return g.ln.Addr().String() }
+func (g *Gateway) Addr() string { return g.edge.addr() }
 
 // Handler returns the gateway's HTTP handler (for tests that serve it
 // themselves).
-func (g *Gateway) Handler() http.Handler { return g.srv.Handler }
+func (g *Gateway) Handler() http.Handler { return g.edge.srv.Handler }
 
 // Policy returns the name of the routing policy in force.
 func (g *Gateway) Policy() string { return g.router.Policy().Name }
@@ -350,9 +320,7 @@ func (g *Gateway) Policy() string { return g.router.Policy().Name }
 func (g *Gateway) Registry() *prometheus.Registry { return g.reg }
 
 func (g *Gateway) close() {
-	if g.metricsLn != nil {
-		g.metricsLn.Close()
-	}
+	g.edge.close()
 	if g.fwd != nil {
 		g.fwd.Close()
 	}

@@ -123,7 +123,7 @@ func (g *Gateway) routes() http.Handler {
 	r.Get("/readyz", g.serve("readyz", g.ready))
 	r.Get("/ui", uiPageHandler) // the page holds no data; its JSON needs the admin key
 	r.Get("/ui/status.json", g.serve("status", g.status))
-	if g.metricsSrv == nil {
+	if !g.edge.separateMetrics() {
 		r.Handle("/metrics", promhttp.HandlerFor(g.reg, promhttp.HandlerOpts{}))
 	}
 	r.Get("/admin/tenants/{tenant}/prefix-breaks", g.serve("prefix_breaks", g.prefixBreaksHandler))
@@ -182,7 +182,7 @@ func (g *Gateway) inference(api request.API) handler {
 
 // ready reports whether at least one replica can take traffic.
 func (g *Gateway) ready(w http.ResponseWriter, r *http.Request) error {
-	if g.draining.Load() {
+	if g.edge.draining.Load() {
 		return apierror.Unavailable(nil, "draining: the gateway is shutting down")
 	}
 	for _, rep := range g.fleet.Snapshot().Replicas {
@@ -202,7 +202,7 @@ type modelObject struct {
 }
 
 func (g *Gateway) model(id string) modelObject {
-	return modelObject{ID: id, Object: "model", Created: g.started.Unix(), OwnedBy: "warmpath"}
+	return modelObject{ID: id, Object: "model", Created: g.edge.started.Unix(), OwnedBy: "warmpath"}
 }
 
 // listModels answers the union of the fleet's models that the caller may

@@ -161,7 +161,7 @@ func (g *Gateway) statusReport(now time.Time) map[string]any {
 		queue = g.queue.Waiting()
 	}
 	return map[string]any{
-		"policy": g.router.Policy().Name, "draining": g.draining.Load(), "replicas": reps,
+		"policy": g.router.Policy().Name, "draining": g.edge.draining.Load(), "replicas": reps,
 		"cached_fraction": map[string]any{"step_seconds": statusStep.Seconds(), "by_tenant": frac},
 		"queue":           queue, "decisions": recent, "time": now, "misses": g.missStatus(),
 	}
