@@ -58,7 +58,7 @@ func (g *Gateway) account(x *exchange, resp *http.Response) (*http.Response, err
 // answer is whole and of declared length), the TTFT and its estimate.
 func (g *Gateway) answerStarted(x *exchange, publish bool) {
 	x.flight.FirstByte()
-	g.firstByte(x)
+	g.adm.firstByte(x.pending, x.replica)
 	if publish {
 		// A whole answer of declared length ends (done, which
 		// writes the binding) before its last bytes are passed

@@ -77,7 +77,7 @@ func (g *Gateway) Do(ctx context.Context, req *request.R) (*http.Response, error
 	x.routed = time.Now()
 	g.trace.recordPhases(ctx, x, g.router.Policy().Name)
 	g.m.observePhases(x)
-	g.startPending(x)
+	x.pending = g.adm.startPending(x.route, x.req)
 	resp, err := g.forward(ctx, x)
 	x.route.JoinSpeculation()
 	if err != nil {

@@ -36,12 +36,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 		eg.Go(func() error { return g.rec.Run(ectx) })
 	}
 	eg.Go(func() error { return g.fleet.Run(ectx) })
-	if g.queue != nil {
-		eg.Go(func() error { return g.queue.Run(ectx) })
-	}
-	if g.shareQueue != nil {
-		eg.Go(func() error { return g.shareQueue.Run(ectx) })
-	}
+	g.adm.run(ectx, eg)
 	eg.Go(func() error { return g.runKVEvents(ectx) })
 	g.edge.run(ctx, ectx, eg, stopComponents)
 	return eg.Wait()

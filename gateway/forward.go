@@ -15,7 +15,7 @@ func (g *Gateway) forward(ctx context.Context, x *exchange) (*http.Response, err
 		Begun: func(first bool) {
 			x.req.Placement.Unclaim() // the replica's in-flight count has it now
 			if first {
-				g.refill(x.req)
+				g.adm.refill(x.req)
 			}
 		},
 		Log: func() *slog.Logger { return g.logFor(x) }})

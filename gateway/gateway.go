@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,7 +14,6 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/warmpath/warmpath/anthropic"
-	"github.com/warmpath/warmpath/gateway/admission"
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/gateway/proxy"
 	"github.com/warmpath/warmpath/gateway/routing"
@@ -59,29 +57,26 @@ type Options struct {
 // Gateway is a running warmpath gateway: an OpenAI-compatible HTTP edge over
 // a vLLM fleet. Build one with New, then call Run.
 type Gateway struct {
-	cfg        Config
-	log        *slog.Logger
-	reg        *prometheus.Registry
-	m          *metrics
-	kvm        *kvevents.Metrics
-	fleet      *fleet.Fleet
-	router     *routing.Router // the routing stage: policy, indexes, tokenizer, session bindings
-	rdb        redis.UniversalClient
-	ownsRedis  bool
-	breaker    *redisBreaker // nil without Redis
-	tenants    *tenants
-	activity   *activity          // what the status page shows
-	miss       *missTracker       // miss attribution and prefix-break diagnostics (misses.go)
-	rec        *record.Recorder   // nil unless record.dir is set (record.go)
-	responses  *responses.Service // nil without Redis
-	messages   *anthropic.Service
-	admit      admitFunc
-	waiting    backlog               // requests waiting in admit, by model
-	queue      *admission.Queue      // nil: no fair queue (queue.disabled)
-	shareQueue *backlogSync          // shares waiting with the other gateways; nil without a queue or Redis
-	wrapped    prometheus.Registerer // reg with the policy label
-	edge       *edge                 // the HTTP servers and the drain
-	fwd        *proxy.Forwarder      // the forwarding stage: the upstream transport, attempts and retries
+	cfg       Config
+	log       *slog.Logger
+	reg       *prometheus.Registry
+	m         *metrics
+	kvm       *kvevents.Metrics
+	fleet     *fleet.Fleet
+	router    *routing.Router // the routing stage: policy, indexes, tokenizer, session bindings
+	rdb       redis.UniversalClient
+	ownsRedis bool
+	breaker   *redisBreaker // nil without Redis
+	tenants   *tenants
+	activity  *activity          // what the status page shows
+	miss      *missTracker       // miss attribution and prefix-break diagnostics (misses.go)
+	rec       *record.Recorder   // nil unless record.dir is set (record.go)
+	responses *responses.Service // nil without Redis
+	messages  *anthropic.Service
+	wrapped   prometheus.Registerer // reg with the policy label
+	adm       *admitter             // admission: the fair queue, the backlog of waiting requests
+	edge      *edge                 // the HTTP servers and the drain
+	fwd       *proxy.Forwarder      // the forwarding stage: the upstream transport, attempts and retries
 	// tokenizeWarn rate-limits a warning any client can trigger.
 	tokenizeWarn sometimes
 	trace        tracing // OpenTelemetry; off unless configured (tracing.go)
@@ -106,7 +101,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 		wrapped = o.wrapRegisterer(wrapped)
 	}
 	g := &Gateway{cfg: cfg, log: log, reg: reg, wrapped: wrapped, m: newMetrics(wrapped), kvm: kvevents.NewMetrics(wrapped)}
-	g.edge = newEdge(cfg.Server, log)
+	g.edge, g.adm = newEdge(cfg.Server, log), newAdmitter()
 	g.activity = newActivity()
 	g.miss = newMissTracker(cfg.Routing.BlockSize, wrapped)
 	g.tokenizeWarn.period = 10 * time.Second
@@ -177,7 +172,7 @@ func (g *Gateway) buildFleet(o Options) error {
 	cfg := &g.cfg
 	var err error
 	fc := cfg.fleetConfig(o, g.log, g.wrapped)
-	fc.OnUpdate = g.replicaUpdated
+	fc.OnUpdate = g.adm.replicaUpdated
 	if g.fleet, err = fleet.New(fc); err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
@@ -196,7 +191,7 @@ func (g *Gateway) buildRouting(Options) error {
 	cfg := &g.cfg
 	_, single := g.rdb.(*redis.Client)
 	var err error
-	g.router, err = routing.New(cfg.Routing, routing.Deps{Fleet: g.fleet, Capacity: g.capacity(), Backlog: &g.waiting,
+	g.router, err = routing.New(cfg.Routing, routing.Deps{Fleet: g.fleet, Capacity: g.adm.capacity(), Backlog: &g.adm.waiting,
 		Redis: g.rdb, KeyPrefix: cfg.Redis.KeyPrefix, RedisTimeout: cfg.Redis.Timeout,
 		Tracking: single && cfg.Redis.Tracking == "on" && cfg.Redis.MasterName == "",
 		Tokenize: &http.Client{Transport: g.fwd.Transport(), Timeout: cfg.Upstream.TokenizeTimeout}, RedisErrors: g.m.redisErrors,
@@ -207,23 +202,7 @@ func (g *Gateway) buildRouting(Options) error {
 // buildAdmission builds the fair queue (unless queue.disabled) and, with
 // Redis, the backlog exchange with the other gateways.
 func (g *Gateway) buildAdmission(Options) error {
-	cfg := &g.cfg
-	g.admit = admitAll
-	if cfg.Queue.Disabled {
-		return nil
-	}
-	var err error
-	if g.queue, err = admission.New(cfg.Queue, g.fleet, admission.Options{KeyPrefix: cfg.Redis.KeyPrefix, Redis: g.rdb,
-		Labels: g.tenants.labels, Registerer: g.wrapped, Logger: g.log}); err != nil {
-		return err
-	}
-	g.admit = admitFunc(g.admitQueued)
-	if g.rdb != nil {
-		g.shareQueue = &backlogSync{b: &g.waiting, rdb: g.rdb, key: cfg.Redis.KeyPrefix + backlogHash, id: rand.Text(),
-			every: cfg.Queue.SyncInterval, limit: cfg.Redis.Timeout, log: g.log.With("component", "backlog"),
-			failed: func() { g.m.redisErrors.WithLabelValues("backlog").Inc() }}
-	}
-	return nil
+	return g.adm.build(&g.cfg, g.fleet, g.rdb, g.tenants.labels, g.wrapped, g.m.redisErrors, g.log)
 }
 
 // buildFronts builds the Responses and Messages APIs over Do.

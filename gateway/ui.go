@@ -156,10 +156,7 @@ func (g *Gateway) statusReport(now time.Time) map[string]any {
 			Inflight: rep.InflightRequests(), IndexEntries: stats.Replicas[rep.Spec.Name].Entries, EventAgeSec: age})
 	}
 	frac, recent := g.activity.snapshot(now)
-	var queue map[string]int
-	if g.queue != nil {
-		queue = g.queue.Waiting()
-	}
+	queue := g.adm.waitingNow()
 	return map[string]any{
 		"policy": g.router.Policy().Name, "draining": g.edge.draining.Load(), "replicas": reps,
 		"cached_fraction": map[string]any{"step_seconds": statusStep.Seconds(), "by_tenant": frac},
