@@ -22,15 +22,11 @@ func (g *Gateway) Run(ctx context.Context) error {
 	cctx, stopComponents := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopComponents()
 	eg, ectx := errgroup.WithContext(cctx)
-	if err := g.tenants.start(ectx, eg, g.rdb, g.cfg.Redis.KeyPrefix, g.log); err != nil {
+	if err := g.tenants.start(ectx, eg, g.store.rdb, g.cfg.Redis.KeyPrefix, g.log); err != nil {
 		return err
 	}
-	if g.breaker != nil {
-		eg.Go(func() error { return g.breaker.Run(ectx) })
-	}
-	if g.responses != nil {
-		eg.Go(func() error { return ignoreCanceled(g.responses.Run(ectx)) })
-	}
+	g.store.run(ectx, eg)
+	g.fronts.run(ectx, eg)
 	eg.Go(func() error { return g.router.Run(ectx) })
 	if g.rec != nil {
 		eg.Go(func() error { return g.rec.Run(ectx) })

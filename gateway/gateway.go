@@ -13,13 +13,11 @@ import (
 	"github.com/redis/go-redis/v9"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
-	"github.com/warmpath/warmpath/anthropic"
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/gateway/proxy"
 	"github.com/warmpath/warmpath/gateway/routing"
 	"github.com/warmpath/warmpath/kvevents"
 	"github.com/warmpath/warmpath/record"
-	"github.com/warmpath/warmpath/responses"
 )
 
 // Options are a gateway's dependencies that do not come from configuration.
@@ -57,26 +55,23 @@ type Options struct {
 // Gateway is a running warmpath gateway: an OpenAI-compatible HTTP edge over
 // a vLLM fleet. Build one with New, then call Run.
 type Gateway struct {
-	cfg       Config
-	log       *slog.Logger
-	reg       *prometheus.Registry
-	m         *metrics
-	kvm       *kvevents.Metrics
-	fleet     *fleet.Fleet
-	router    *routing.Router // the routing stage: policy, indexes, tokenizer, session bindings
-	rdb       redis.UniversalClient
-	ownsRedis bool
-	breaker   *redisBreaker // nil without Redis
-	tenants   *tenants
-	activity  *activity          // what the status page shows
-	miss      *missTracker       // miss attribution and prefix-break diagnostics (misses.go)
-	rec       *record.Recorder   // nil unless record.dir is set (record.go)
-	responses *responses.Service // nil without Redis
-	messages  *anthropic.Service
-	wrapped   prometheus.Registerer // reg with the policy label
-	adm       *admitter             // admission: the fair queue, the backlog of waiting requests
-	edge      *edge                 // the HTTP servers and the drain
-	fwd       *proxy.Forwarder      // the forwarding stage: the upstream transport, attempts and retries
+	cfg      Config
+	log      *slog.Logger
+	reg      *prometheus.Registry
+	m        *metrics
+	kvm      *kvevents.Metrics
+	fleet    *fleet.Fleet
+	router   *routing.Router // the routing stage: policy, indexes, tokenizer, session bindings
+	tenants  *tenants
+	activity *activity             // what the status page shows
+	miss     *missTracker          // miss attribution and prefix-break diagnostics (misses.go)
+	rec      *record.Recorder      // nil unless record.dir is set (record.go)
+	wrapped  prometheus.Registerer // reg with the policy label
+	adm      *admitter             // admission: the fair queue, the backlog of waiting requests
+	store    *store                // Redis (nil client: in process memory only) and its breaker
+	fronts   fronts                // the Responses and Messages APIs over Do
+	edge     *edge                 // the HTTP servers and the drain
+	fwd      *proxy.Forwarder      // the forwarding stage: the upstream transport, attempts and retries
 	// tokenizeWarn rate-limits a warning any client can trigger.
 	tokenizeWarn sometimes
 	trace        tracing // OpenTelemetry; off unless configured (tracing.go)
@@ -141,17 +136,10 @@ func settle(cfg Config, o Options) (Config, *slog.Logger, error) {
 func (g *Gateway) buildStores(o Options) error {
 	cfg, log := &g.cfg, g.log
 	var err error
-	g.rdb = o.Redis
-	if g.rdb == nil && !cfg.Redis.embedded() {
-		if g.rdb, err = cfg.Redis.Client(); err != nil {
-			return err
-		}
-		g.ownsRedis = true
+	if g.store, err = newStore(cfg.Redis, o.Redis, log, g.wrapped); err != nil {
+		return err
 	}
-	if g.rdb != nil {
-		g.breaker = newRedisBreaker(g.rdb, log, g.wrapped)
-	}
-	if g.tenants, err = newTenants(cfg, g.rdb, log); err != nil {
+	if g.tenants, err = newTenants(cfg, g.store.rdb, log); err != nil {
 		return err
 	}
 	if g.rec, err = newRecorder(cfg.Record, g.tenants.cfg.SaltSecret, log, g.wrapped); err != nil {
@@ -189,10 +177,10 @@ func (g *Gateway) buildFleet(o Options) error {
 // judgment of room.
 func (g *Gateway) buildRouting(Options) error {
 	cfg := &g.cfg
-	_, single := g.rdb.(*redis.Client)
+	_, single := g.store.rdb.(*redis.Client)
 	var err error
 	g.router, err = routing.New(cfg.Routing, routing.Deps{Fleet: g.fleet, Capacity: g.adm.capacity(), Backlog: &g.adm.waiting,
-		Redis: g.rdb, KeyPrefix: cfg.Redis.KeyPrefix, RedisTimeout: cfg.Redis.Timeout,
+		Redis: g.store.rdb, KeyPrefix: cfg.Redis.KeyPrefix, RedisTimeout: cfg.Redis.Timeout,
 		Tracking: single && cfg.Redis.Tracking == "on" && cfg.Redis.MasterName == "",
 		Tokenize: &http.Client{Transport: g.fwd.Transport(), Timeout: cfg.Upstream.TokenizeTimeout}, RedisErrors: g.m.redisErrors,
 		Decided: g.decided, TokenizeFailed: g.tokenizeFailed, Logger: g.log, Registerer: g.wrapped})
@@ -202,16 +190,16 @@ func (g *Gateway) buildRouting(Options) error {
 // buildAdmission builds the fair queue (unless queue.disabled) and, with
 // Redis, the backlog exchange with the other gateways.
 func (g *Gateway) buildAdmission(Options) error {
-	return g.adm.build(&g.cfg, g.fleet, g.rdb, g.tenants.labels, g.wrapped, g.m.redisErrors, g.log)
+	return g.adm.build(&g.cfg, g.fleet, g.store.rdb, g.tenants.labels, g.wrapped, g.m.redisErrors, g.log)
 }
 
 // buildFronts builds the Responses and Messages APIs over Do.
 func (g *Gateway) buildFronts(Options) error {
 	var err error
-	if g.responses, err = g.newResponses(); err != nil {
+	if g.fronts.responses, err = g.newResponses(); err != nil {
 		return fmt.Errorf("config: responses: %w", err)
 	}
-	if g.messages, err = g.newMessages(); err != nil {
+	if g.fronts.messages, err = g.newMessages(); err != nil {
 		return fmt.Errorf("config: messages: %w", err)
 	}
 	return nil
@@ -303,8 +291,8 @@ func (g *Gateway) close() {
 	if g.fwd != nil {
 		g.fwd.Close()
 	}
-	if g.ownsRedis && g.rdb != nil {
-		g.rdb.Close()
+	if g.store != nil {
+		g.store.close()
 	}
 	g.trace.shutdown(g.log)
 }

@@ -36,5 +36,5 @@ func (g *Gateway) authenticateMessages(ctx context.Context, h http.Header) (cont
 // messagesHandler mounts the Messages API under the gateway's request
 // metrics.
 func (g *Gateway) messagesHandler() http.HandlerFunc {
-	return g.serveFront("messages", g.trace.front(g.messages.Handler(), messagesOp, noID))
+	return g.serveFront("messages", g.trace.front(g.fronts.messages.Handler(), messagesOp, noID))
 }

@@ -16,12 +16,12 @@ import (
 // It needs Redis (its state is shared by every gateway); without one it is
 // off and its routes answer 404.
 func (g *Gateway) newResponses() (*responses.Service, error) {
-	if g.rdb == nil {
+	if g.store.rdb == nil {
 		g.log.Info("responses: no Redis configured; /v1/responses and /v1/conversations are off")
 		return nil, nil
 	}
 	return responses.New(responses.Options{
-		Redis:        g.rdb,
+		Redis:        g.store.rdb,
 		KeyPrefix:    g.cfg.Redis.KeyPrefix,
 		Tenant:       tenantOf,
 		Config:       g.cfg.Responses,

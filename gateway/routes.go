@@ -138,8 +138,8 @@ func (g *Gateway) routes() http.Handler {
 		r.Use(g.tenants.auth.MiddlewareWith(g.trace.authenticate(g.tenants.auth.Authenticate)))
 		r.Post("/v1/chat/completions", g.serve("chat_completions", g.inference(request.Chat)))
 		r.Post("/v1/completions", g.serve("completions", g.inference(request.Completions)))
-		if g.responses != nil {
-			h := g.trace.front(g.responses.Handler(), responsesOp, responsesID)
+		if g.fronts.responses != nil {
+			h := g.trace.front(g.fronts.responses.Handler(), responsesOp, responsesID)
 			for _, p := range []string{"/v1/responses", "/v1/responses/*"} {
 				r.Handle(p, g.serveFront("responses", h))
 			}
