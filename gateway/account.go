@@ -67,7 +67,7 @@ func (g *Gateway) answerStarted(x *exchange, publish bool) {
 	}
 	if x.req.Stream() {
 		since := time.Since(x.start)
-		g.m.ttft.WithLabelValues(x.req.Model()).Observe(since.Seconds())
+		g.obs.m.ttft.WithLabelValues(x.req.Model()).Observe(since.Seconds())
 		firstToken(x.span, since)
 	}
 	g.checkEstimate(x)
@@ -100,7 +100,7 @@ func (g *Gateway) answerDone(x *exchange, status int, stream bool, got request.U
 		// The body broke after the first byte: too late to retry.
 		// A stream was ended with an error event (proxy.NewSSEFilter).
 		if stream {
-			g.m.streamsCut.WithLabelValues(proxy.CutReason(err)).Inc()
+			g.obs.m.streamsCut.WithLabelValues(proxy.CutReason(err)).Inc()
 		}
 		g.fwd.ReportBroken(x.replica, x.sent, err) // unless the drain cut it
 	}
@@ -110,8 +110,8 @@ func (g *Gateway) answerDone(x *exchange, status int, stream bool, got request.U
 // the status page, the recording, the miss attribution and the
 // bytes-per-token ratio.
 func (g *Gateway) served(x *exchange, got request.Usage) {
-	g.m.account(g.tenant(x), x.req.Model(), got, x.predicted, g.cfg.Routing.BlockSize)
-	g.activity.served(time.Now(), g.tenant(x), got)
+	g.obs.m.account(g.tenant(x), x.req.Model(), got, x.predicted, g.cfg.Routing.BlockSize)
+	g.obs.activity.served(time.Now(), g.tenant(x), got)
 	g.recordExchange(x, got) // first: it may fill in the block keys
 	g.missed(x, got)
 	if !x.req.TokenIDs() {
@@ -129,7 +129,7 @@ func (g *Gateway) checkEstimate(x *exchange) {
 		return
 	}
 	observed := time.Since(x.route.At).Seconds()
-	g.m.ttftError.WithLabelValues(x.replica.Spec.Name).Observe(e.TTFT - observed)
+	g.obs.m.ttftError.WithLabelValues(x.replica.Spec.Name).Observe(e.TTFT - observed)
 	g.router.ObserveTTFT(x.req.Model(), e, observed)
 }
 

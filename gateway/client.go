@@ -75,8 +75,8 @@ func (g *Gateway) Do(ctx context.Context, req *request.R) (*http.Response, error
 		return nil, err
 	}
 	x.routed = time.Now()
-	g.trace.recordPhases(ctx, x, g.router.Policy().Name)
-	g.m.observePhases(x)
+	g.obs.trace.recordPhases(ctx, x, g.router.Policy().Name)
+	g.obs.m.observePhases(x)
 	x.pending = g.adm.startPending(x.route, x.req)
 	resp, err := g.forward(ctx, x)
 	x.route.JoinSpeculation()

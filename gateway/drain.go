@@ -28,9 +28,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	g.store.run(ectx, eg)
 	g.fronts.run(ectx, eg)
 	eg.Go(func() error { return g.router.Run(ectx) })
-	if g.rec != nil {
-		eg.Go(func() error { return g.rec.Run(ectx) })
-	}
+	g.obs.run(ectx, eg)
 	eg.Go(func() error { return g.fleet.Run(ectx) })
 	g.adm.run(ectx, eg)
 	eg.Go(func() error { return g.runKVEvents(ectx) })

@@ -9,15 +9,12 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/warmpath/warmpath/gateway/fleet"
 	"github.com/warmpath/warmpath/gateway/proxy"
 	"github.com/warmpath/warmpath/gateway/routing"
-	"github.com/warmpath/warmpath/kvevents"
-	"github.com/warmpath/warmpath/record"
 )
 
 // Options are a gateway's dependencies that do not come from configuration.
@@ -55,26 +52,18 @@ type Options struct {
 // Gateway is a running warmpath gateway: an OpenAI-compatible HTTP edge over
 // a vLLM fleet. Build one with New, then call Run.
 type Gateway struct {
-	cfg      Config
-	log      *slog.Logger
-	reg      *prometheus.Registry
-	m        *metrics
-	kvm      *kvevents.Metrics
-	fleet    *fleet.Fleet
-	router   *routing.Router // the routing stage: policy, indexes, tokenizer, session bindings
-	tenants  *tenants
-	activity *activity             // what the status page shows
-	miss     *missTracker          // miss attribution and prefix-break diagnostics (misses.go)
-	rec      *record.Recorder      // nil unless record.dir is set (record.go)
-	wrapped  prometheus.Registerer // reg with the policy label
-	adm      *admitter             // admission: the fair queue, the backlog of waiting requests
-	store    *store                // Redis (nil client: in process memory only) and its breaker
-	fronts   fronts                // the Responses and Messages APIs over Do
-	edge     *edge                 // the HTTP servers and the drain
-	fwd      *proxy.Forwarder      // the forwarding stage: the upstream transport, attempts and retries
-	// tokenizeWarn rate-limits a warning any client can trigger.
-	tokenizeWarn sometimes
-	trace        tracing // OpenTelemetry; off unless configured (tracing.go)
+	cfg     Config
+	log     *slog.Logger
+	fleet   *fleet.Fleet
+	router  *routing.Router // the routing stage: policy, indexes, tokenizer, session bindings
+	tenants *tenants
+	miss    *missTracker     // miss attribution and prefix-break diagnostics (misses.go)
+	adm     *admitter        // admission: the fair queue, the backlog of waiting requests
+	store   *store           // Redis (nil client: in process memory only) and its breaker
+	fronts  fronts           // the Responses and Messages APIs over Do
+	obs     *observability   // metrics, traces, the status page, the recording
+	edge    *edge            // the HTTP servers and the drain
+	fwd     *proxy.Forwarder // the forwarding stage: the upstream transport, attempts and retries
 }
 
 // New builds a gateway from cfg: it fills defaults, validates (errors name
@@ -86,20 +75,9 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	if err != nil {
 		return nil, err
 	}
-	reg := o.Registry
-	if reg == nil {
-		reg = prometheus.NewRegistry()
-		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	}
-	wrapped := prometheus.WrapRegistererWith(prometheus.Labels{"policy": cfg.Routing.Policy}, reg)
-	if o.wrapRegisterer != nil {
-		wrapped = o.wrapRegisterer(wrapped)
-	}
-	g := &Gateway{cfg: cfg, log: log, reg: reg, wrapped: wrapped, m: newMetrics(wrapped), kvm: kvevents.NewMetrics(wrapped)}
+	g := &Gateway{cfg: cfg, log: log, obs: newObservability(cfg.Routing.Policy, o, log)}
 	g.edge, g.adm = newEdge(cfg.Server, log), newAdmitter()
-	g.activity = newActivity()
-	g.miss = newMissTracker(cfg.Routing.BlockSize, wrapped)
-	g.tokenizeWarn.period = 10 * time.Second
+	g.miss = newMissTracker(cfg.Routing.BlockSize, g.obs.wrapped)
 	for _, build := range []func(Options) error{g.buildTracing, g.buildStores, g.buildFleet, g.buildAdmission, g.buildRouting, g.buildFronts, g.buildServers} {
 		if err := build(o); err != nil {
 			g.close()
@@ -136,13 +114,13 @@ func settle(cfg Config, o Options) (Config, *slog.Logger, error) {
 func (g *Gateway) buildStores(o Options) error {
 	cfg, log := &g.cfg, g.log
 	var err error
-	if g.store, err = newStore(cfg.Redis, o.Redis, log, g.wrapped); err != nil {
+	if g.store, err = newStore(cfg.Redis, o.Redis, log, g.obs.wrapped); err != nil {
 		return err
 	}
 	if g.tenants, err = newTenants(cfg, g.store.rdb, log); err != nil {
 		return err
 	}
-	if g.rec, err = newRecorder(cfg.Record, g.tenants.cfg.SaltSecret, log, g.wrapped); err != nil {
+	if g.obs.rec, err = newRecorder(cfg.Record, g.tenants.cfg.SaltSecret, log, g.obs.wrapped); err != nil {
 		return err
 	}
 	return nil
@@ -151,7 +129,7 @@ func (g *Gateway) buildStores(o Options) error {
 // buildTracing starts tracing's exporter (when tracing is on).
 func (g *Gateway) buildTracing(o Options) error {
 	var err error
-	g.trace, err = newTracing(g.cfg.Tracing, o)
+	g.obs.trace, err = newTracing(g.cfg.Tracing, o)
 	return err
 }
 
@@ -159,17 +137,17 @@ func (g *Gateway) buildTracing(o Options) error {
 func (g *Gateway) buildFleet(o Options) error {
 	cfg := &g.cfg
 	var err error
-	fc := cfg.fleetConfig(o, g.log, g.wrapped)
+	fc := cfg.fleetConfig(o, g.log, g.obs.wrapped)
 	fc.OnUpdate = g.adm.replicaUpdated
 	if g.fleet, err = fleet.New(fc); err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
 	var tr proxy.Tracer
-	if g.trace.on() {
-		tr = &g.trace
+	if g.obs.trace.on() {
+		tr = &g.obs.trace
 	}
 	g.fwd = proxy.New(cfg.Upstream, proxy.Deps{APIKey: o.UpstreamAPIKey, Drain: g.edge.drainCtx, Tracer: tr,
-		UpstreamErrors: g.m.upstreamErrors, Retries: g.m.retries})
+		UpstreamErrors: g.obs.m.upstreamErrors, Retries: g.obs.m.retries})
 	return nil
 }
 
@@ -182,15 +160,15 @@ func (g *Gateway) buildRouting(Options) error {
 	g.router, err = routing.New(cfg.Routing, routing.Deps{Fleet: g.fleet, Capacity: g.adm.capacity(), Backlog: &g.adm.waiting,
 		Redis: g.store.rdb, KeyPrefix: cfg.Redis.KeyPrefix, RedisTimeout: cfg.Redis.Timeout,
 		Tracking: single && cfg.Redis.Tracking == "on" && cfg.Redis.MasterName == "",
-		Tokenize: &http.Client{Transport: g.fwd.Transport(), Timeout: cfg.Upstream.TokenizeTimeout}, RedisErrors: g.m.redisErrors,
-		Decided: g.decided, TokenizeFailed: g.tokenizeFailed, Logger: g.log, Registerer: g.wrapped})
+		Tokenize: &http.Client{Transport: g.fwd.Transport(), Timeout: cfg.Upstream.TokenizeTimeout}, RedisErrors: g.obs.m.redisErrors,
+		Decided: g.decided, TokenizeFailed: g.obs.tokenizeFailed, Logger: g.log, Registerer: g.obs.wrapped})
 	return err
 }
 
 // buildAdmission builds the fair queue (unless queue.disabled) and, with
 // Redis, the backlog exchange with the other gateways.
 func (g *Gateway) buildAdmission(Options) error {
-	return g.adm.build(&g.cfg, g.fleet, g.store.rdb, g.tenants.labels, g.wrapped, g.m.redisErrors, g.log)
+	return g.adm.build(&g.cfg, g.fleet, g.store.rdb, g.tenants.labels, g.obs.wrapped, g.obs.m.redisErrors, g.log)
 }
 
 // buildFronts builds the Responses and Messages APIs over Do.
@@ -208,7 +186,7 @@ func (g *Gateway) buildFronts(Options) error {
 // buildServers binds the listeners (so Addr is known before Run) and
 // builds the HTTP servers.
 func (g *Gateway) buildServers(Options) error {
-	if err := g.edge.listen(g.cfg.Listen, g.cfg.MetricsListen, g.m.connsRejected, g.reg); err != nil {
+	if err := g.edge.listen(g.cfg.Listen, g.cfg.MetricsListen, g.obs.m.connsRejected, g.obs.reg); err != nil {
 		return err
 	}
 	g.edge.handle(g.routes())
@@ -284,7 +262,7 @@ func (g *Gateway) Handler() http.Handler { return g.edge.srv.Handler }
 func (g *Gateway) Policy() string { return g.router.Policy().Name }
 
 // Registry returns the registry behind /metrics.
-func (g *Gateway) Registry() *prometheus.Registry { return g.reg }
+func (g *Gateway) Registry() *prometheus.Registry { return g.obs.reg }
 
 func (g *Gateway) close() {
 	g.edge.close()
@@ -294,7 +272,7 @@ func (g *Gateway) close() {
 	if g.store != nil {
 		g.store.close()
 	}
-	g.trace.shutdown(g.log)
+	g.obs.close()
 }
 
 // WaitReady blocks until at least one replica is healthy, or ctx ends.

@@ -155,7 +155,7 @@ func (g *Gateway) statusReport(now time.Time) map[string]any {
 			Health: st.HealthReason, Saturated: why, Waiting: st.Waiting, Running: st.Running, KVUsage: st.KVUsage,
 			Inflight: rep.InflightRequests(), IndexEntries: stats.Replicas[rep.Spec.Name].Entries, EventAgeSec: age})
 	}
-	frac, recent := g.activity.snapshot(now)
+	frac, recent := g.obs.activity.snapshot(now)
 	queue := g.adm.waitingNow()
 	return map[string]any{
 		"policy": g.router.Policy().Name, "draining": g.edge.draining.Load(), "replicas": reps,
@@ -206,6 +206,6 @@ func scoreSummary(eps []scoring.Endpoint, p *scoring.Plan) string {
 // Deps.Decided).
 func (g *Gateway) decided(r *turn, rt *routing.Route) {
 	p := &rt.Plan
-	g.activity.decided(decision{Time: time.Now(), RequestID: r.ID(), Tenant: r.TenantID(), Replica: rt.Eps[p.Chosen()].ID,
+	g.obs.activity.decided(decision{Time: time.Now(), RequestID: r.ID(), Tenant: r.TenantID(), Replica: rt.Eps[p.Chosen()].ID,
 		Reason: p.Reason, Rebind: p.Rebind, Prompt: p.PromptTokens, Predicted: p.Predicted[0], Scores: scoreSummary(rt.Eps, p)})
 }
