@@ -192,7 +192,7 @@ func scoreSummary(eps []scoring.Endpoint, p *scoring.Plan) string {
 	var parts []string
 	k := 0
 	for _, e := range eps {
-		if e.Unhealthy || e.Reserved { // Totals are aligned with the available endpoints
+		if !e.Available() { // Totals are aligned with the available endpoints
 			continue
 		}
 		parts = append(parts, fmt.Sprintf("%s=%.2f", e.ID, d.Totals[k]))
