@@ -1,15 +1,11 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"fmt"
-	"io"
 	"log/slog"
 	"mime"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/warmpath/warmpath/gateway/proxy"
@@ -133,23 +129,16 @@ func (g *Gateway) checkEstimate(x *exchange) {
 	g.router.ObserveTTFT(x.req.Model(), e, observed)
 }
 
-// upstreamError reads a replica's error answer (bounded) and rewrites it
-// into OpenAI's envelope.
+// upstreamError finishes the exchange of a replica's error answer, whose
+// body is read (bounded) and rewritten into OpenAI's envelope
+// (proxy.ReadErrorAnswer).
 func (g *Gateway) upstreamError(x *exchange, resp *http.Response) (*http.Response, error) {
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	resp.Body.Close()
+	err := proxy.ReadErrorAnswer(resp)
 	x.flight.Done()
 	g.finish(x, request.Usage{}, false)
 	if err != nil {
-		return nil, fmt.Errorf("gateway: read upstream error: %w", err)
+		return nil, err
 	}
-	if fixed := proxy.NormalizeErrorBody(resp.StatusCode, body); fixed != nil {
-		body = fixed
-		resp.Header.Set("Content-Type", "application/json")
-	}
-	resp.Body = io.NopCloser(bytes.NewReader(body))
-	resp.ContentLength = int64(len(body))
-	resp.Header.Set("Content-Length", strconv.Itoa(len(body)))
 	return resp, nil
 }
 
