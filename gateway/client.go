@@ -41,7 +41,7 @@ type exchange struct {
 	span trace.Span
 
 	// pending counts the request among its class's requests not started
-	// on the replica routed to, until its first byte (startPending); nil
+	// on the replica routed to, until its first byte (admitter.startPending); nil
 	// without a queue.
 	pending *admission.Pending
 
