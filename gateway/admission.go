@@ -16,7 +16,7 @@ import (
 
 // admitFunc decides when a parsed request may be routed: the seam
 // between parsing and routing where the fair queue makes requests wait
-// (admitQueued). Routing happens only after it returns (late binding).
+// (admitter.queued). Routing happens only after it returns (late binding).
 // On success the gateway calls release exactly once, when the request has
 // ended, with what the replica reported (zero when it reported nothing).
 type admitFunc func(ctx context.Context, r *turn) (release func(request.Usage), err error)
@@ -28,7 +28,7 @@ func releaseNothing(request.Usage) {}
 
 // admitExchange is the pipeline's admission step: the sender's limits
 // (requests, tokens and concurrency per tenant and key: a 429 when over),
-// then routing's I/O (prepare), then the admission (g.admit) (which may make the
+// then routing's I/O (prepare), then the admission (admitter.admit) (which may make the
 // request wait, and decides where it goes as it leaves). On success the
 // exchange holds both, for finish.
 func (g *Gateway) admitExchange(ctx context.Context, x *exchange) error {
@@ -47,7 +47,7 @@ func (g *Gateway) admitExchange(ctx context.Context, x *exchange) error {
 		return err
 	}
 	x.prepared = time.Now()
-	release, err := g.waiting.wait(r, func() (func(request.Usage), error) { return g.admit(ctx, r) })
+	release, err := g.adm.wait(ctx, r)
 	if err != nil {
 		r.Placement.Unclaim()
 		if x.lease != nil {
@@ -87,7 +87,7 @@ func (g *Gateway) finish(x *exchange, u request.Usage, have bool) {
 
 var _ routing.Backlog = (*backlog)(nil)
 
-// backlog counts, per model, the requests waiting in the admission (g.admit): the
+// backlog counts, per model, the requests waiting in the admission (admitter.admit): the
 // queue the warmpath policy prices a decision's replica time against
 // (scoring.Input.Backlog). It also keeps, for each waiting request the
 // queue has placed (routing.Placement.Place), the replica its latest plan chose
@@ -100,7 +100,7 @@ type backlog struct {
 	seq    atomic.Uint64
 
 	mu sync.Mutex // guards order and plans
-	// order holds each waiting request's arrival in the admission (g.admit) (the
+	// order holds each waiting request's arrival in the admission (admitter.admit) (the
 	// queue's order, but for its tenant fairness and turn priority), and
 	// plans the placed ones' latest plans.
 	order map[*routing.Placement]arrival
@@ -109,7 +109,7 @@ type backlog struct {
 	remote atomic.Pointer[remoteBacklog]
 }
 
-// arrival is when a request entered the admission (g.admit): its place in this
+// arrival is when a request entered the admission (admitter.admit): its place in this
 // gateway's order and the time, to order it among other gateways'.
 type arrival struct {
 	seq uint64
@@ -171,7 +171,7 @@ func (b *backlog) Plan(p *routing.Placement, rep *fleet.Replica, plan *scoring.P
 
 // Fill sets, on eps (the endpoints of reps), the other waiting requests
 // held for each replica, this gateway's and the others': those ahead of
-// p (before it in the admission (g.admit), while p waits there; another gateway's
+// p (before it in the admission (admitter.admit), while p waits there; another gateway's
 // by the time they arrived) in GatewayAhead and their uncached prefill
 // in GatewayAheadTokens, the others in GatewayBehind. Once p has left
 // the queue every one is behind it.

@@ -147,7 +147,7 @@ func TestStreamUsageChunk(t *testing.T) {
 			t.Errorf("include_usage=%v: %d usage chunks", want, usageChunks)
 		}
 	}
-	if got := counter(t, gw.reg, "warmpath_prompt_tokens_total", nil); got == 0 {
+	if got := counter(t, gw.obs.reg, "warmpath_prompt_tokens_total", nil); got == 0 {
 		t.Error("streams without include_usage were not accounted")
 	}
 }
@@ -258,7 +258,7 @@ func TestUpstreamErrors(t *testing.T) {
 	sim.Replicas()[0].SetFaults(vllmsim.Faults{ErrorRate: 1})
 	// Fresh prompts until one lands on the failing replica first (the
 	// policy picks either; six in a row on the good one did happen).
-	for i := 0; counter(t, gw.reg, "warmpath_upstream_retries_total", nil) == 0; i++ {
+	for i := 0; counter(t, gw.obs.reg, "warmpath_upstream_retries_total", nil) == 0; i++ {
 		if i == 40 {
 			t.Fatal("no retries counted after 40 requests with one failing replica")
 		}
@@ -306,7 +306,7 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 	testrun.Eventually(t, 5*time.Second, func() bool {
 		return gw.fleet.Snapshot().Replicas[0].InflightRequests() == 0
 	}, "in-flight count back to 0")
-	if got := counter(t, gw.reg, "warmpath_requests_total", map[string]string{"code": "499"}); got != 1 {
+	if got := counter(t, gw.obs.reg, "warmpath_requests_total", map[string]string{"code": "499"}); got != 1 {
 		t.Errorf("499s counted = %v; want 1", got)
 	}
 }
@@ -337,7 +337,7 @@ func TestEveryPolicyServes(t *testing.T) {
 			if len(events) < 2 || events[len(events)-1] != "[DONE]" {
 				t.Fatalf("stream: %v", events)
 			}
-			if got := counter(t, gw.reg, "warmpath_requests_total", map[string]string{"policy": policy, "code": "200"}); got != 4 {
+			if got := counter(t, gw.obs.reg, "warmpath_requests_total", map[string]string{"policy": policy, "code": "200"}); got != 4 {
 				t.Errorf("requests_total{policy=%q,code=200} = %v; want 4", policy, got)
 			}
 		})

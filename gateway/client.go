@@ -41,7 +41,7 @@ type exchange struct {
 	span trace.Span
 
 	// pending counts the request among its class's requests not started
-	// on the replica routed to, until its first byte (startPending); nil
+	// on the replica routed to, until its first byte (admitter.startPending); nil
 	// without a queue.
 	pending *admission.Pending
 
@@ -75,9 +75,9 @@ func (g *Gateway) Do(ctx context.Context, req *request.R) (*http.Response, error
 		return nil, err
 	}
 	x.routed = time.Now()
-	g.trace.recordPhases(ctx, x, g.router.Policy().Name)
-	g.m.observePhases(x)
-	g.startPending(x)
+	g.obs.trace.recordPhases(ctx, x, g.router.Policy().Name)
+	g.obs.m.observePhases(x)
+	x.pending = g.adm.startPending(x.route, x.req)
 	resp, err := g.forward(ctx, x)
 	x.route.JoinSpeculation()
 	if err != nil {

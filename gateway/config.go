@@ -16,6 +16,7 @@ import (
 
 	"github.com/warmpath/warmpath/gateway/admission"
 	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/gateway/proxy"
 	"github.com/warmpath/warmpath/gateway/routing"
 	"github.com/warmpath/warmpath/record"
 	"github.com/warmpath/warmpath/responses"
@@ -53,7 +54,7 @@ type Config struct {
 	// drains on SIGTERM.
 	Server ServerConfig `yaml:"server"`
 	// Upstream bounds every call to a replica.
-	Upstream UpstreamConfig `yaml:"upstream"`
+	Upstream proxy.Config `yaml:"upstream"`
 	// Queue configures the admission queue: per-tenant fair queues in
 	// front of a saturated fleet (see admission.Config).
 	Queue admission.Config `yaml:"queue"`
@@ -162,32 +163,6 @@ const (
 	TokenizerHF        = routing.TokenizerHF
 )
 
-// UpstreamConfig bounds every call the gateway makes to a replica. A call
-// that fails before the first byte reaches the client (refused, timed out,
-// or left hanging on a replica the health checks mark down) is reported to
-// the replica's health and retried once on the next-best replica; a stream
-// that stalls after it started is ended with an error event.
-type UpstreamConfig struct {
-	// ConnectTimeout bounds dialing a replica; default 2s.
-	ConnectTimeout time.Duration `yaml:"connect_timeout"`
-	// HeaderTimeout bounds the wait for response headers; default 10m.
-	// A non-streaming answer's headers come with the whole answer, so it
-	// bounds the generation too. A request waiting on a replica that the
-	// health checks mark down is released at once, whatever this says.
-	HeaderTimeout time.Duration `yaml:"header_timeout"`
-	// FirstByteTimeout bounds a stream's wait from its headers to its
-	// first event (vLLM sends headers at once, then queues and
-	// prefills); default 10m.
-	FirstByteTimeout time.Duration `yaml:"first_byte_timeout"`
-	// IdleTimeout bounds the silence between a stream's events once it
-	// has started; default 2m.
-	IdleTimeout time.Duration `yaml:"idle_timeout"`
-	// TokenizeTimeout bounds one /tokenize call; default 2s. A replica
-	// that times out is reported to health and the next one is asked
-	// (calls that time out together count as one failure).
-	TokenizeTimeout time.Duration `yaml:"tokenize_timeout"`
-}
-
 // SimConfig configures the embedded simulated fleet (package vllmsim,
 // which the gateway does not import: warmpath serve builds the fleet).
 type SimConfig struct {
@@ -282,12 +257,7 @@ func (c Config) withDefaults() Config {
 		c.MaxBodyBytes = 32 << 20
 	}
 	c.Server.withDefaults()
-	u := &c.Upstream
-	def(&u.ConnectTimeout, 2*time.Second)
-	def(&u.HeaderTimeout, 10*time.Minute)
-	def(&u.FirstByteTimeout, 10*time.Minute)
-	def(&u.IdleTimeout, 2*time.Minute)
-	def(&u.TokenizeTimeout, 2*time.Second)
+	c.Upstream = c.Upstream.WithDefaults()
 	c.Health = c.Health.WithDefaults()
 	c.Queue = c.Queue.WithDefaults()
 	c.Responses = c.Responses.WithDefaults()
@@ -401,13 +371,11 @@ func (c *Config) validate() error {
 	if c.MaxBodyBytes < 1024 {
 		bad("max_body_bytes", "%d is below 1024", c.MaxBodyBytes)
 	}
+	errs = append(errs, c.Upstream.Validate()...)
 	for _, d := range []struct {
 		field string
 		v     time.Duration
 	}{
-		{"upstream.connect_timeout", c.Upstream.ConnectTimeout}, {"upstream.header_timeout", c.Upstream.HeaderTimeout},
-		{"upstream.first_byte_timeout", c.Upstream.FirstByteTimeout}, {"upstream.idle_timeout", c.Upstream.IdleTimeout},
-		{"upstream.tokenize_timeout", c.Upstream.TokenizeTimeout},
 		{"server.header_timeout", c.Server.HeaderTimeout}, {"server.body_timeout", c.Server.BodyTimeout},
 		{"server.idle_timeout", c.Server.IdleTimeout}, {"server.drain_timeout", c.Server.DrainTimeout},
 	} {

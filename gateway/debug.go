@@ -37,7 +37,7 @@ func (g *Gateway) debugHeaders(h interface{ Set(string, string) }, x *exchange) 
 	var parts []string
 	k := 0
 	for _, e := range x.route.Eps {
-		if e.Unhealthy || e.Reserved {
+		if !e.Available() {
 			continue
 		}
 		s := fmt.Sprintf("%s=%.3f", e.ID, d.Totals[k])

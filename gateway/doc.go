@@ -26,9 +26,11 @@
 //	                       ─▶ I/O: tokenize (replica /tokenize, cached) and
 //	                       match the prefix index when the plan asks, then
 //	                       Decide again; remember the binding, speculate
-//	forward   forward.go   send to the plan's first candidate; on a
-//	                       failure before any byte (connect error, 5xx)
-//	                       retry once on the next
+//	forward   proxy/       proxy.Forwarder (forward.go hands it the exchange):
+//	                       send to the plan's first candidate; on a
+//	                       failure before any byte (connect error, 5xx,
+//	                       header timeout, replica marked down) retry
+//	                       once on the next; watch the body's silences
 //	account   account.go   proxy.NewSSEFilter (usage learned, unasked usage
 //	          proxy/       chunk dropped, errors normalized) or
 //	                       proxy.NewJSONTap; on the

@@ -3,8 +3,6 @@ package gateway
 import (
 	"context"
 	"errors"
-	"fmt"
-	"net"
 	"net/http"
 	"time"
 
@@ -24,57 +22,18 @@ func (g *Gateway) Run(ctx context.Context) error {
 	cctx, stopComponents := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopComponents()
 	eg, ectx := errgroup.WithContext(cctx)
-	if err := g.tenants.start(ectx, eg, g.rdb, g.cfg.Redis.KeyPrefix, g.log); err != nil {
+	if err := g.tenants.start(ectx, eg, g.store.rdb, g.cfg.Redis.KeyPrefix, g.log); err != nil {
 		return err
 	}
-	if g.breaker != nil {
-		eg.Go(func() error { return g.breaker.Run(ectx) })
-	}
-	if g.responses != nil {
-		eg.Go(func() error { return ignoreCanceled(g.responses.Run(ectx)) })
-	}
+	g.store.run(ectx, eg)
+	g.fronts.run(ectx, eg)
 	eg.Go(func() error { return g.router.Run(ectx) })
-	if g.rec != nil {
-		eg.Go(func() error { return g.rec.Run(ectx) })
-	}
+	g.obs.run(ectx, eg)
 	eg.Go(func() error { return g.fleet.Run(ectx) })
-	if g.queue != nil {
-		eg.Go(func() error { return g.queue.Run(ectx) })
-	}
-	if g.shareQueue != nil {
-		eg.Go(func() error { return g.shareQueue.Run(ectx) })
-	}
+	g.adm.run(ectx, eg)
 	eg.Go(func() error { return g.runKVEvents(ectx) })
-	servers := []*http.Server{g.srv}
-	serve(eg, g.srv, g.ln)
-	if g.metricsSrv != nil {
-		servers = append(servers, g.metricsSrv)
-		serve(eg, g.metricsSrv, g.metricsLn)
-	}
-	eg.Go(func() error {
-		select {
-		case <-ctx.Done():
-			g.drain(ectx, servers)
-		case <-ectx.Done(): // a component failed: stop at once
-			for _, s := range servers {
-				s.Close()
-			}
-		}
-		stopComponents()
-		return nil
-	})
+	g.edge.run(ctx, ectx, eg, stopComponents)
 	return eg.Wait()
-}
-
-// serve runs srv on ln under eg until it is shut down.
-func serve(eg *errgroup.Group, srv *http.Server, ln net.Listener) {
-	eg.Go(func() error {
-		err := srv.Serve(ln)
-		if errors.Is(err, http.ErrServerClosed) {
-			return nil
-		}
-		return fmt.Errorf("gateway: serve %s: %w", ln.Addr(), err)
-	})
 }
 
 // drain shuts the servers down gracefully: /readyz answers 503 at once
@@ -83,10 +42,10 @@ func serve(eg *errgroup.Group, srv *http.Server, ln net.Listener) {
 // have server.drain_timeout to finish; streams still open then are ended
 // with an error event (proxy.NewSSEFilter) and the rest closed. ctx ending (a
 // failed component) cuts every wait short.
-func (g *Gateway) drain(ctx context.Context, servers []*http.Server) {
-	sc := g.cfg.Server
-	g.draining.Store(true)
-	g.log.Info("draining: readiness off", "pre_stop", sc.PreStop, "drain_timeout", sc.DrainTimeout)
+func (e *edge) drain(ctx context.Context, servers []*http.Server) {
+	sc := e.sc
+	e.draining.Store(true)
+	e.log.Info("draining: readiness off", "pre_stop", sc.PreStop, "drain_timeout", sc.DrainTimeout)
 	if sc.PreStop > 0 {
 		t := time.NewTimer(sc.PreStop)
 		select {
@@ -99,10 +58,10 @@ func (g *Gateway) drain(ctx context.Context, servers []*http.Server) {
 	defer cancel()
 	err := shutdownAll(dctx, servers)
 	if err == nil {
-		g.log.Info("drained")
+		e.log.Info("drained")
 		return
 	}
-	g.cutStreams()
+	e.cutStreams()
 	// Give the cut streams a moment to send their error event and [DONE].
 	fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer fcancel()
@@ -111,7 +70,7 @@ func (g *Gateway) drain(ctx context.Context, servers []*http.Server) {
 			s.Close()
 		}
 	}
-	g.log.Warn("drain timeout passed; open streams were ended with an error event", "err", err)
+	e.log.Warn("drain timeout passed; open streams were ended with an error event", "err", err)
 }
 
 func shutdownAll(ctx context.Context, servers []*http.Server) error {

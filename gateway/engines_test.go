@@ -214,7 +214,7 @@ func TestDataParallelEngineBehindGateway(t *testing.T) {
 	if d := g.indexDepth(name, p0); d != n0 {
 		t.Fatalf("rank 1 restarting left rank 0's prompt at depth %d of %d", d, n0)
 	}
-	if n := counter(t, g.reg, "warmpath_kvevents_restarts_total", map[string]string{"replica": name}); n != 1 {
+	if n := counter(t, g.obs.reg, "warmpath_kvevents_restarts_total", map[string]string{"replica": name}); n != 1 {
 		t.Errorf("restarts_total{replica=%s} = %v; want 1", name, n)
 	}
 
@@ -322,7 +322,7 @@ func TestTwoGatewaysOneRelay(t *testing.T) {
 		}
 	}
 	for k, g := range gws {
-		if n := counter(t, g.reg, "warmpath_kvevents_unknown_replica_batches_total", nil); n != 0 {
+		if n := counter(t, g.obs.reg, "warmpath_kvevents_unknown_replica_batches_total", nil); n != 0 {
 			t.Errorf("gateway %d dropped %v batches of unknown replicas", k, n)
 		}
 	}
@@ -386,7 +386,7 @@ func TestKVTopicNamesTheEngine(t *testing.T) {
 	}
 
 	unknown := func() float64 {
-		return counter(t, g.reg, "warmpath_kvevents_unknown_replica_batches_total", map[string]string{"topic": b.Topic})
+		return counter(t, g.obs.reg, "warmpath_kvevents_unknown_replica_batches_total", map[string]string{"topic": b.Topic})
 	}
 	for i := 0; unknown() < 3; i++ {
 		if i == 1000 {
@@ -421,11 +421,11 @@ func TestEngineNumberingFromOne(t *testing.T) {
 		return g.indexDepth(spec.Name, p) == 0 && g.indexDepth(spec.Name, q) > 0
 	}, "the restart seen")
 	for _, res := range []string{kvevents.ReplayFailed, kvevents.ReplayIncomplete} {
-		if n := counter(t, g.reg, "warmpath_kvevents_replays_total", map[string]string{"result": res}); n != 0 {
+		if n := counter(t, g.obs.reg, "warmpath_kvevents_replays_total", map[string]string{"result": res}); n != 0 {
 			t.Errorf("replays_total{result=%s} = %v; want 0", res, n)
 		}
 	}
-	if n := counter(t, g.reg, "warmpath_kvevents_duplicates_total", nil); n != 0 {
+	if n := counter(t, g.obs.reg, "warmpath_kvevents_duplicates_total", nil); n != 0 {
 		t.Errorf("duplicates_total = %v; want 0", n)
 	}
 }
@@ -467,7 +467,7 @@ func TestEnginesWithoutTokenize(t *testing.T) {
 		t.Errorf("%d /tokenize calls for 40 requests to %d engines without one; want one each", asked, len(proxies))
 	}
 	for _, s := range specs {
-		if v := counter(t, g.reg, "warmpath_tokenizer_backoff", map[string]string{"replica": s.Name}); v != 1 {
+		if v := counter(t, g.obs.reg, "warmpath_tokenizer_backoff", map[string]string{"replica": s.Name}); v != 1 {
 			t.Errorf("warmpath_tokenizer_backoff{replica=%s} = %v; want 1", s.Name, v)
 		}
 	}
@@ -555,7 +555,7 @@ func TestPredictionsRespectTheEngine(t *testing.T) {
 					conv = append(conv, msg{"assistant", r.Content}, msg{"user", words(fmt.Sprintf("more%d%d", c, turn), 7+turn)})
 				}
 			}
-			if n := counter(t, g.reg, "warmpath_mispredicted_hits_total", nil); n != 0 {
+			if n := counter(t, g.obs.reg, "warmpath_mispredicted_hits_total", nil); n != 0 {
 				t.Errorf("warmpath_mispredicted_hits_total = %v; want 0", n)
 			}
 			if sticky < 12 || predicted == 0 {
@@ -614,16 +614,16 @@ func TestCPUTierRouting(t *testing.T) {
 	testrun.Eventually(t, 10*time.Second, func() bool {
 		return g.router.Index().Blocks().Stats().Replicas[home].CPUEntries == int64(f.Replicas()[0].Stats().CPUBlocksUsed)
 	}, "the index's CPU tier bounded as the engine's")
-	if n := counter(t, g.reg, "warmpath_index_stored_blocks_total", map[string]string{"tier": "CPU"}); n == 0 {
+	if n := counter(t, g.obs.reg, "warmpath_index_stored_blocks_total", map[string]string{"tier": "CPU"}); n == 0 {
 		t.Error("warmpath_index_stored_blocks_total{tier=CPU} = 0")
 	}
-	if n := counter(t, g.reg, "warmpath_index_cpu_entries", map[string]string{"replica": home}); n == 0 {
+	if n := counter(t, g.obs.reg, "warmpath_index_cpu_entries", map[string]string{"replica": home}); n == 0 {
 		t.Error("warmpath_index_cpu_entries = 0")
 	}
-	if n := counter(t, g.reg, "warmpath_index_cpu_evictions_total", nil); n == 0 {
+	if n := counter(t, g.obs.reg, "warmpath_index_cpu_evictions_total", nil); n == 0 {
 		t.Error("warmpath_index_cpu_evictions_total = 0 with a store-only tier past its size")
 	}
-	if n := counter(t, g.reg, "warmpath_mispredicted_hits_total", nil); n != 0 {
+	if n := counter(t, g.obs.reg, "warmpath_mispredicted_hits_total", nil); n != 0 {
 		t.Errorf("warmpath_mispredicted_hits_total = %v; want 0", n)
 	}
 }

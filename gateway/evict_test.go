@@ -78,7 +78,7 @@ func TestEvictedPrefixStopsAttracting(t *testing.T) {
 	if got := after.Header.Get("X-Warmpath-Rebind"); got != scoring.RebindEvicted {
 		t.Errorf("sticky session rebind = %q; want %q (reason %s)", got, scoring.RebindEvicted, after.Header.Get("X-Warmpath-Reason"))
 	}
-	if got := counter(t, gw.reg, "warmpath_session_rebinds_total", map[string]string{"reason": scoring.RebindEvicted}); got < 1 {
+	if got := counter(t, gw.obs.reg, "warmpath_session_rebinds_total", map[string]string{"reason": scoring.RebindEvicted}); got < 1 {
 		t.Errorf("evicted rebinds = %v; want ≥ 1", got)
 	}
 }
@@ -107,8 +107,8 @@ func TestCachedFractionRoundRobinVsWarmpath(t *testing.T) {
 				c.turn(t, gw.URL, fmt.Sprintf("tool result %d %s", turn, words("out", 40)))
 			}
 		}
-		cached := counter(t, gw.reg, "warmpath_cached_tokens_total", map[string]string{"policy": policy})
-		prompt := counter(t, gw.reg, "warmpath_prompt_tokens_total", map[string]string{"policy": policy})
+		cached := counter(t, gw.obs.reg, "warmpath_cached_tokens_total", map[string]string{"policy": policy})
+		prompt := counter(t, gw.obs.reg, "warmpath_prompt_tokens_total", map[string]string{"policy": policy})
 		if prompt == 0 {
 			t.Fatalf("%s: no prompt tokens accounted", policy)
 		}

@@ -56,7 +56,7 @@ func TestRedisRestart(t *testing.T) {
 			t.Errorf("session %d moved to %s while Redis was down; bound to %s", i, r.replica(), homes[i])
 		}
 	}
-	if got := counter(t, gw.reg, "warmpath_redis_errors_total", nil); got == 0 {
+	if got := counter(t, gw.obs.reg, "warmpath_redis_errors_total", nil); got == 0 {
 		t.Error("Redis failures not counted")
 	}
 	srv.Restart(t)
@@ -117,7 +117,7 @@ func TestReplicaRestartClearsIndex(t *testing.T) {
 		if r.Status != http.StatusOK {
 			t.Fatalf("request to the restarted replica: %d %s", r.Status, r.Body)
 		}
-		return counter(t, gw.reg, "warmpath_kvevents_restarts_total", nil) >= 1
+		return counter(t, gw.obs.reg, "warmpath_kvevents_restarts_total", nil) >= 1
 	}, "the subscriber to detect the restart")
 	after := c.turn(t, gw.URL, "after restart")
 	if got := after.Header.Get("X-Warmpath-Rebind"); got != scoring.RebindEvicted {
@@ -185,7 +185,7 @@ func TestHungReplicaReleasesRequests(t *testing.T) {
 	sim := startSim(t, vllmsim.Config{Replicas: 4})
 	cfg := fleetConfig(sim)
 	cfg.Debug = true
-	cfg.Upstream = UpstreamConfig{HeaderTimeout: time.Hour, TokenizeTimeout: 300 * time.Millisecond}
+	cfg.Upstream = proxy.Config{HeaderTimeout: time.Hour, TokenizeTimeout: 300 * time.Millisecond}
 	rdb := redisFor(t, &cfg)
 	gw := startGateway(t, cfg, rdb)
 
@@ -239,7 +239,7 @@ func TestHungReplicaReleasesRequests(t *testing.T) {
 			t.Errorf("a turn was answered by the hung replica")
 		}
 	}
-	released := counter(t, gw.reg, "warmpath_upstream_errors_total", map[string]string{"replica": victim.Info().Name, "kind": "replica_down"})
+	released := counter(t, gw.obs.reg, "warmpath_upstream_errors_total", map[string]string{"replica": victim.Info().Name, "kind": "replica_down"})
 	if released < 1 {
 		t.Errorf("%v requests released from the hung replica; want at least session 0's", released)
 	}
@@ -254,7 +254,7 @@ func TestHungReplicaReleasesRequests(t *testing.T) {
 func TestStalledStreamEndsWithErrorEvent(t *testing.T) {
 	sim := startSim(t, vllmsim.Config{Replicas: 1, Speed: 1, StreamInterval: 20 * time.Millisecond})
 	cfg := fleetConfig(sim)
-	cfg.Upstream = UpstreamConfig{IdleTimeout: 300 * time.Millisecond}
+	cfg.Upstream = proxy.Config{IdleTimeout: 300 * time.Millisecond}
 	rdb := redisFor(t, &cfg)
 	gw := startGateway(t, cfg, rdb)
 
@@ -278,7 +278,7 @@ func TestStalledStreamEndsWithErrorEvent(t *testing.T) {
 	// The error event reaches the client before the stream's end is
 	// accounted (the filter writes it, then reports done).
 	cut := func() float64 {
-		return counter(t, gw.reg, "warmpath_streams_cut_total", map[string]string{"reason": "idle_timeout"})
+		return counter(t, gw.obs.reg, "warmpath_streams_cut_total", map[string]string{"reason": "idle_timeout"})
 	}
 	testrun.Eventually(t, 5*time.Second, func() bool { return cut() >= 1 }, "the cut stream counted")
 	if got := cut(); got != 1 {
@@ -321,7 +321,7 @@ func TestCutStreamEndsWithErrorEvent(t *testing.T) {
 	if n < 3 || events[n-1] != "[DONE]" || !strings.Contains(events[n-2], `"code":"upstream_error"`) {
 		t.Fatalf("stream ended with %q; want an upstream_error event, then [DONE]", events[max(0, n-2):])
 	}
-	if got := counter(t, gw.reg, "warmpath_streams_cut_total", nil); got != 1 {
+	if got := counter(t, gw.obs.reg, "warmpath_streams_cut_total", nil); got != 1 {
 		t.Errorf("warmpath_streams_cut_total = %v; want 1", got)
 	}
 }
@@ -362,18 +362,18 @@ func TestRedisOutageBreaker(t *testing.T) {
 	srv.Stop()
 	// Sticky lookups answer from memory while the session tracking holds;
 	// it notices the server gone, and from then on they ask Redis.
-	testrun.Eventually(t, 5*time.Second, func() bool { return counter(t, gw.reg, "warmpath_session_tracking", nil) == 0 }, "session tracking off")
+	testrun.Eventually(t, 5*time.Second, func() bool { return counter(t, gw.obs.reg, "warmpath_session_tracking", nil) == 0 }, "session tracking off")
 	lat("redis down, breaker closing")
-	if got := counter(t, gw.reg, "warmpath_redis_breaker_open", nil); got != 1 {
+	if got := counter(t, gw.obs.reg, "warmpath_redis_breaker_open", nil); got != 1 {
 		t.Fatalf("breaker open = %v after Redis went away; want 1", got)
 	}
-	before := counter(t, gw.reg, "warmpath_redis_short_circuited_total", nil)
+	before := counter(t, gw.obs.reg, "warmpath_redis_short_circuited_total", nil)
 	lat("redis down, breaker open")
-	if after := counter(t, gw.reg, "warmpath_redis_short_circuited_total", nil); after <= before {
+	if after := counter(t, gw.obs.reg, "warmpath_redis_short_circuited_total", nil); after <= before {
 		t.Errorf("no Redis command was short-circuited while the breaker was open (%v → %v)", before, after)
 	}
 	srv.Restart(t)
-	testrun.Eventually(t, 5*time.Second, func() bool { return counter(t, gw.reg, "warmpath_redis_breaker_open", nil) == 0 }, "the breaker to close")
+	testrun.Eventually(t, 5*time.Second, func() bool { return counter(t, gw.obs.reg, "warmpath_redis_breaker_open", nil) == 0 }, "the breaker to close")
 	lat("redis back")
 	if n := len(rdb.Keys(t.Context(), "*sess:*").Val()); n == 0 {
 		t.Error("no binding written to the restarted Redis")
@@ -451,10 +451,10 @@ func TestSlowBodiesAndHugeHeadersAreBounded(t *testing.T) {
 	if _, err := http.ReadResponse(bufio.NewReader(extra), nil); err == nil {
 		t.Error("a connection beyond max_conns_per_client was served")
 	}
-	if got := counter(t, gw.reg, "warmpath_connections_rejected_total", nil); got < 1 {
+	if got := counter(t, gw.obs.reg, "warmpath_connections_rejected_total", nil); got < 1 {
 		t.Errorf("warmpath_connections_rejected_total = %v; want ≥ 1", got)
 	}
-	if got := counter(t, gw.reg, "warmpath_requests_total", map[string]string{"code": "408"}); got != 4 {
+	if got := counter(t, gw.obs.reg, "warmpath_requests_total", map[string]string{"code": "408"}); got != 4 {
 		t.Errorf("requests answered 408 = %v; want 4", got)
 	}
 
@@ -474,9 +474,9 @@ func TestSlowBodiesAndHugeHeadersAreBounded(t *testing.T) {
 	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"model\":")
 	c.Close()
 	testrun.Eventually(t, 5*time.Second, func() bool {
-		return counter(t, gw.reg, "warmpath_requests_total", map[string]string{"code": "499"}) == 1
+		return counter(t, gw.obs.reg, "warmpath_requests_total", map[string]string{"code": "499"}) == 1
 	}, "the abandoned body counted as 499")
-	if got := counter(t, gw.reg, "warmpath_requests_total", map[string]string{"code": "400"}); got != 0 {
+	if got := counter(t, gw.obs.reg, "warmpath_requests_total", map[string]string{"code": "400"}); got != 0 {
 		t.Errorf("requests answered 400 = %v; want 0", got)
 	}
 }
@@ -549,7 +549,7 @@ func TestGracefulDrain(t *testing.T) {
 	if _, err := net.DialTimeout("tcp", g.Addr(), time.Second); err == nil {
 		t.Error("the listener still accepts after the drain")
 	}
-	if got := counter(t, g.reg, "warmpath_streams_cut_total", map[string]string{"reason": "drain"}); got != 1 {
+	if got := counter(t, g.obs.reg, "warmpath_streams_cut_total", map[string]string{"reason": "drain"}); got != 1 {
 		t.Errorf("streams cut by the drain = %v; want 1", got)
 	}
 }
@@ -577,7 +577,7 @@ func TestIdleRestartForgetsCache(t *testing.T) {
 	}
 
 	testrun.Eventually(t, 5*time.Second, func() bool {
-		return counter(t, gw.reg, "warmpath_replica_restarts_total", map[string]string{"replica": home}) == 1
+		return counter(t, gw.obs.reg, "warmpath_replica_restarts_total", map[string]string{"replica": home}) == 1
 	}, "the restart seen on /metrics")
 	if n := gw.router.Index().Blocks().Stats().Replicas[home].Entries; n != 0 {
 		t.Errorf("%d index entries left for the restarted replica", n)
@@ -666,7 +666,7 @@ func TestFailuresTogetherCountOnce(t *testing.T) {
 			t.Errorf("a turn whose /tokenize failed with the others: status %d; want 200", st)
 		}
 	}
-	if got := counter(t, gw.reg, "warmpath_replica_health_transitions_total", map[string]string{"to": "unhealthy"}); got != 0 {
+	if got := counter(t, gw.obs.reg, "warmpath_replica_health_transitions_total", map[string]string{"to": "unhealthy"}); got != 0 {
 		t.Errorf("the replica went unhealthy %v times on one event", got)
 	}
 }

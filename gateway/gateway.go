@@ -2,28 +2,19 @@ package gateway
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
-	"github.com/warmpath/warmpath/anthropic"
-	"github.com/warmpath/warmpath/gateway/admission"
 	"github.com/warmpath/warmpath/gateway/fleet"
+	"github.com/warmpath/warmpath/gateway/proxy"
 	"github.com/warmpath/warmpath/gateway/routing"
-	"github.com/warmpath/warmpath/kvevents"
-	"github.com/warmpath/warmpath/record"
-	"github.com/warmpath/warmpath/responses"
 )
 
 // Options are a gateway's dependencies that do not come from configuration.
@@ -61,40 +52,18 @@ type Options struct {
 // Gateway is a running warmpath gateway: an OpenAI-compatible HTTP edge over
 // a vLLM fleet. Build one with New, then call Run.
 type Gateway struct {
-	cfg         Config
-	log         *slog.Logger
-	reg         *prometheus.Registry
-	m           *metrics
-	kvm         *kvevents.Metrics
-	fleet       *fleet.Fleet
-	router      *routing.Router // the routing stage: policy, indexes, tokenizer, session bindings
-	rdb         redis.UniversalClient
-	ownsRedis   bool
-	breaker     *redisBreaker // nil without Redis
-	tenants     *tenants
-	activity    *activity          // what the status page shows
-	miss        *missTracker       // miss attribution and prefix-break diagnostics (misses.go)
-	rec         *record.Recorder   // nil unless record.dir is set (record.go)
-	responses   *responses.Service // nil without Redis
-	messages    *anthropic.Service
-	admit       admitFunc
-	waiting     backlog               // requests waiting in admit, by model
-	queue       *admission.Queue      // nil: no fair queue (queue.disabled)
-	shareQueue  *backlogSync          // shares waiting with the other gateways; nil without a queue or Redis
-	wrapped     prometheus.Registerer // reg with the policy label
-	upstream    *http.Transport
-	upstreamKey string
-	ln          net.Listener
-	srv         *http.Server
-	metricsLn   net.Listener // nil: /metrics is served on ln
-	metricsSrv  *http.Server
-	draining    atomic.Bool // SIGTERM arrived: /readyz answers 503
-	// tokenizeWarn rate-limits a warning any client can trigger.
-	tokenizeWarn sometimes
-	drainCtx     context.Context // ends when the drain timeout passes, cutting open streams
-	cutStreams   context.CancelFunc
-	started      time.Time
-	trace        tracing // OpenTelemetry; off unless configured (tracing.go)
+	cfg     Config
+	log     *slog.Logger
+	fleet   *fleet.Fleet
+	router  *routing.Router // the routing stage: policy, indexes, tokenizer, session bindings
+	tenants *tenants
+	miss    *missTracker     // miss attribution and prefix-break diagnostics (misses.go)
+	adm     *admitter        // admission: the fair queue, the backlog of waiting requests
+	store   *store           // Redis (nil client: in process memory only) and its breaker
+	fronts  fronts           // the Responses and Messages APIs over Do
+	obs     *observability   // metrics, traces, the status page, the recording
+	edge    *edge            // the HTTP servers and the drain
+	fwd     *proxy.Forwarder // the forwarding stage: the upstream transport, attempts and retries
 }
 
 // New builds a gateway from cfg: it fills defaults, validates (errors name
@@ -106,21 +75,10 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	if err != nil {
 		return nil, err
 	}
-	reg := o.Registry
-	if reg == nil {
-		reg = prometheus.NewRegistry()
-		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	}
-	wrapped := prometheus.WrapRegistererWith(prometheus.Labels{"policy": cfg.Routing.Policy}, reg)
-	if o.wrapRegisterer != nil {
-		wrapped = o.wrapRegisterer(wrapped)
-	}
-	g := &Gateway{cfg: cfg, log: log, reg: reg, wrapped: wrapped, m: newMetrics(wrapped), kvm: kvevents.NewMetrics(wrapped), upstreamKey: o.UpstreamAPIKey, started: time.Now()}
-	g.drainCtx, g.cutStreams = context.WithCancel(context.Background())
-	g.activity = newActivity()
-	g.miss = newMissTracker(cfg.Routing.BlockSize, wrapped)
-	g.tokenizeWarn.period = 10 * time.Second
-	for _, build := range []func(Options) error{g.buildStores, g.buildFleet, g.buildAdmission, g.buildRouting, g.buildFronts, g.buildServers} {
+	g := &Gateway{cfg: cfg, log: log, obs: newObservability(cfg.Routing.Policy, o, log)}
+	g.edge, g.adm = newEdge(cfg.Server, log), newAdmitter()
+	g.miss = newMissTracker(cfg.Routing.BlockSize, g.obs.wrapped)
+	for _, build := range []func(Options) error{g.buildTracing, g.buildStores, g.buildFleet, g.buildAdmission, g.buildRouting, g.buildFronts, g.buildServers} {
 		if err := build(o); err != nil {
 			g.close()
 			return nil, err
@@ -156,42 +114,40 @@ func settle(cfg Config, o Options) (Config, *slog.Logger, error) {
 func (g *Gateway) buildStores(o Options) error {
 	cfg, log := &g.cfg, g.log
 	var err error
-	g.rdb = o.Redis
-	if g.rdb == nil && !cfg.Redis.embedded() {
-		if g.rdb, err = cfg.Redis.Client(); err != nil {
-			return err
-		}
-		g.ownsRedis = true
-	}
-	if g.rdb != nil {
-		g.breaker = newRedisBreaker(g.rdb, log, g.wrapped)
-	}
-	if g.tenants, err = newTenants(cfg, g.rdb, log); err != nil {
+	if g.store, err = newStore(cfg.Redis, o.Redis, log, g.obs.wrapped); err != nil {
 		return err
 	}
-	if g.rec, err = newRecorder(cfg.Record, g.tenants.cfg.SaltSecret, log, g.wrapped); err != nil {
+	if g.tenants, err = newTenants(cfg, g.store.rdb, log); err != nil {
+		return err
+	}
+	if g.obs.rec, err = newRecorder(cfg.Record, g.tenants.cfg.SaltSecret, log, g.obs.wrapped); err != nil {
 		return err
 	}
 	return nil
 }
 
-// buildFleet builds the fleet and the upstream transport.
+// buildTracing starts tracing's exporter (when tracing is on).
+func (g *Gateway) buildTracing(o Options) error {
+	var err error
+	g.obs.trace, err = newTracing(g.cfg.Tracing, o)
+	return err
+}
+
+// buildFleet builds the fleet and the forwarding stage over it.
 func (g *Gateway) buildFleet(o Options) error {
 	cfg := &g.cfg
 	var err error
-	fc := cfg.fleetConfig(o, g.log, g.wrapped)
-	fc.OnUpdate = g.replicaUpdated
+	fc := cfg.fleetConfig(o, g.log, g.obs.wrapped)
+	fc.OnUpdate = g.adm.replicaUpdated
 	if g.fleet, err = fleet.New(fc); err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
-	g.upstream = &http.Transport{
-		Proxy:                 nil,
-		DialContext:           (&net.Dialer{Timeout: cfg.Upstream.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns:          4096,
-		MaxIdleConnsPerHost:   512,
-		IdleConnTimeout:       90 * time.Second,
-		ExpectContinueTimeout: time.Second,
+	var tr proxy.Tracer
+	if g.obs.trace.on() {
+		tr = &g.obs.trace
 	}
+	g.fwd = proxy.New(cfg.Upstream, proxy.Deps{APIKey: o.UpstreamAPIKey, Drain: g.edge.drainCtx, Tracer: tr,
+		UpstreamErrors: g.obs.m.upstreamErrors, Retries: g.obs.m.retries})
 	return nil
 }
 
@@ -199,85 +155,46 @@ func (g *Gateway) buildFleet(o Options) error {
 // judgment of room.
 func (g *Gateway) buildRouting(Options) error {
 	cfg := &g.cfg
-	_, single := g.rdb.(*redis.Client)
+	_, single := g.store.rdb.(*redis.Client)
 	var err error
-	g.router, err = routing.New(cfg.Routing, routing.Deps{Fleet: g.fleet, Capacity: g.capacity(), Backlog: &g.waiting,
-		Redis: g.rdb, KeyPrefix: cfg.Redis.KeyPrefix, RedisTimeout: cfg.Redis.Timeout,
+	g.router, err = routing.New(cfg.Routing, routing.Deps{Fleet: g.fleet, Capacity: g.adm.capacity(), Backlog: &g.adm.waiting,
+		Redis: g.store.rdb, KeyPrefix: cfg.Redis.KeyPrefix, RedisTimeout: cfg.Redis.Timeout,
 		Tracking: single && cfg.Redis.Tracking == "on" && cfg.Redis.MasterName == "",
-		Tokenize: &http.Client{Transport: g.upstream, Timeout: cfg.Upstream.TokenizeTimeout}, RedisErrors: g.m.redisErrors,
-		Decided: g.decided, TokenizeFailed: g.tokenizeFailed, Logger: g.log, Registerer: g.wrapped})
+		Tokenize: &http.Client{Transport: g.fwd.Transport(), Timeout: cfg.Upstream.TokenizeTimeout}, RedisErrors: g.obs.m.redisErrors,
+		Decided: g.decided, TokenizeFailed: g.obs.tokenizeFailed, Logger: g.log, Registerer: g.obs.wrapped})
 	return err
 }
 
 // buildAdmission builds the fair queue (unless queue.disabled) and, with
 // Redis, the backlog exchange with the other gateways.
 func (g *Gateway) buildAdmission(Options) error {
-	cfg := &g.cfg
-	g.admit = admitAll
-	if cfg.Queue.Disabled {
-		return nil
-	}
-	var err error
-	if g.queue, err = admission.New(cfg.Queue, g.fleet, admission.Options{KeyPrefix: cfg.Redis.KeyPrefix, Redis: g.rdb,
-		Labels: g.tenants.labels, Registerer: g.wrapped, Logger: g.log}); err != nil {
-		return err
-	}
-	g.admit = admitFunc(g.admitQueued)
-	if g.rdb != nil {
-		g.shareQueue = &backlogSync{b: &g.waiting, rdb: g.rdb, key: cfg.Redis.KeyPrefix + backlogHash, id: rand.Text(),
-			every: cfg.Queue.SyncInterval, limit: cfg.Redis.Timeout, log: g.log.With("component", "backlog"),
-			failed: func() { g.m.redisErrors.WithLabelValues("backlog").Inc() }}
-	}
-	return nil
+	return g.adm.build(&g.cfg, g.fleet, g.store.rdb, g.tenants.labels, g.obs.wrapped, g.obs.m.redisErrors, g.log)
 }
 
 // buildFronts builds the Responses and Messages APIs over Do.
 func (g *Gateway) buildFronts(Options) error {
 	var err error
-	if g.responses, err = g.newResponses(); err != nil {
+	if g.fronts.responses, err = g.newResponses(); err != nil {
 		return fmt.Errorf("config: responses: %w", err)
 	}
-	if g.messages, err = g.newMessages(); err != nil {
+	if g.fronts.messages, err = g.newMessages(); err != nil {
 		return fmt.Errorf("config: messages: %w", err)
 	}
 	return nil
 }
 
-// buildServers binds the listeners (so Addr is known before Run), starts
-// tracing's exporter and builds the HTTP servers.
-func (g *Gateway) buildServers(o Options) error {
-	cfg := &g.cfg
-	var err error
-	if g.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
-		return fmt.Errorf("config: listen: %w", err)
-	}
-	g.ln = limitClients(g.ln, cfg.Server.MaxConnsPerClient, g.m.connsRejected)
-	if cfg.MetricsListen != "" {
-		if g.metricsLn, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
-			return fmt.Errorf("config: metrics_listen: %w", err)
-		}
-		g.metricsSrv = &http.Server{Handler: promhttp.HandlerFor(g.reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 10 * time.Second}
-	}
-	if g.trace, err = newTracing(cfg.Tracing, o); err != nil {
+// buildServers binds the listeners (so Addr is known before Run) and
+// builds the HTTP servers.
+func (g *Gateway) buildServers(Options) error {
+	if err := g.edge.listen(g.cfg.Listen, g.cfg.MetricsListen, g.obs.m.connsRejected, g.obs.reg); err != nil {
 		return err
 	}
-	g.srv = &http.Server{
-		Handler:           g.routes(),
-		ReadHeaderTimeout: cfg.Server.HeaderTimeout,
-		MaxHeaderBytes:    cfg.Server.MaxHeaderBytes,
-		IdleTimeout:       cfg.Server.IdleTimeout,
-		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelWarn),
-	}
+	g.edge.handle(g.routes())
 	return nil
 }
 
 // MetricsAddr returns the address /metrics is served on.
-func (g *Gateway) MetricsAddr() string {
-	if g.metricsLn != nil {
-		return g.metricsLn.Addr().String()
-	}
-	return g.Addr()
-}
+func (g *Gateway) MetricsAddr() string { return g.edge.metricsAddr() }
 
 // fleetConfig is the fleet's configuration: the replica and discovery
 // specs as decoded, the health: block as it is, and the fleet's
@@ -335,29 +252,27 @@ func (rc RedisConfig) Client() (redis.UniversalClient, error) {
 const clusterStateReload = time.Second
 
 // Addr returns the address the gateway listens on.
-func (g *Gateway) Addr() string { return g.ln.Addr().String() }
+func (g *Gateway) Addr() string { return g.edge.addr() }
 
 // Handler returns the gateway's HTTP handler (for tests that serve it
 // themselves).
-func (g *Gateway) Handler() http.Handler { return g.srv.Handler }
+func (g *Gateway) Handler() http.Handler { return g.edge.srv.Handler }
 
 // Policy returns the name of the routing policy in force.
 func (g *Gateway) Policy() string { return g.router.Policy().Name }
 
 // Registry returns the registry behind /metrics.
-func (g *Gateway) Registry() *prometheus.Registry { return g.reg }
+func (g *Gateway) Registry() *prometheus.Registry { return g.obs.reg }
 
 func (g *Gateway) close() {
-	if g.metricsLn != nil {
-		g.metricsLn.Close()
+	g.edge.close()
+	if g.fwd != nil {
+		g.fwd.Close()
 	}
-	if g.upstream != nil {
-		g.upstream.CloseIdleConnections()
+	if g.store != nil {
+		g.store.close()
 	}
-	if g.ownsRedis && g.rdb != nil {
-		g.rdb.Close()
-	}
-	g.trace.shutdown(g.log)
+	g.obs.close()
 }
 
 // WaitReady blocks until at least one replica is healthy, or ctx ends.

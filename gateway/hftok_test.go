@@ -38,14 +38,14 @@ func TestHFTokenizerCheckedAgainstReplicas(t *testing.T) {
 		t.Errorf("localFor: listed %v, unlisted %v; want true, false", g.router.Tokenizer().LocalFor(vllmsim.DefaultModel), g.router.Tokenizer().LocalFor("unlisted"))
 	}
 	routed(t, g.URL, userPrompt("hf0w", 40))
-	if got := counter(t, g.reg, "warmpath_tokenizer_calls_total", map[string]string{"result": "local"}); got != 1 {
+	if got := counter(t, g.obs.reg, "warmpath_tokenizer_calls_total", map[string]string{"result": "local"}); got != 1 {
 		t.Errorf("local tokenizations = %v; want the first prompt's", got)
 	}
 	testrun.Eventually(t, 10*time.Second, func() bool {
-		return counter(t, g.reg, "warmpath_tokenizer_mismatch_total", map[string]string{"model": vllmsim.DefaultModel}) == 1
+		return counter(t, g.obs.reg, "warmpath_tokenizer_mismatch_total", map[string]string{"model": vllmsim.DefaultModel}) == 1
 	}, "the check against the simulated vocabulary to mismatch")
 	routed(t, g.URL, userPrompt("hf1w", 40))
-	if got := counter(t, g.reg, "warmpath_tokenizer_calls_total", map[string]string{"result": "ok"}); got != 1 {
+	if got := counter(t, g.obs.reg, "warmpath_tokenizer_calls_total", map[string]string{"result": "ok"}); got != 1 {
 		t.Errorf("tokenizations by a replica = %v; want the prompt after the mismatch", got)
 	}
 	if g.router.Tokenizer().LocalFor(vllmsim.DefaultModel) {

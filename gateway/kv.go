@@ -47,7 +47,7 @@ func (g *Gateway) runKVEvents(ctx context.Context) error {
 				return ""
 			},
 			Handler: g.router.Index(),
-			Metrics: g.kvm,
+			Metrics: g.obs.kvm,
 			Logger:  g.log.With("component", "kvevents"),
 		})
 		if err != nil {
@@ -118,7 +118,7 @@ func (g *Gateway) subscribe(ctx context.Context, zctx *zmq.Context, rep *fleet.R
 			Endpoint:       src.Endpoint,
 			ReplayEndpoint: src.ReplayEndpoint,
 			Handler:        g.router.Index(),
-			Metrics:        g.kvm,
+			Metrics:        g.obs.kvm,
 			Logger:         g.log.With("component", "kvevents", "replica", rep.Spec.Name, "rank", src.Rank),
 		})
 		if err != nil {
@@ -190,7 +190,7 @@ func (g *Gateway) syncReplicas(ctx context.Context) {
 			}
 			if seen, ok := restarts[rep]; ok && st.Restarts > seen {
 				g.router.Index().Clear(rep.Spec.Name)
-				g.m.replicaRestarts.WithLabelValues(rep.Spec.Name).Inc()
+				g.obs.m.replicaRestarts.WithLabelValues(rep.Spec.Name).Inc()
 			}
 			next[rep] = st.Restarts
 		}

@@ -111,13 +111,13 @@ func TestLocalTokenizerMatchesReplicas(t *testing.T) {
 		}
 	}
 	checks := func(result string) float64 {
-		return counter(t, g.reg, "warmpath_tokenizer_checks_total", map[string]string{"result": result})
+		return counter(t, g.obs.reg, "warmpath_tokenizer_checks_total", map[string]string{"result": result})
 	}
 	testrun.Eventually(t, 10*time.Second, func() bool { return checks("match") == 3 }, "checks of prompts 1, 4 and 8")
-	if got := counter(t, g.reg, "warmpath_tokenizer_calls_total", map[string]string{"result": "local"}); got != 8 {
+	if got := counter(t, g.obs.reg, "warmpath_tokenizer_calls_total", map[string]string{"result": "local"}); got != 8 {
 		t.Errorf("local tokenizations = %v; want 8", got)
 	}
-	if got := counter(t, g.reg, "warmpath_tokenizer_calls_total", map[string]string{"result": "ok"}); got != 0 {
+	if got := counter(t, g.obs.reg, "warmpath_tokenizer_calls_total", map[string]string{"result": "ok"}); got != 0 {
 		t.Errorf("tokenizations by a replica = %v; want none", got)
 	}
 	if n := tokenizeCalls(proxies); n != 3 {
@@ -139,16 +139,16 @@ func TestLocalTokenizerMismatchFallsBack(t *testing.T) {
 	}
 	routed(t, g.URL, userPrompt("skew0w", 50))
 	mismatches := func() float64 {
-		return counter(t, g.reg, "warmpath_tokenizer_mismatch_total", map[string]string{"model": "qwen3-32b"})
+		return counter(t, g.obs.reg, "warmpath_tokenizer_mismatch_total", map[string]string{"model": "qwen3-32b"})
 	}
 	testrun.Eventually(t, 10*time.Second, func() bool { return mismatches() == 1 }, "the first prompt's check to mismatch")
 	for i := 1; i < 4; i++ {
 		routed(t, g.URL, userPrompt(fmt.Sprintf("skew%dw", i), 50))
 	}
-	if got := counter(t, g.reg, "warmpath_tokenizer_calls_total", map[string]string{"result": "local"}); got != 1 {
+	if got := counter(t, g.obs.reg, "warmpath_tokenizer_calls_total", map[string]string{"result": "local"}); got != 1 {
 		t.Errorf("local tokenizations = %v; want only the first prompt's", got)
 	}
-	if got := counter(t, g.reg, "warmpath_tokenizer_calls_total", map[string]string{"result": "ok"}); got != 3 {
+	if got := counter(t, g.obs.reg, "warmpath_tokenizer_calls_total", map[string]string{"result": "ok"}); got != 3 {
 		t.Errorf("tokenizations by a replica = %v; want the 3 after the mismatch", got)
 	}
 	if n := tokenizeCalls(proxies); n != 4 {

@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"context"
 	"encoding/hex"
 	"log/slog"
 	"sync/atomic"
@@ -53,13 +52,4 @@ func (s *sometimes) allow() (bool, int64) {
 		return false, 0
 	}
 	return true, s.held.Swap(0)
-}
-
-// tokenizeFailed warns, at most once per tokenizeWarn's period, that a
-// tokenization failed and routing went on without prefix information
-// (the router's Deps.TokenizeFailed): any client can trigger it.
-func (g *Gateway) tokenizeFailed(ctx context.Context, requestID string, err error) {
-	if ok, held := g.tokenizeWarn.allow(); ok {
-		g.log.WarnContext(ctx, "tokenize failed; routing without prefix information", "request_id", requestID, "err", err, "held_back", held)
-	}
 }

@@ -67,9 +67,9 @@ func TestQueuedRequestFollowsMembership(t *testing.T) {
 	body := map[string]any{"model": conv.model, "messages": conv.messages, "max_tokens": 4, "ignore_eos": true}
 	clock.pause()
 	blocker := asyncChat(t.Context(), url, body, hdr)
-	queuedNow := func() float64 { return counter(t, gw.reg, "warmpath_queue_depth", nil) }
+	queuedNow := func() float64 { return counter(t, gw.obs.reg, "warmpath_queue_depth", nil) }
 	testrun.Eventually(t, 10*time.Second, func() bool {
-		return counter(t, gw.reg, "warmpath_replica_inflight_requests", map[string]string{"replica": oldName}) == 1
+		return counter(t, gw.obs.reg, "warmpath_replica_inflight_requests", map[string]string{"replica": oldName}) == 1
 	}, "the session's turn running on "+oldName)
 	head := asyncChat(t.Context(), url, body, hdr)
 	testrun.Eventually(t, 10*time.Second, func() bool { return queuedNow() == 1 }, "the next turn queued")

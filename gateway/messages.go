@@ -26,7 +26,7 @@ func (g *Gateway) newMessages() (*anthropic.Service, error) {
 // keys and tokens as the OpenAI routes (x-api-key or bearer), answered in
 // Anthropic's envelope by the caller.
 func (g *Gateway) authenticateMessages(ctx context.Context, h http.Header) (context.Context, error) {
-	p, err := g.trace.authenticate(g.tenants.auth.Authenticate)(ctx, h)
+	p, err := g.obs.trace.authenticate(g.tenants.auth.Authenticate)(ctx, h)
 	if err != nil {
 		return ctx, err
 	}
@@ -36,5 +36,5 @@ func (g *Gateway) authenticateMessages(ctx context.Context, h http.Header) (cont
 // messagesHandler mounts the Messages API under the gateway's request
 // metrics.
 func (g *Gateway) messagesHandler() http.HandlerFunc {
-	return g.serveFront("messages", g.trace.front(g.messages.Handler(), messagesOp, noID))
+	return g.serveFront("messages", g.obs.trace.front(g.fronts.messages.Handler(), messagesOp, noID))
 }

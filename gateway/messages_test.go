@@ -14,6 +14,7 @@ import (
 
 	"github.com/tidwall/gjson"
 
+	"github.com/warmpath/warmpath/gateway/proxy"
 	"github.com/warmpath/warmpath/internal/testrun"
 	"github.com/warmpath/warmpath/misses"
 	"github.com/warmpath/warmpath/scoring"
@@ -257,10 +258,10 @@ func TestMessagesClaudeCodeShapedRun(t *testing.T) {
 	if frac < 0.9 {
 		t.Errorf("cached fraction %.3f; want above 0.9", frac)
 	}
-	if got := counter(t, gw.reg, "warmpath_tokenizer_avoided_total", nil); got != turns-1 {
+	if got := counter(t, gw.obs.reg, "warmpath_tokenizer_avoided_total", nil); got != turns-1 {
 		t.Errorf("tokenizer avoided %v times; want every turn after the first (%d)", got, turns-1)
 	}
-	if got := counter(t, gw.reg, "warmpath_cached_tokens_total", nil); int(got) != cached {
+	if got := counter(t, gw.obs.reg, "warmpath_cached_tokens_total", nil); int(got) != cached {
 		t.Errorf("the gateway counted %v cached tokens; the answers said %d", got, cached)
 	}
 	// The miss attribution: the causes add up, and Claude Code's billing
@@ -270,10 +271,10 @@ func TestMessagesClaudeCodeShapedRun(t *testing.T) {
 		t.Errorf("uncached tokens by cause %v (sum %v); want prompt − cached = %d, none a client prefix break", by, sum(by), prompt-cached)
 	}
 	// Every turn's body was read to its end: none counts as broken.
-	if got := counter(t, gw.reg, "warmpath_upstream_errors_total", nil); got != 0 {
+	if got := counter(t, gw.obs.reg, "warmpath_upstream_errors_total", nil); got != 0 {
 		t.Errorf("%v upstream errors counted; want none", got)
 	}
-	if got := counter(t, gw.reg, "warmpath_requests_total", map[string]string{"route": "messages", "code": "200"}); got != turns {
+	if got := counter(t, gw.obs.reg, "warmpath_requests_total", map[string]string{"route": "messages", "code": "200"}); got != turns {
 		t.Errorf("warmpath_requests_total{route=messages} = %v; want %d", got, turns)
 	}
 }
@@ -313,7 +314,7 @@ func TestMessagesSubAgentHasItsOwnSession(t *testing.T) {
 		main.user(fmt.Sprintf("and then %d", i))
 		sub.user(fmt.Sprintf("look further %d", i))
 	}
-	if got := counter(t, gw.reg, "warmpath_session_rebinds_total", nil); got != 0 {
+	if got := counter(t, gw.obs.reg, "warmpath_session_rebinds_total", nil); got != 0 {
 		t.Errorf("%v session rebinds; the sub-agent must not disturb the main conversation", got)
 	}
 }
@@ -391,10 +392,10 @@ func TestMessagesTenancy(t *testing.T) {
 		t.Error("the tenant's rate limit never applied to /v1/messages")
 	}
 	// Accounted to the tenant as chat turns are.
-	if got := counter(t, gw.reg, "warmpath_prompt_tokens_total", map[string]string{"tenant": "coder"}); got < 3*float64(n.Get("input_tokens").Int()) {
+	if got := counter(t, gw.obs.reg, "warmpath_prompt_tokens_total", map[string]string{"tenant": "coder"}); got < 3*float64(n.Get("input_tokens").Int()) {
 		t.Errorf("warmpath_prompt_tokens_total{tenant=coder} = %v; want the three admitted turns' prompts", got)
 	}
-	if got := counter(t, gw.reg, "warmpath_requests_total", map[string]string{"route": "messages", "code": "429"}); got != 1 {
+	if got := counter(t, gw.obs.reg, "warmpath_requests_total", map[string]string{"route": "messages", "code": "429"}); got != 1 {
 		t.Errorf("warmpath_requests_total{route=messages,code=429} = %v; want 1", got)
 	}
 }
@@ -406,7 +407,7 @@ func TestMessagesTenancy(t *testing.T) {
 func TestMessagesUpstreamFailsMidStream(t *testing.T) {
 	sim := startSim(t, vllmsim.Config{Replicas: 1, Speed: 1, StreamInterval: 20 * time.Millisecond})
 	cfg := fleetConfig(sim)
-	cfg.Upstream = UpstreamConfig{IdleTimeout: 300 * time.Millisecond, HeaderTimeout: 300 * time.Millisecond}
+	cfg.Upstream = proxy.Config{IdleTimeout: 300 * time.Millisecond, HeaderTimeout: 300 * time.Millisecond}
 	rdb := redisFor(t, &cfg)
 	gw := startGateway(t, cfg, rdb)
 	body := `{"model":"qwen3-32b","max_tokens":400,"stream":%t,"messages":[{"role":"user","content":"` + words("cut", 30) + `"}]}`

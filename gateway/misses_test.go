@@ -23,7 +23,7 @@ func uncachedBy(t *testing.T, g *testGateway, tenant string) [misses.NumCauses]f
 		if tenant != "" {
 			labels["tenant"] = tenant
 		}
-		out[c] = counter(t, g.reg, "warmpath_uncached_tokens_total", labels)
+		out[c] = counter(t, g.obs.reg, "warmpath_uncached_tokens_total", labels)
 	}
 	return out
 }
@@ -167,7 +167,7 @@ func TestRecordWritesAnsweredRequests(t *testing.T) {
 	for turn := range 3 {
 		got = append(got, c.turn(t, gw.URL, words(fmt.Sprint("next", turn), 10)))
 	}
-	testrun.Eventually(t, 5*time.Second, func() bool { return gw.rec.Written() == 3 }, "three entries written")
+	testrun.Eventually(t, 5*time.Second, func() bool { return gw.obs.rec.Written() == 3 }, "three entries written")
 	var entries []record.Entry
 	if err := record.ReadDir(cfg.Record.Dir, func(e record.Entry) error { entries = append(entries, e); return nil }); err != nil {
 		t.Fatal(err)

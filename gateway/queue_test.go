@@ -655,7 +655,7 @@ func BenchmarkAdmission(b *testing.B) {
 	for _, bb := range []struct {
 		name string
 		a    admitFunc
-	}{{"queue", g.admitQueued}, {"none", admitAll}} {
+	}{{"queue", g.adm.queued}, {"none", admitAll}} {
 		b.Run(bb.name, func(b *testing.B) {
 			b.ReportAllocs()
 			ctx := context.Background()
@@ -824,7 +824,7 @@ func TestQueueInteractiveReserve(t *testing.T) {
 // back, as if no interactive request had been sent for that long: the
 // reserve's clock moved on instead of the test waiting for it.
 func (g *testGateway) idleReserve() {
-	g.queue.Capacity().ReleaseReserve()
+	g.adm.queue.Capacity().ReleaseReserve()
 }
 
 // Over HTTP on two simulated replicas that run one sequence each: a

@@ -37,7 +37,7 @@ func newRecorder(cfg record.Config, key string, log *slog.Logger, reg prometheus
 // recordExchange hands an answered exchange to the recorder, if on; u is
 // the usage its replica reported.
 func (g *Gateway) recordExchange(x *exchange, u request.Usage) {
-	if g.rec == nil {
+	if g.obs.rec == nil {
 		return
 	}
 	r := x.req
@@ -48,7 +48,7 @@ func (g *Gateway) recordExchange(x *exchange, u request.Usage) {
 	if p := r.Principal(); p != nil {
 		tenant = p.TenantID
 	}
-	g.rec.Record(record.Entry{
+	g.obs.rec.Record(record.Entry{
 		Time: x.routed, Tenant: tenant, Session: r.Session().Value,
 		Blocks: x.route.Keys, BlockTokens: g.cfg.Routing.BlockSize,
 		PromptTokens: u.PromptTokens, OutputTokens: u.CompletionTokens,

@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/errgroup"
 )
 
 // errRedisOpen is what every Redis command returns while the breaker is
@@ -166,5 +167,45 @@ type redisLogger struct {
 func (l *redisLogger) Printf(ctx context.Context, format string, v ...any) {
 	if ok, held := l.limit.allow(); ok {
 		l.log.WarnContext(ctx, fmt.Sprintf(format, v...), "held_back", held)
+	}
+}
+
+// store is the gateway's Redis: the client (nil keeps everything in
+// process memory), whether the gateway made it (and so closes it), and
+// the breaker that keeps an outage off the request path.
+type store struct {
+	rdb     redis.UniversalClient
+	owns    bool
+	breaker *redisBreaker // nil without Redis
+}
+
+// newStore connects the configured Redis, or takes over rdb (a test's,
+// with a key prefix) when not nil, and adds the breaker's hook to it.
+func newStore(rc RedisConfig, rdb redis.UniversalClient, log *slog.Logger, reg prometheus.Registerer) (*store, error) {
+	s := &store{rdb: rdb}
+	if s.rdb == nil && !rc.embedded() {
+		var err error
+		if s.rdb, err = rc.Client(); err != nil {
+			return nil, err
+		}
+		s.owns = true
+	}
+	if s.rdb != nil {
+		s.breaker = newRedisBreaker(s.rdb, log, reg)
+	}
+	return s, nil
+}
+
+// run starts the breaker's probe under eg.
+func (s *store) run(ctx context.Context, eg *errgroup.Group) {
+	if s.breaker != nil {
+		eg.Go(func() error { return s.breaker.Run(ctx) })
+	}
+}
+
+// close closes the client if the gateway made it.
+func (s *store) close() {
+	if s.owns && s.rdb != nil {
+		s.rdb.Close()
 	}
 }

@@ -16,12 +16,12 @@ import (
 // It needs Redis (its state is shared by every gateway); without one it is
 // off and its routes answer 404.
 func (g *Gateway) newResponses() (*responses.Service, error) {
-	if g.rdb == nil {
+	if g.store.rdb == nil {
 		g.log.Info("responses: no Redis configured; /v1/responses and /v1/conversations are off")
 		return nil, nil
 	}
 	return responses.New(responses.Options{
-		Redis:        g.rdb,
+		Redis:        g.store.rdb,
 		KeyPrefix:    g.cfg.Redis.KeyPrefix,
 		Tenant:       tenantOf,
 		Config:       g.cfg.Responses,
@@ -29,7 +29,7 @@ func (g *Gateway) newResponses() (*responses.Service, error) {
 		Models:       g.fleet.Models,
 		Tokenize:     g.countTokens,
 		Logger:       g.log.With("component", "responses"),
-		Registerer:   g.wrapped,
+		Registerer:   g.obs.wrapped,
 	}, frontChat{g})
 }
 
@@ -70,7 +70,7 @@ func (c frontChat) Complete(ctx context.Context, t chatapi.Turn) (*http.Response
 		req.SetSession(session.Chain(p.TenantID, t.Session))
 	}
 	req.SetBackground(t.Background)
-	ctx, span := c.g.trace.backgroundSpan(ctx, t)
+	ctx, span := c.g.obs.trace.backgroundSpan(ctx, t)
 	resp, err := c.g.complete(ctx, req)
 	endWithBody(span, resp, err)
 	return resp, err

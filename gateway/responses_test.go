@@ -44,10 +44,10 @@ func TestResponsesChainedRunThroughGateway(t *testing.T) {
 		}
 		prev = r.ID
 	}
-	sticky := counter(t, gw.reg, "warmpath_routing_decisions_total", map[string]string{"reason": "sticky"})
-	avoided := counter(t, gw.reg, "warmpath_tokenizer_avoided_total", nil)
-	prompt := counter(t, gw.reg, "warmpath_prompt_tokens_total", map[string]string{"tenant": "chainer"})
-	cached := counter(t, gw.reg, "warmpath_cached_tokens_total", map[string]string{"tenant": "chainer"})
+	sticky := counter(t, gw.obs.reg, "warmpath_routing_decisions_total", map[string]string{"reason": "sticky"})
+	avoided := counter(t, gw.obs.reg, "warmpath_tokenizer_avoided_total", nil)
+	prompt := counter(t, gw.obs.reg, "warmpath_prompt_tokens_total", map[string]string{"tenant": "chainer"})
+	cached := counter(t, gw.obs.reg, "warmpath_cached_tokens_total", map[string]string{"tenant": "chainer"})
 	t.Logf("%d turns: %v sticky, %v without the tokenizer, cached %.0f of %.0f prompt tokens (%.1f%%)",
 		turns, sticky, avoided, cached, prompt, 100*cached/prompt)
 	if sticky != turns-1 || avoided != turns-1 {
@@ -60,7 +60,7 @@ func TestResponsesChainedRunThroughGateway(t *testing.T) {
 	if by := uncachedBy(t, gw, "chainer"); sum(by) != prompt-cached || by[misses.CauseClientBreak] != 0 {
 		t.Errorf("uncached tokens by cause %v (sum %v); want prompt − cached = %v, none a client prefix break", by, sum(by), prompt-cached)
 	}
-	if n := counter(t, gw.reg, "warmpath_requests_total", map[string]string{"route": "responses", "code": "200"}); n != turns {
+	if n := counter(t, gw.obs.reg, "warmpath_requests_total", map[string]string{"route": "responses", "code": "200"}); n != turns {
 		t.Errorf("warmpath_requests_total{route=responses,code=200} = %v; want %d", n, turns)
 	}
 	b := client(newTenant(t, gw.URL, "intruder", ""))

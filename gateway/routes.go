@@ -8,6 +8,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/warmpath/warmpath/gateway/proxy"
 	"github.com/warmpath/warmpath/gateway/request"
 	"github.com/warmpath/warmpath/internal/apierror"
 	"github.com/warmpath/warmpath/internal/chatapi"
@@ -22,22 +23,22 @@ func (g *Gateway) serve(route string, h handler) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		rec := &statusRecorder{ResponseWriter: w}
-		g.m.inflight.Inc()
+		g.obs.m.inflight.Inc()
 		// Account in a defer: the proxy aborts a response that breaks
 		// mid-body with panic(http.ErrAbortHandler), which net/http
 		// handles by dropping the connection.
 		defer func() {
-			g.m.inflight.Dec()
+			g.obs.m.inflight.Dec()
 			code := rec.code()
 			if p := recover(); p != nil {
 				if r.Context().Err() != nil {
 					code = apierror.StatusClientClosed
 				}
-				g.m.requests.WithLabelValues(route, strconv.Itoa(code)).Inc()
+				g.obs.m.requests.WithLabelValues(route, strconv.Itoa(code)).Inc()
 				panic(p)
 			}
-			g.m.requests.WithLabelValues(route, strconv.Itoa(code)).Inc()
-			g.m.duration.WithLabelValues(route).Observe(time.Since(start).Seconds())
+			g.obs.m.requests.WithLabelValues(route, strconv.Itoa(code)).Inc()
+			g.obs.m.duration.WithLabelValues(route).Observe(time.Since(start).Seconds())
 		}()
 		err := h(rec, r)
 		if err == nil && rec.code() >= 500 {
@@ -107,8 +108,8 @@ func (g *Gateway) serveFront(route string, h http.Handler) http.HandlerFunc {
 // routes builds the HTTP surface.
 func (g *Gateway) routes() http.Handler {
 	r := chi.NewRouter()
-	if g.trace.on() {
-		r.Use(g.trace.middleware)
+	if g.obs.trace.on() {
+		r.Use(g.obs.trace.middleware)
 	}
 	r.Use(chatapi.RequestID, g.bodyDeadline)
 	r.NotFound(g.serve("not_found", func(w http.ResponseWriter, r *http.Request) error {
@@ -122,8 +123,8 @@ func (g *Gateway) routes() http.Handler {
 	r.Get("/readyz", g.serve("readyz", g.ready))
 	r.Get("/ui", uiPageHandler) // the page holds no data; its JSON needs the admin key
 	r.Get("/ui/status.json", g.serve("status", g.status))
-	if g.metricsSrv == nil {
-		r.Handle("/metrics", promhttp.HandlerFor(g.reg, promhttp.HandlerOpts{}))
+	if !g.edge.separateMetrics() {
+		r.Handle("/metrics", promhttp.HandlerFor(g.obs.reg, promhttp.HandlerOpts{}))
 	}
 	r.Get("/admin/tenants/{tenant}/prefix-breaks", g.serve("prefix_breaks", g.prefixBreaksHandler))
 	if g.tenants.admin != nil {
@@ -134,11 +135,11 @@ func (g *Gateway) routes() http.Handler {
 	r.Handle("/v1/messages", messages)
 	r.Handle("/v1/messages/*", messages)
 	r.Group(func(r chi.Router) {
-		r.Use(g.tenants.auth.MiddlewareWith(g.trace.authenticate(g.tenants.auth.Authenticate)))
+		r.Use(g.tenants.auth.MiddlewareWith(g.obs.trace.authenticate(g.tenants.auth.Authenticate)))
 		r.Post("/v1/chat/completions", g.serve("chat_completions", g.inference(request.Chat)))
 		r.Post("/v1/completions", g.serve("completions", g.inference(request.Completions)))
-		if g.responses != nil {
-			h := g.trace.front(g.responses.Handler(), responsesOp, responsesID)
+		if g.fronts.responses != nil {
+			h := g.obs.trace.front(g.fronts.responses.Handler(), responsesOp, responsesID)
 			for _, p := range []string{"/v1/responses", "/v1/responses/*"} {
 				r.Handle(p, g.serveFront("responses", h))
 			}
@@ -162,7 +163,7 @@ func (g *Gateway) inference(api request.API) handler {
 			return bodyError(err)
 		}
 		h := r.Header.Clone()
-		setForwarded(h, r)
+		proxy.SetForwarded(h, r)
 		// The Content-Type is not checked: a bare `curl -d` sends form
 		// encoding, and the body either parses as JSON or is rejected.
 		p, _ := tenancy.FromContext(r.Context())
@@ -174,14 +175,14 @@ func (g *Gateway) inference(api request.API) handler {
 		if err != nil {
 			return err
 		}
-		copyResponse(w, resp)
+		proxy.CopyResponse(w, resp)
 		return nil
 	}
 }
 
 // ready reports whether at least one replica can take traffic.
 func (g *Gateway) ready(w http.ResponseWriter, r *http.Request) error {
-	if g.draining.Load() {
+	if g.edge.draining.Load() {
 		return apierror.Unavailable(nil, "draining: the gateway is shutting down")
 	}
 	for _, rep := range g.fleet.Snapshot().Replicas {
@@ -201,7 +202,7 @@ type modelObject struct {
 }
 
 func (g *Gateway) model(id string) modelObject {
-	return modelObject{ID: id, Object: "model", Created: g.started.Unix(), OwnedBy: "warmpath"}
+	return modelObject{ID: id, Object: "model", Created: g.edge.started.Unix(), OwnedBy: "warmpath"}
 }
 
 // listModels answers the union of the fleet's models that the caller may

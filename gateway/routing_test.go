@@ -63,11 +63,11 @@ func TestSessionSticks(t *testing.T) {
 			t.Errorf("turn %d predicted %d cached tokens; the replica reported %d", i+1, predicted, r.Usage.CachedTokens)
 		}
 	}
-	if got := counter(t, gw.reg, "warmpath_tokenizer_avoided_total", nil); got != 5 {
+	if got := counter(t, gw.obs.reg, "warmpath_tokenizer_avoided_total", nil); got != 5 {
 		t.Errorf("tokenizer avoided %v times; want 5", got)
 	}
 	// The first turn was tokenized (routing.skip_unseen is off); no other.
-	if got := counter(t, gw.reg, "warmpath_tokenizer_calls_total", map[string]string{"result": "ok"}); got != 1 {
+	if got := counter(t, gw.obs.reg, "warmpath_tokenizer_calls_total", map[string]string{"result": "ok"}); got != 1 {
 		t.Errorf("tokenizations = %v; want the first turn's", got)
 	}
 }
@@ -91,11 +91,11 @@ func TestUnseenPromptsTokenizedOffThePath(t *testing.T) {
 	shared := words("handbook", 400)
 	first := chat(t, gw.URL, map[string]any{"model": "qwen3-32b", "max_tokens": 2,
 		"messages": []msg{{"system", shared}, {"user", "alice asks"}}}, nil)
-	if got := counter(t, gw.reg, "warmpath_tokenizer_unseen_total", nil); got != 1 {
+	if got := counter(t, gw.obs.reg, "warmpath_tokenizer_unseen_total", nil); got != 1 {
 		t.Fatalf("unseen prompts = %v; want 1", got)
 	}
 	testrun.Eventually(t, 5*time.Second, func() bool {
-		return counter(t, gw.reg, "warmpath_session_tips_total", map[string]string{"result": "filled"}) == 1
+		return counter(t, gw.obs.reg, "warmpath_session_tips_total", map[string]string{"result": "filled"}) == 1
 	}, "the first prompt tokenized off the request path")
 	second := chat(t, gw.URL, map[string]any{"model": "qwen3-32b", "max_tokens": 2,
 		"messages": []msg{{"system", shared}, {"user", "bob asks something else"}}}, nil)
@@ -183,7 +183,7 @@ func TestSaturatedStickyReplicaYields(t *testing.T) {
 	if got := r.Header.Get("X-Warmpath-Rebind"); got != scoring.RebindSaturated {
 		t.Errorf("rebind reason = %q; want %q", got, scoring.RebindSaturated)
 	}
-	if got := counter(t, gw.reg, "warmpath_session_rebinds_total", map[string]string{"reason": scoring.RebindSaturated}); got != 1 {
+	if got := counter(t, gw.obs.reg, "warmpath_session_rebinds_total", map[string]string{"reason": scoring.RebindSaturated}); got != 1 {
 		t.Errorf("saturated rebinds = %v; want 1", got)
 	}
 	// The session now lives on the new replica.
@@ -285,7 +285,7 @@ func TestTrackingFollowsAnotherGatewaysRebind(t *testing.T) {
 	close(cmds.release)
 	rdb.AddHook(cmds)
 	g := startGateway(t, cfg, rdb)
-	testrun.Eventually(t, 5*time.Second, func() bool { return counter(t, g.reg, "warmpath_session_tracking", nil) == 1 }, "session tracking on")
+	testrun.Eventually(t, 5*time.Second, func() bool { return counter(t, g.obs.reg, "warmpath_session_tracking", nil) == 1 }, "session tracking on")
 	c := newConversation(words("rebound", 100), "hi")
 	c.header = map[string]string{"X-Session-ID": "rebound"}
 	c.turn(t, g.URL, "more")
@@ -417,7 +417,7 @@ func TestEstimateHeadersAndError(t *testing.T) {
 			t.Errorf("turn %d: scores %q; want both candidates, the chosen first", i, scores)
 		}
 	}
-	mfs, err := gw.reg.Gather()
+	mfs, err := gw.obs.reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -451,7 +451,7 @@ func TestEarlyTokenizeOverlapsLookup(t *testing.T) {
 	a := startGateway(t, cfg, rdb)
 	b := startGateway(t, cfg, rdb)
 	calls := func(g *testGateway) float64 {
-		return counter(t, g.reg, "warmpath_tokenizer_calls_total", map[string]string{"result": "ok"})
+		return counter(t, g.obs.reg, "warmpath_tokenizer_calls_total", map[string]string{"result": "ok"})
 	}
 	c := newConversation(words("early", 200), "first")
 	first := c.turn(t, a.URL, "second")
@@ -500,7 +500,7 @@ func testFirstTurnAsksRedisNothing(t *testing.T, tracking string) {
 	rdb.AddHook(cmds)
 	g := startGateway(t, cfg, rdb)
 	if tracking == "on" {
-		testrun.Eventually(t, 5*time.Second, func() bool { return counter(t, g.reg, "warmpath_session_tracking", nil) == 1 }, "session tracking on")
+		testrun.Eventually(t, 5*time.Second, func() bool { return counter(t, g.obs.reg, "warmpath_session_tracking", nil) == 1 }, "session tracking on")
 	}
 	if r := chat(t, g.URL, chatBody("first turn", 0, 2), nil); r.Status != http.StatusOK {
 		t.Fatalf("first turn: %d %s", r.Status, r.Body)
@@ -509,7 +509,7 @@ func testFirstTurnAsksRedisNothing(t *testing.T, tracking string) {
 		t.Errorf("the first turn read %d session bindings from Redis; want none", n)
 	}
 	testrun.Eventually(t, 5*time.Second, func() bool { return cmds.held.Load() > 0 }, "the binding's write")
-	if n := counter(t, g.reg, "warmpath_redis_errors_total", nil); n != 0 {
+	if n := counter(t, g.obs.reg, "warmpath_redis_errors_total", nil); n != 0 {
 		t.Errorf("%v Redis errors: the turn waited for its binding's write", n)
 	}
 	close(cmds.release)
@@ -645,7 +645,7 @@ func TestGatewayPhases(t *testing.T) {
 		t.Fatalf("unknown model: status %d; want 404", r.Status)
 	}
 	for _, ph := range PhaseNames() {
-		if n := histSamples(t, gw.reg, "warmpath_gateway_phase_seconds", map[string]string{"phase": ph}); n != 3 {
+		if n := histSamples(t, gw.obs.reg, "warmpath_gateway_phase_seconds", map[string]string{"phase": ph}); n != 3 {
 			t.Errorf("phase %s: %d samples; want 3", ph, n)
 		}
 	}

@@ -241,7 +241,7 @@ func TestIsolatedTenantsDoNotShareCachedPrefixes(t *testing.T) {
 	if got := cached("iso-1", "five"); got < 500 {
 		t.Errorf("isolated tenant missed its own cached prefix: %d", got)
 	}
-	if got := counter(t, gw.reg, "warmpath_cached_tokens_total", map[string]string{"tenant": "iso-1"}); got < 500 {
+	if got := counter(t, gw.obs.reg, "warmpath_cached_tokens_total", map[string]string{"tenant": "iso-1"}); got < 500 {
 		t.Errorf("per-tenant cached tokens for iso-1 = %v", got)
 	}
 }

@@ -314,45 +314,14 @@ func (t *tracing) middleware(next http.Handler) http.Handler {
 	})
 }
 
-// startAttempt starts the span of an upstream attempt (the n-th, from 1)
-// on replica.
-func (t *tracing) startAttempt(ctx context.Context, x *exchange, replica, host string, n int) (context.Context, trace.Span) {
-	op := x.req.API().Operation()
-	return t.tracer.Start(ctx, op+" "+x.req.Model(), trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(
-		semconv.GenAIOperationNameKey.String(op), semconv.GenAIRequestModel(x.req.Model()),
+// StartAttempt starts the span of an upstream attempt of r (the n-th,
+// from 1) on replica (proxy.Tracer).
+func (t *tracing) StartAttempt(ctx context.Context, r *request.R, replica, host string, n int) (context.Context, trace.Span) {
+	op := r.API().Operation()
+	return t.tracer.Start(ctx, op+" "+r.Model(), trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(
+		semconv.GenAIOperationNameKey.String(op), semconv.GenAIRequestModel(r.Model()),
 		attribute.String("warmpath.replica", replica), attribute.Int("warmpath.attempt", n),
 		semconv.ServerAddress(host)))
-}
-
-// endAttempt ends a failed attempt's span (nil: tracing is off).
-func endAttempt(span trace.Span, resp *http.Response, err error) {
-	if span == nil {
-		return
-	}
-	if resp != nil {
-		span.SetAttributes(semconv.HTTPResponseStatusCode(resp.StatusCode))
-		if resp.StatusCode >= 500 {
-			span.SetStatus(codes.Error, resp.Status)
-		}
-	}
-	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
-	}
-	span.End()
-}
-
-// answered notes the answering attempt's status on its span (nil:
-// tracing is off), which finish ends with the body (endAnswered).
-func answered(span trace.Span, resp *http.Response) trace.Span {
-	if span == nil {
-		return nil
-	}
-	span.SetAttributes(semconv.HTTPResponseStatusCode(resp.StatusCode))
-	if resp.StatusCode >= 500 {
-		span.SetStatus(codes.Error, resp.Status)
-	}
-	return span
 }
 
 // endAnswered ends the span of the attempt that answered, once its body
@@ -440,8 +409,9 @@ func requestAttrs(r *request.R) []attribute.KeyValue {
 	return attrs
 }
 
-// inject writes span's trace context into h, replacing the client's.
-func (t *tracing) inject(ctx context.Context, h http.Header) {
+// Inject writes span's trace context into h, replacing the client's
+// (proxy.Tracer).
+func (t *tracing) Inject(ctx context.Context, h http.Header) {
 	if t.on() {
 		t.prop.Inject(ctx, propagation.HeaderCarrier(h))
 	}

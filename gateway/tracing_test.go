@@ -294,7 +294,7 @@ func TestTracingOff(t *testing.T) {
 	cfg := fleetConfig(sim)
 	rdb := redisFor(t, &cfg)
 	gw := startGateway(t, cfg, rdb)
-	if gw.trace.on() {
+	if gw.obs.trace.on() {
 		t.Fatal("tracing is on without an endpoint or exporter")
 	}
 	body := map[string]any{"model": "qwen3-32b", "max_tokens": 2, "messages": []msg{{"user", "untraced"}}}

@@ -155,13 +155,10 @@ func (g *Gateway) statusReport(now time.Time) map[string]any {
 			Health: st.HealthReason, Saturated: why, Waiting: st.Waiting, Running: st.Running, KVUsage: st.KVUsage,
 			Inflight: rep.InflightRequests(), IndexEntries: stats.Replicas[rep.Spec.Name].Entries, EventAgeSec: age})
 	}
-	frac, recent := g.activity.snapshot(now)
-	var queue map[string]int
-	if g.queue != nil {
-		queue = g.queue.Waiting()
-	}
+	frac, recent := g.obs.activity.snapshot(now)
+	queue := g.adm.waitingNow()
 	return map[string]any{
-		"policy": g.router.Policy().Name, "draining": g.draining.Load(), "replicas": reps,
+		"policy": g.router.Policy().Name, "draining": g.edge.draining.Load(), "replicas": reps,
 		"cached_fraction": map[string]any{"step_seconds": statusStep.Seconds(), "by_tenant": frac},
 		"queue":           queue, "decisions": recent, "time": now, "misses": g.missStatus(),
 	}
@@ -195,7 +192,7 @@ func scoreSummary(eps []scoring.Endpoint, p *scoring.Plan) string {
 	var parts []string
 	k := 0
 	for _, e := range eps {
-		if e.Unhealthy || e.Reserved { // Totals are aligned with the available endpoints
+		if !e.Available() { // Totals are aligned with the available endpoints
 			continue
 		}
 		parts = append(parts, fmt.Sprintf("%s=%.2f", e.ID, d.Totals[k]))
@@ -209,6 +206,6 @@ func scoreSummary(eps []scoring.Endpoint, p *scoring.Plan) string {
 // Deps.Decided).
 func (g *Gateway) decided(r *turn, rt *routing.Route) {
 	p := &rt.Plan
-	g.activity.decided(decision{Time: time.Now(), RequestID: r.ID(), Tenant: r.TenantID(), Replica: rt.Eps[p.Chosen()].ID,
+	g.obs.activity.decided(decision{Time: time.Now(), RequestID: r.ID(), Tenant: r.TenantID(), Replica: rt.Eps[p.Chosen()].ID,
 		Reason: p.Reason, Rebind: p.Rebind, Prompt: p.PromptTokens, Predicted: p.Predicted[0], Scores: scoreSummary(rt.Eps, p)})
 }

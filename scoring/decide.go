@@ -249,11 +249,17 @@ func (p *Policy) stay(in *Input, avail []int) (Plan, string) {
 	return sp, ""
 }
 
+// Available reports whether the endpoint may take this request: it is
+// healthy and not kept for another class (Reserved). It is the one rule:
+// Decide, and whatever aligns with its decision (Decision.Totals), judge
+// by it.
+func (e *Endpoint) Available() bool { return !e.Unhealthy && !e.Reserved }
+
 // available returns the indexes of the endpoints that may take traffic.
 func available(eps []Endpoint) []int {
 	out := make([]int, 0, len(eps))
 	for i := range eps {
-		if !eps[i].Unhealthy && !eps[i].Reserved {
+		if eps[i].Available() {
 			out = append(out, i)
 		}
 	}

@@ -276,3 +276,16 @@ func TestPolicyBinds(t *testing.T) {
 		}
 	}
 }
+
+// An endpoint is available when it is healthy and not reserved for
+// another class.
+func TestEndpointAvailable(t *testing.T) {
+	for _, c := range []struct {
+		unhealthy, reserved, want bool
+	}{{false, false, true}, {true, false, false}, {false, true, false}, {true, true, false}} {
+		e := Endpoint{ID: "a", Unhealthy: c.unhealthy, Reserved: c.reserved}
+		if got := e.Available(); got != c.want {
+			t.Errorf("Endpoint{Unhealthy: %v, Reserved: %v}.Available() = %v; want %v", c.unhealthy, c.reserved, got, c.want)
+		}
+	}
+}

@@ -62,7 +62,8 @@ type Endpoint struct {
 	// Policies that route by estimate ignore it.
 	Saturated bool
 	// Unhealthy reports that the replica may take no traffic at all. Only
-	// Decide reads it: Route and the scorers are given available endpoints.
+	// Decide reads it (through Available): Route and the scorers are given
+	// available endpoints.
 	Unhealthy bool
 	// GatewayAheadTokens and GatewayAhead are the uncached prefill tokens
 	// and the requests waiting in the caller's admission queue whose plan

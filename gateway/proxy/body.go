@@ -1,15 +1,3 @@
-// Package proxy is the forwarding stage's body layer: what the gateway
-// does to an upstream answer on its way to the client. A streamed answer
-// passes through NewSSEFilter event by event (never buffered: each event
-// leaves as its blank line arrives), which learns usage, drops the usage
-// chunk the client did not ask for, rewrites vLLM's mid-stream errors
-// into OpenAI's envelope, and ends a stream cut short with an error event
-// and [DONE]; a whole answer passes through NewJSONTap, which keeps a
-// bounded copy for its usage; an error answer's body is rewritten into
-// OpenAI's envelope (NormalizeErrorBody). Each reports to an Observer:
-// the first byte, the usage, and the end, exactly once.
-//
-// The package keeps no state between requests and starts no goroutine.
 package proxy
 
 import (

@@ -3,6 +3,8 @@ package proxy
 import (
 	"fmt"
 	"io"
+	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -96,5 +98,22 @@ func TestJSONTapEndsWithItsLastByte(t *testing.T) {
 				t.Fatalf("at the end: %s", got)
 			}
 		})
+	}
+}
+
+// An error answer is read once and put back in OpenAI's envelope, its
+// Content-Length matching the new body.
+func TestReadErrorAnswer(t *testing.T) {
+	resp := &http.Response{StatusCode: 400, Header: http.Header{"Content-Type": {"text/plain"}},
+		Body: io.NopCloser(strings.NewReader(`{"object":"error","message":"bad","type":"BadRequestError","code":400}`))}
+	if err := ReadErrorAnswer(resp); err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if !strings.HasPrefix(string(body), `{"error":`) || resp.Header.Get("Content-Type") != "application/json" {
+		t.Errorf("body %s, Content-Type %q; want the OpenAI envelope as JSON", body, resp.Header.Get("Content-Type"))
+	}
+	if resp.ContentLength != int64(len(body)) || resp.Header.Get("Content-Length") != strconv.Itoa(len(body)) {
+		t.Errorf("Content-Length %d / %q; want %d", resp.ContentLength, resp.Header.Get("Content-Length"), len(body))
 	}
 }

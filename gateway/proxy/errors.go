@@ -1,8 +1,12 @@
 package proxy
 
 import (
+	"bytes"
 	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
+	"strconv"
 
 	"github.com/tidwall/gjson"
 
@@ -90,5 +94,24 @@ func codeFor(status int) *string {
 	case http.StatusServiceUnavailable:
 		return apierror.OrNil("service_unavailable")
 	}
+	return nil
+}
+
+// ReadErrorAnswer reads an error answer's body (up to 1 MiB) and closes
+// it, then puts it back rewritten into OpenAI's envelope
+// (NormalizeErrorBody), with its Content-Length.
+func ReadErrorAnswer(resp *http.Response) error {
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	resp.Body.Close()
+	if err != nil {
+		return fmt.Errorf("gateway: read upstream error: %w", err)
+	}
+	if fixed := NormalizeErrorBody(resp.StatusCode, body); fixed != nil {
+		body = fixed
+		resp.Header.Set("Content-Type", "application/json")
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	resp.ContentLength = int64(len(body))
+	resp.Header.Set("Content-Length", strconv.Itoa(len(body)))
 	return nil
 }

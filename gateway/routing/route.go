@@ -73,6 +73,12 @@ func (rt *Route) Candidate(k int) (*fleet.Replica, int) {
 	return rt.Reps[rt.Plan.Order[k]], rt.Plan.Predicted[k]
 }
 
+// Candidates is the number of replicas in the plan's order.
+func (rt *Route) Candidates() int { return len(rt.Plan.Order) }
+
+// PromptTokens is the plan's prompt size in tokens.
+func (rt *Route) PromptTokens() int { return rt.Plan.PromptTokens }
+
 // Route decides where the admitted request r goes: the plan its
 // placement made as it left the queue, or else scoring.Decide on the
 // fleet as it is now (matching the prompt against the prefix index when
