@@ -221,6 +221,11 @@ func (m *engineMetrics) parseLine(line []byte) {
 	if !ok {
 		return
 	}
+	m.add(kind, labels, v)
+}
+
+// add folds one sample of kind, with its label set, into m.
+func (m *engineMetrics) add(kind metricKind, labels []byte, v float64) {
 	switch kind {
 	case kindRunning:
 		m.Running += v
