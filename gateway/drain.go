@@ -13,8 +13,8 @@ import (
 
 // Run serves until ctx ends, with every goroutine the gateway needs: the
 // HTTP server(s), tenancy's loops, the Redis breaker's probe, the
-// Responses API's workers, the fleet's health checks and scrapes, and the
-// KV-event subscribers. When ctx ends (SIGTERM), it drains (see drain)
+// Responses API's workers, the fleet's health checks and scrapes, the
+// miss attribution's worker and the KV-event subscribers. When ctx ends (SIGTERM), it drains (see drain)
 // before stopping the rest, so routing stays informed while requests
 // finish. It returns nil after a clean shutdown, or the first component's
 // error.
@@ -34,6 +34,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 		eg.Go(func() error { return ignoreCanceled(g.responses.Run(ectx)) })
 	}
 	eg.Go(func() error { return g.router.Run(ectx) })
+	eg.Go(func() error { return g.miss.Run(ectx) })
 	if g.rec != nil {
 		eg.Go(func() error { return g.rec.Run(ectx) })
 	}

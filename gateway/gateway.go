@@ -118,7 +118,6 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	g := &Gateway{cfg: cfg, log: log, reg: reg, wrapped: wrapped, m: newMetrics(wrapped), kvm: kvevents.NewMetrics(wrapped), upstreamKey: o.UpstreamAPIKey, started: time.Now()}
 	g.drainCtx, g.cutStreams = context.WithCancel(context.Background())
 	g.activity = newActivity()
-	g.miss = newMissTracker(cfg.Routing.BlockSize, wrapped)
 	g.tokenizeWarn.period = 10 * time.Second
 	for _, build := range []func(Options) error{g.buildStores, g.buildFleet, g.buildAdmission, g.buildRouting, g.buildFronts, g.buildServers} {
 		if err := build(o); err != nil {
@@ -126,6 +125,7 @@ func New(cfg Config, o Options) (*Gateway, error) {
 			return nil, err
 		}
 	}
+	g.miss = newMissTracker(cfg.Routing.BlockSize, wrapped, log, g.fleet, g.tenants.usage)
 	return g, nil
 }
 
