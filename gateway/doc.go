@@ -73,7 +73,9 @@
 // session tracking; the Responses API's background workers when Redis
 // is configured; the fair queue's Run (counter exchange with Redis,
 // re-checks, share gauges; every scrape also kicks it); with record.dir
-// set, the recorder's writer (package record); and a
+// set, the recorder's writer (package record); the miss attribution's
+// worker, which explains each answered request's uncached tokens off the
+// response path (queued turns get a second on shutdown); and a
 // once-a-second sync of the indexes' per-replica facts (model, KV and
 // CPU-tier capacity, restarts). Speculative index entries expire lazily, on the index's own
 // calls, so no janitor runs. All stop when Run's context ends.

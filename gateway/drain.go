@@ -11,8 +11,8 @@ import (
 
 // Run serves until ctx ends, with every goroutine the gateway needs: the
 // HTTP server(s), tenancy's loops, the Redis breaker's probe, the
-// Responses API's workers, the fleet's health checks and scrapes, and the
-// KV-event subscribers. When ctx ends (SIGTERM), it drains (see drain)
+// Responses API's workers, the fleet's health checks and scrapes, the
+// miss attribution's worker and the KV-event subscribers. When ctx ends (SIGTERM), it drains (see drain)
 // before stopping the rest, so routing stays informed while requests
 // finish. It returns nil after a clean shutdown, or the first component's
 // error.
@@ -29,6 +29,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	g.fronts.run(ectx, eg)
 	eg.Go(func() error { return g.router.Run(ectx) })
 	g.obs.run(ectx, eg)
+	eg.Go(func() error { return g.miss.Run(ectx) })
 	eg.Go(func() error { return g.fleet.Run(ectx) })
 	g.adm.run(ectx, eg)
 	eg.Go(func() error { return g.runKVEvents(ectx) })

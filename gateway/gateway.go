@@ -77,13 +77,13 @@ func New(cfg Config, o Options) (*Gateway, error) {
 	}
 	g := &Gateway{cfg: cfg, log: log, obs: newObservability(cfg.Routing.Policy, o, log)}
 	g.edge, g.adm = newEdge(cfg.Server, log), newAdmitter()
-	g.miss = newMissTracker(cfg.Routing.BlockSize, g.obs.wrapped)
 	for _, build := range []func(Options) error{g.buildTracing, g.buildStores, g.buildFleet, g.buildAdmission, g.buildRouting, g.buildFronts, g.buildServers} {
 		if err := build(o); err != nil {
 			g.close()
 			return nil, err
 		}
 	}
+	g.miss = newMissTracker(cfg.Routing.BlockSize, g.obs.wrapped, log, g.fleet, g.tenants.usage)
 	return g, nil
 }
 

@@ -1,10 +1,13 @@
 package gateway
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/warmpath/warmpath/internal/testrun"
 	"github.com/warmpath/warmpath/misses"
@@ -14,9 +17,11 @@ import (
 )
 
 // uncachedBy reads warmpath_uncached_tokens_total for a tenant label
-// (every tenant: ""), by cause.
+// (every tenant: ""), by cause, once every request answered so far is
+// attributed (missTracker.flush).
 func uncachedBy(t *testing.T, g *testGateway, tenant string) [misses.NumCauses]float64 {
 	t.Helper()
+	flushMisses(t, g)
 	var out [misses.NumCauses]float64
 	for c := range misses.NumCauses {
 		labels := map[string]string{"cause": misses.Cause(c).String()}
@@ -26,6 +31,17 @@ func uncachedBy(t *testing.T, g *testGateway, tenant string) [misses.NumCauses]f
 		out[c] = counter(t, g.obs.reg, "warmpath_uncached_tokens_total", labels)
 	}
 	return out
+}
+
+// flushMisses waits until the miss attribution has done every request
+// answered so far: it runs off the response path.
+func flushMisses(t *testing.T, g *testGateway) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := g.miss.flush(ctx); err != nil {
+		t.Fatalf("miss attribution not flushed: %v", err)
+	}
 }
 
 func sum(v [misses.NumCauses]float64) float64 {
@@ -79,11 +95,10 @@ func TestUncachedTokensAttributed(t *testing.T) {
 			r := mc.c.turn(t, gw.URL, words(fmt.Sprint("more", turn), 20))
 			miss := r.Usage.PromptTokens - r.Usage.CachedTokens
 			want[i] += miss
-			var after [misses.NumCauses]float64
-			testrun.Eventually(t, 5*time.Second, func() bool {
-				after = uncachedBy(t, gw, mc.tenant)
-				return sum(after)-sum(before) == float64(miss)
-			}, fmt.Sprintf("%s turn %d: causes summing to prompt − cached = %d", mc.tenant, turn, miss))
+			after := uncachedBy(t, gw, mc.tenant)
+			if got := sum(after) - sum(before); got != float64(miss) {
+				t.Errorf("%s turn %d: causes sum to %v; want prompt − cached = %d (%v → %v)", mc.tenant, turn, got, miss, before, after)
+			}
 			broke := after[misses.CauseClientBreak] - before[misses.CauseClientBreak]
 			if mc.stamp && turn > 0 && broke == 0 {
 				t.Errorf("%s turn %d: no client_prefix_break tokens; want some (%v → %v)", mc.tenant, turn, before, after)
@@ -190,5 +205,77 @@ func TestRecordWritesAnsweredRequests(t *testing.T) {
 		if n := len(e.Blocks); n != e.PromptTokens/gw.cfg.Routing.BlockSize && n != e.PromptTokens/gw.cfg.Routing.BlockSize+1 {
 			t.Errorf("entry %d: %d block keys for %d prompt tokens", i, n, e.PromptTokens)
 		}
+	}
+}
+
+// TestMissAttributionDropsWhenBehind: with the worker missQueue jobs or
+// missQueueBytes behind, a turn is not queued but dropped and counted,
+// and the bytes it would have held are given back.
+func TestMissAttributionDropsWhenBehind(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	tr := newMissTracker(16, reg, testLogger(t), nil, nil)
+	dropped := func() float64 {
+		return counter(t, reg, "warmpath_miss_attribution_dropped_total", map[string]string{"reason": "queue_full"})
+	}
+	for range missQueue { // no worker runs: the queue fills
+		tr.queue(t.Context(), &missJob{done: make(chan struct{})})
+	}
+	tr.queue(t.Context(), &missJob{bytes: 100})
+	if got, q := dropped(), tr.queued.Load(); got != 1 || q != 0 {
+		t.Errorf("a turn past a full queue: %v dropped, %d bytes queued; want 1 and 0", got, q)
+	}
+	for range missQueue {
+		<-tr.jobs
+	}
+	tr.queue(t.Context(), &missJob{bytes: missQueueBytes + 1})
+	if got, n, q := dropped(), len(tr.jobs), tr.queued.Load(); got != 2 || n != 0 || q != 0 {
+		t.Errorf("a turn past the byte bound: %v dropped, %d jobs and %d bytes queued; want 2, 0 and 0", got, n, q)
+	}
+	tr.queue(t.Context(), &missJob{bytes: missQueueBytes})
+	if got, n, q := dropped(), len(tr.jobs), tr.queued.Load(); got != 2 || n != 1 || q != missQueueBytes {
+		t.Errorf("a turn within the bounds: %v dropped, %d jobs and %d bytes queued; want 2, 1 and %d", got, n, q, missQueueBytes)
+	}
+}
+
+// TestMissAttributionDrainsOnShutdown: when Run's context ends it still
+// works through the queue, within its grace: past it, what is queued is
+// dropped and counted, flush markers are answered, and Run returns.
+func TestMissAttributionDrainsOnShutdown(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		grace       time.Duration
+		wantDropped float64
+	}{
+		{"within grace", missFinish, 0},
+		{"grace passed", -time.Nanosecond, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			tr := newMissTracker(16, reg, testLogger(t), nil, nil)
+			tr.grace = tc.grace
+			marks := []chan struct{}{make(chan struct{}), make(chan struct{})}
+			tr.queue(t.Context(), &missJob{done: marks[0]})
+			if tc.wantDropped > 0 { // turns the worker would attribute (they name no replica: past grace, it must not)
+				tr.queue(t.Context(), &missJob{bytes: 5})
+				tr.queue(t.Context(), &missJob{bytes: 7})
+			}
+			tr.queue(t.Context(), &missJob{done: marks[1]})
+			ctx, cancel := context.WithCancel(t.Context())
+			cancel()
+			if err := tr.Run(ctx); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			for i, m := range marks {
+				select {
+				case <-m:
+				default:
+					t.Errorf("flush marker %d not answered at shutdown", i)
+				}
+			}
+			got := counter(t, reg, "warmpath_miss_attribution_dropped_total", map[string]string{"reason": "shutdown"})
+			if got != tc.wantDropped || len(tr.jobs) != 0 || tr.queued.Load() != 0 {
+				t.Errorf("after Run: %v dropped at shutdown, %d jobs and %d bytes queued; want %v, 0 and 0", got, len(tr.jobs), tr.queued.Load(), tc.wantDropped)
+			}
+		})
 	}
 }

@@ -76,6 +76,7 @@ func TestStatusPageInChromium(t *testing.T) {
 		}
 		c.turn(t, gw.URL, "more")
 	}
+	flushMisses(t, gw) // the miss causes and hints are attributed off the response path
 	after := renderPage(t, browser, page)
 	if !strings.Contains(after, "<td>scored") || !strings.Contains(after, "<td>sticky") {
 		t.Errorf("the page shows no routing decisions after traffic")
