@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 func TestMain(m *testing.M) { os.Exit(Main(m)) }
@@ -77,9 +79,19 @@ func TestKillMasterFailsOver(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			// WAIT: the replica holds the write before its master dies.
-			if err := c.Do(ctx, "WAIT", 1, 2000).Err(); err != nil {
-				t.Fatal(err)
+			// WAIT, on the master holding k (a cluster client would send a
+			// keyless command to any node): its replica holds the write
+			// before the master dies.
+			var holder interface {
+				Do(context.Context, ...any) *redis.Cmd
+			} = c
+			if cc, ok := c.(*redis.ClusterClient); ok {
+				if holder, err = cc.MasterForKey(ctx, "k"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if n, err := holder.Do(ctx, "WAIT", 1, 2000).Int(); err != nil || n < 1 {
+				t.Fatalf("WAIT: %d replicas hold the write, %v; want 1", n, err)
 			}
 			tp.Kill(t, before)
 			err = wait(30*time.Second, "no new master", func(ctx context.Context) error {
