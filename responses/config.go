@@ -2,6 +2,7 @@ package responses
 
 import (
 	"fmt"
+	"github.com/warmpath/warmpath/internal/confcheck"
 	"time"
 )
 
@@ -40,15 +41,8 @@ func (c Config) WithDefaults() Config {
 // Validate checks c; its errors name the field by its yaml path
 // (responses.ttl, …).
 func (c Config) Validate() []error {
-	var errs []error
-	for _, d := range []struct {
-		field string
-		v     time.Duration
-	}{{"ttl", c.TTL}, {"conversation_ttl", c.ConversationTTL}, {"event_ttl", c.EventTTL}, {"turn_timeout", c.TurnTimeout}} {
-		if d.v < 0 {
-			errs = append(errs, fmt.Errorf("config: responses.%s: %v is negative", d.field, d.v))
-		}
-	}
+	errs := confcheck.NonNegative("responses", confcheck.Field("ttl", c.TTL), confcheck.Field("conversation_ttl", c.ConversationTTL),
+		confcheck.Field("event_ttl", c.EventTTL), confcheck.Field("turn_timeout", c.TurnTimeout))
 	if c.BackgroundWorkers < 0 {
 		errs = append(errs, fmt.Errorf("config: responses.background_workers: %d is negative", c.BackgroundWorkers))
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/warmpath/warmpath/internal/confcheck"
 	"log/slog"
 	"net"
 	"net/http"
@@ -180,15 +181,8 @@ func (h HealthConfig) WithDefaults() HealthConfig {
 // Validate checks h; its errors name the field by its yaml path
 // (health.interval, …).
 func (h HealthConfig) Validate() []error {
-	var errs []error
-	for _, d := range []struct {
-		field string
-		v     time.Duration
-	}{{"interval", h.Interval}, {"timeout", h.Timeout}, {"scrape_interval", h.ScrapeInterval}, {"stale_after", h.StaleAfter}} {
-		if d.v < 0 {
-			errs = append(errs, fmt.Errorf("config: health.%s: %v is negative", d.field, d.v))
-		}
-	}
+	errs := confcheck.NonNegative("health", confcheck.Field("interval", h.Interval), confcheck.Field("timeout", h.Timeout),
+		confcheck.Field("scrape_interval", h.ScrapeInterval), confcheck.Field("stale_after", h.StaleAfter))
 	if h.Failures < 0 {
 		errs = append(errs, fmt.Errorf("config: health.failures: %d is negative", h.Failures))
 	}

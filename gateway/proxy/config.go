@@ -1,7 +1,7 @@
 package proxy
 
 import (
-	"fmt"
+	"github.com/warmpath/warmpath/internal/confcheck"
 	"time"
 )
 
@@ -50,18 +50,8 @@ func (c Config) WithDefaults() Config {
 
 // Validate checks c; each error names its field under upstream.
 func (c Config) Validate() []error {
-	var errs []error
-	for _, d := range []struct {
-		field string
-		v     time.Duration
-	}{
-		{"connect_timeout", c.ConnectTimeout}, {"header_timeout", c.HeaderTimeout},
-		{"first_byte_timeout", c.FirstByteTimeout}, {"idle_timeout", c.IdleTimeout},
-		{"tokenize_timeout", c.TokenizeTimeout},
-	} {
-		if d.v < 0 {
-			errs = append(errs, fmt.Errorf("config: upstream.%s: %v is negative", d.field, d.v))
-		}
-	}
-	return errs
+	return confcheck.NonNegative("upstream",
+		confcheck.Field("connect_timeout", c.ConnectTimeout), confcheck.Field("header_timeout", c.HeaderTimeout),
+		confcheck.Field("first_byte_timeout", c.FirstByteTimeout), confcheck.Field("idle_timeout", c.IdleTimeout),
+		confcheck.Field("tokenize_timeout", c.TokenizeTimeout))
 }
