@@ -232,6 +232,7 @@ func (rp *simReplica) endpoint(id string, sat scoring.Saturation, now float64, b
 		ArrivalRate:             rp.meter.Requests,
 		UncachedRate:            rp.meter.Tokens,
 		CacheTokens:             rp.cache.capacity * bt,
+		CPUCacheTokens:          rp.cpuTokens(bt),
 		RequestTokens:           rp.meter.PerRequest(),
 		Saturated:               saturated,
 	}

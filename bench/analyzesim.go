@@ -197,6 +197,7 @@ func (s *simRun) input(i int, now float64) (scoring.Input, *binding) {
 		// the gateway trusts a replica that publishes no KV events.
 		rp := s.fl.reps[slices.Index(s.names, b.Replica)]
 		din.BoundHolds = b.StillHeld(func(tip uint64) bool { return rp.holds(int32(tip - 1)) })
+		din.BoundOnCPU = din.BoundHolds && b.TipDepth > 0 && !rp.cache.contains(int32(b.TipKey-1))
 	}
 	if s.pol.Estimated && key != "" {
 		turn := 1
@@ -220,7 +221,7 @@ func (s *simRun) decide(i int, din *scoring.Input, now float64) (scoring.Plan, e
 	din.Matched = matchPrefix(s.pol, s.fl, s.approx, s.in, i, s.names, s.matched, &s.hits)
 	din.MatchedCPU = matchCPU(s.pol, s.fl, s.in, i, s.matched, s.matchedCPU)
 	if s.pol.Estimated {
-		din.Sharers = s.cal.ObservePrefix(analyzeModel, scoring.HeldPrefix(din.Matched, s.in.approxKeys[i], s.in.blockTokens), scoring.SessionID(din.SessionKey), now)
+		din.Sharers = s.cal.ObservePrefix(analyzeModel, scoring.HeldPrefix(din.Matched, din.MatchedCPU, s.in.approxKeys[i], s.in.blockTokens), scoring.SessionID(din.SessionKey), now)
 	}
 	return s.pol.Decide(din)
 }

@@ -54,6 +54,14 @@ func (rp *simReplica) holds(id int32) bool {
 	return rp.cache.contains(id) || rp.cpu != nil && rp.cpu.contains(id)
 }
 
+// cpuTokens is the replica's CPU tier in tokens of bt, 0 without one.
+func (rp *simReplica) cpuTokens(bt int) int {
+	if rp.cpu == nil {
+		return 0
+	}
+	return rp.cpu.capacity * bt
+}
+
 // loadCost is the prefill-equivalent work of loading tokens from the CPU
 // tier.
 func loadCost(tokens int) int { return int(float64(tokens)*scoring.CPUHitCost + 0.5) }

@@ -569,6 +569,50 @@ func TestPredictionsRespectTheEngine(t *testing.T) {
 	}
 }
 
+// A warmpath sticky turn whose replica moved the conversation's tip from
+// GPU to its CPU tier is scored with its prefix known rather than priced
+// as a GPU hit: it stays (loading costs less than computing anywhere
+// else), and predicts what the engine reports, loads included.
+func TestCPUTierStickyTurnScored(t *testing.T) {
+	f := startSim(t, vllmsim.Config{Replicas: 2, KVBlocks: 64, CPUBlocks: 400})
+	var specs []fleet.ReplicaSpec
+	for _, r := range f.Replicas() {
+		specs = append(specs, specOf(r))
+	}
+	g := startGateway(t, engineConfig(scoring.PolicyWarmpath, specs...), nil)
+	urls := map[string]string{}
+	for _, s := range specs {
+		urls[s.Name] = s.URL
+		testrun.Eventually(t, 10*time.Second, func() bool { return g.fleet.Replica(s.Name).State().NumCPUBlocks == 400 }, "num_cpu_blocks scraped")
+		g.warmEngine(t, s.Name, s.URL)
+	}
+	c := newConversation(words("cpusys", 300), "first question")
+	first := c.turn(t, g.URL, "second question")
+	home := first.replica()
+	g.waitIndexed(t, home, c.messages[:2])
+	r := c.turn(t, g.URL, "third question")
+	if r.replica() != home || r.Header.Get("X-Warmpath-Reason") != scoring.ReasonSticky {
+		t.Fatalf("turn 2 on %s (%s); want sticky on %s", r.replica(), r.Header.Get("X-Warmpath-Reason"), home)
+	}
+	g.waitIndexed(t, home, c.messages[:4])
+	for i := range 3 { // push the conversation out of the 64-block GPU cache
+		p := userPrompt(fmt.Sprintf("cpusticky%d", i), 350+10*i)
+		direct(t, urls[home], p)
+		g.waitIndexed(t, home, p)
+	}
+	if h := g.indexHit(home, c.messages[:4]); h.CPU == 0 || h.Blocks*16 >= len(simTokens(c.messages[:4]))-16 {
+		t.Fatalf("conversation: index %+v; want it evicted on GPU and held on CPU", h)
+	}
+	r = c.turn(t, g.URL, "fourth question")
+	if r.replica() != home || r.Header.Get("X-Warmpath-Reason") != scoring.ReasonScored || r.Header.Get("X-Warmpath-Rebind") != "" {
+		t.Fatalf("turn 3 on %s (reason %q, rebind %q, scores %s); want scored on %s, not rebound", r.replica(),
+			r.Header.Get("X-Warmpath-Reason"), r.Header.Get("X-Warmpath-Rebind"), r.Header.Get("X-Warmpath-Scores"), home)
+	}
+	if got, want := r.Usage.CachedTokens, predictedCached(t, r); got != want || got == 0 {
+		t.Errorf("engine reported %d cached tokens (GPU and CPU); the gateway predicted %d", got, want)
+	}
+}
+
 // TestCPUTierRouting runs engines with a small GPU cache and a CPU offload
 // tier that reports no removals (LMCache): a prompt evicted on GPU but
 // held on CPU still draws its continuation, predicted as the engine

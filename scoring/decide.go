@@ -64,6 +64,14 @@ type Input struct {
 	// session's prefix, as far as its KV events tell (true when they tell
 	// nothing).
 	BoundHolds bool
+	// BoundOnCPU reports that the bound replica holds the session's tip
+	// only in its CPU offload tier: the engine evicted it from GPU memory
+	// and would load the prefix's tail back rather than find it there.
+	// An estimated policy then scores the turn with its prefix known
+	// (Matched, MatchedCPU) instead of pricing the whole prefix as
+	// GPU-resident, which misses the load by CPUHitCost of a prefill per
+	// token (a 200k-token conversation's half second).
+	BoundOnCPU bool
 	// Matched holds, aligned with Endpoints, how many prompt tokens each
 	// is believed to hold cached: nil until the prefix phase (see
 	// Plan.NeedsPrefix).
@@ -200,7 +208,9 @@ func (p *Policy) NeedsPrefix() bool { return p.UsesPrecise || p.UsesApprox }
 // replica also still holds its prefix and, for estimated policies,
 // staying costs no more than moving to the cheapest other replica (taken
 // to hold nothing of the prompt; otherwise the turn is scored with its
-// prefix known); for other sticky policies, while the
+// prefix known) and the replica holds the session's tip on GPU (one held
+// only in a CPU tier is scored with its prefix known, Input.BoundOnCPU);
+// for other sticky policies, while the
 // replica is unsaturated or every available endpoint is saturated (moving
 // work then only trades a warm queue for a cold one).
 func (p *Policy) Decide(in *Input) (Plan, error) {
@@ -216,7 +226,7 @@ func (p *Policy) Decide(in *Input) (Plan, error) {
 	}
 	if p.Sticky && bound {
 		sp, why := p.stay(in, avail)
-		if why == "" && (in.Matched == nil || !p.Estimated) {
+		if why == "" && (in.Matched == nil || !p.Estimated) && !(p.Estimated && in.BoundOnCPU) {
 			return sp, nil
 		}
 		plan.Rebind = why
@@ -495,6 +505,9 @@ func (p *Policy) cheapest(in *Input, avail []int, plan *Plan) {
 	for n, k := range ord {
 		plan.Order[n] = avail[k]
 		plan.Predicted[n] = in.Matched[avail[k]]
+		if in.MatchedCPU != nil {
+			plan.Predicted[n] += in.MatchedCPU[avail[k]] // engines count loads as cached
+		}
 		plan.Estimates[n] = est[k]
 	}
 }

@@ -2,6 +2,7 @@ package scoring
 
 import (
 	"errors"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -73,6 +74,40 @@ func TestDecideStick(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A bound session whose replica holds its tip only in a CPU tier is, for
+// an estimated policy, scored with its prefix known: the plan prices the
+// load and predicts GPU and CPU hits alike. A policy without estimates
+// keeps it sticky.
+func TestDecideBoundOnCPU(t *testing.T) {
+	warm, _ := NewPolicy(PolicyWarmpath, nil)
+	eps := []Endpoint{{ID: "a"}, {ID: "b"}}
+	in := stickyInput("a", eps)
+	in.BoundOnCPU = true
+	p, err := warm.Decide(in)
+	if err != nil || !p.NeedsPrefix {
+		t.Fatalf("plan = %+v, %v; want the prefix phase", p, err)
+	}
+	in.Matched, in.MatchedCPU = []int{320, 0}, []int{480, 0}
+	if p, err = warm.Decide(in); err != nil {
+		t.Fatal(err)
+	}
+	if p.Reason != ReasonScored || in.Endpoints[p.Chosen()].ID != "a" || p.Rebind != "" {
+		t.Fatalf("plan = reason %q on %s, rebind %q; want scored on a, not rebound", p.Reason, in.Endpoints[p.Chosen()].ID, p.Rebind)
+	}
+	if p.Predicted[0] != 800 {
+		t.Errorf("predicted %d cached tokens; want GPU 320 + CPU 480", p.Predicted[0])
+	}
+	// uncached = 1000 − 320 − (1 − CPUHitCost) × 480
+	if got, want := p.Estimates[0].UncachedTokens, int64(1000-320-int(math.Round((1-CPUHitCost)*480))); got != want {
+		t.Errorf("uncached %d; want %d", got, want)
+	}
+	plain := &Policy{Sticky: true, Picker: Rendezvous{}}
+	in.Matched, in.MatchedCPU = nil, nil
+	if p, _ := plain.Decide(in); p.Reason != ReasonSticky || p.NeedsPrefix {
+		t.Errorf("sticky policy without estimates: reason %q, needs prefix %v; want sticky", p.Reason, p.NeedsPrefix)
 	}
 }
 

@@ -92,15 +92,21 @@ func decay(dt, horizon float64) float64 {
 
 // HeldPrefix returns the key naming the longest prefix of a prompt that
 // any replica holds: keys are the prompt's block keys, each naming the
-// prefix through its block of blockSize tokens (a chain hash), and
-// matched each replica's hit in tokens. It returns 0 when no replica
-// holds a whole block.
-func HeldPrefix(matched []int, keys []uint64, blockSize int) uint64 {
+// prefix through its block of blockSize tokens (a chain hash), matched
+// each replica's GPU hit in tokens and cpu (nil for none) what its CPU
+// offload tier holds after it. A prefix held only in a CPU tier is held:
+// the request would load it rather than compute it, and naming the
+// GPU's part alone gave a conversation evicted to CPU its harness's
+// demand. It returns 0 when no replica holds a whole block.
+func HeldPrefix(matched, cpu []int, keys []uint64, blockSize int) uint64 {
 	if blockSize <= 0 {
 		return 0
 	}
 	best := 0
-	for _, m := range matched {
+	for j, m := range matched {
+		if j < len(cpu) {
+			m += cpu[j]
+		}
 		best = max(best, m)
 	}
 	d := min(best/blockSize, len(keys))

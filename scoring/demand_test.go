@@ -92,12 +92,17 @@ func TestHeldPrefix(t *testing.T) {
 		{[]int{64, 63}, 44},    // the best, not the first
 		{[]int{32, 48, 0}, 33}, // three blocks
 	} {
-		if got := HeldPrefix(c.matched, keys, 16); got != c.want {
+		if got := HeldPrefix(c.matched, nil, keys, 16); got != c.want {
 			t.Errorf("HeldPrefix(%v) = %d; want %d", c.matched, got, c.want)
 		}
 	}
-	if HeldPrefix([]int{64}, keys, 0) != 0 {
+	if HeldPrefix([]int{64}, nil, keys, 0) != 0 {
 		t.Error("block size 0 named a prefix")
+	}
+	// A CPU tier's blocks continue the GPU's: the second replica holds
+	// one block on GPU and two more in its CPU tier.
+	if got := HeldPrefix([]int{32, 16}, []int{0, 32}, keys, 16); got != 33 {
+		t.Errorf("with CPU tiers: %d; want 33", got)
 	}
 }
 

@@ -71,8 +71,11 @@
 //	cost        = TTFT + Others + Future − Replication
 //	Others      = (P − M) × perToken × (1 + ArrivalRate × (TTFT − Overhead) + GatewayBehind + B ÷ N)
 //	B           = Backlog − Σ (GatewayAhead + GatewayBehind)   waiting with no replica chosen
-//	Future      = (1 − (1 − P(gap > life))^remaining turns) × P × perToken
+//	Future      = evicted(life) × P × perToken                 without a CPU tier
+//	            = (CPUHitCost × evicted(life) + (1 − CPUHitCost) × evicted(cpuLife)) × P × perToken
+//	evicted(τ)  = 1 − (1 − P(gap > τ))^remaining turns
 //	life        = (1 − KVUsage) × CacheTokens ÷ UncachedRate
+//	cpuLife     = life + CPUCacheTokens ÷ UncachedRate
 //	Replication = Sharers × max(0, held − as)     on a replica holding less than H
 //
 // Others is what the request's own prefill costs everyone else: the
@@ -89,7 +92,11 @@
 // prefix after life seconds, and the first turn still to come
 // ([SessionStats.Remaining]) whose gap exceeds it ([SessionStats.Survival])
 // prefills the whole prompt again; routing then places the conversation
-// anew, so a placement costs at most one such re-prefill. Together they are the cache-placement
+// anew, so a placement costs at most one such re-prefill. Behind a CPU
+// offload tier (Endpoint.CPUCacheTokens), which stores every block the
+// engine computes, a prefix the GPU evicts is loaded back at CPUHitCost of
+// its prefill until the tier evicts it too, cpuLife seconds after the
+// turn. Together they are the cache-placement
 // term: a cache hit shrinks both this request's prefill and what it costs
 // others, so at low load a conversation stays where its prefix is unless
 // another replica is faster by more than twice what the prefix costs to
@@ -136,7 +143,11 @@
 // every turn whose answer depends on what the other replicas hold, i.e.
 // comparing with another replica holding as much of the prompt, routed
 // almost no turn without the tokenizer: on a fleet with an idle replica
-// the bound one is never the cheapest at an equal hit.)
+// the bound one is never the cheapest at an equal hit.) A turn whose
+// replica holds the conversation's tip only in its CPU offload tier
+// (Input.BoundOnCPU) is scored with its prefix known as well: the sticky
+// estimate prices the held prefix as GPU hits, and a 200k-token
+// conversation's load from CPU is half a second it would leave out.
 // warmpath reads no saturation flag and has no weights.
 //
 // The other policies keep their scores (below) and report estimates for

@@ -53,6 +53,11 @@ type Endpoint struct {
 	// is its KV cache: KVTokens); 0 when unknown. With UncachedRate it
 	// sets how long an unused prefix survives there.
 	CacheTokens int
+	// CPUCacheTokens is the engine's CPU offload tier in tokens (vLLM's
+	// num_cpu_blocks × block size); 0 for none or unknown. A prefix the
+	// GPU evicts survives there CPUCacheTokens ÷ UncachedRate seconds,
+	// and a turn finding it there loads it at CPUHitCost of a prefill.
+	CPUCacheTokens int
 	// RequestTokens is the engine's recent mean uncached prompt per
 	// request, in tokens: the price of a waiting request this gateway did
 	// not send; 0 when unknown.

@@ -133,6 +133,7 @@ type load struct {
 	rate    float64 // requests scheduled per second
 	admit   float64 // seconds until a new request is admitted, when KV-bound; else 0
 	life    float64 // seconds an unused prefix survives in the cache; +Inf when unknown
+	cpuLife float64 // seconds it survives in the CPU offload tier as well; life without one
 	behind  float64 // requests in the caller's queue that wait for this replica after this one
 }
 
@@ -176,6 +177,13 @@ func (c *Cost) loadOf(e *Endpoint, price float64) load {
 	// unused survives as long as the free part of the cache takes to fill.
 	if e.CacheTokens > 0 && e.UncachedRate > 0 {
 		l.life = (1 - min(max(e.KVUsage, 0), 1)) * float64(e.CacheTokens) / e.UncachedRate
+	}
+	// The CPU tier stores every block the engine computes (an LRU as
+	// well, always full once warm): an evicted prefix stays loadable
+	// until as many newer tokens were offloaded behind it.
+	l.cpuLife = l.life
+	if e.CPUCacheTokens > 0 && e.UncachedRate > 0 {
+		l.cpuLife = l.life + float64(e.CPUCacheTokens)/e.UncachedRate
 	}
 	own := float64(max(e.InflightPrefillTokens, 0))
 	if e.HeadElapsed > 0 && e.HeadPrefillTokens > 0 {
@@ -293,7 +301,13 @@ func (c *Cost) others(l load, e Estimate, backlog float64) float64 {
 // conversation anew, so one placement costs at most one such re-prefill.
 // Over the turns still to come (SessionStats.Remaining):
 //
-//	Future = (1 − (1 − P(gap > life))^remaining turns) × prompt × perToken
+//	Future = evicted(life) × prompt × perToken
+//	evicted(τ) = 1 − (1 − P(gap > τ))^remaining turns
+//
+// With a CPU offload tier a prefix the GPU evicts is loaded back, at
+// CPUHitCost of its prefill, until the tier evicts it too (cpuLife):
+//
+//	Future = (CPUHitCost × evicted(life) + (1 − CPUHitCost) × evicted(cpuLife)) × prompt × perToken
 //
 // A replica whose cache churns is a poorer home for a conversation that
 // will pause, but for a long conversation every replica's chance of one
@@ -302,7 +316,10 @@ func (c *Cost) others(l load, e Estimate, backlog float64) float64 {
 // counted the re-prefills of placements routing would have made after
 // the first, and let a momentary difference in churn between two
 // replicas outweigh the whole prefix a conversation abandons by moving
-// (docs/benchmarks/log/2026-12-07-agentic-real-model.md).
+// (docs/benchmarks/log/2026-12-07-agentic-real-model.md). Pricing a GPU
+// eviction as a re-prefill on a replica with a CPU tier moved
+// conversations off the replica whose tier held them, to load nothing
+// and prefill everything elsewhere (docs/benchmarks/log/2026-12-07-cpu-tier-estimate.md).
 func (c *Cost) future(l load, st *SessionStats, turn int, prompt float64) float64 {
 	if st == nil || math.IsInf(l.life, 1) {
 		return 0
@@ -311,7 +328,12 @@ func (c *Cost) future(l load, st *SessionStats, turn int, prompt float64) float6
 	if r <= 0 {
 		return 0
 	}
-	return (1 - math.Pow(1-st.Survival(l.life), r)) * prompt * c.perToken(l)
+	evicted := func(tau float64) float64 { return 1 - math.Pow(1-st.Survival(tau), r) }
+	p := evicted(l.life)
+	if l.cpuLife > l.life {
+		p = CPUHitCost*p + (1-CPUHitCost)*evicted(l.cpuLife)
+	}
+	return p * prompt * c.perToken(l)
 }
 
 // replication is what a copy of a shared prefix on a replica saves the

@@ -177,6 +177,31 @@ func TestPlacementTerms(t *testing.T) {
 	if c.future(l, nil, 1, 5000) != 0 {
 		t.Error("no statistics, yet a future cost")
 	}
+	// A CPU tier that outlives every gap: the GPU's eviction costs a
+	// load, CPUHitCost of the re-prefill. One every gap outlasts as well
+	// prices the whole re-prefill again.
+	l.cpuLife = 1000
+	if got, want := c.future(l, &st, 1, 5000), CPUHitCost*5000*pt; math.Abs(got-want) > 0.01*want {
+		t.Errorf("future behind a CPU tier = %v; want a load, %v", got, want)
+	}
+	l.cpuLife = 50
+	if got, want := c.future(l, &st, 1, 5000), 5000*pt; math.Abs(got-want) > 0.01*want {
+		t.Errorf("future behind a CPU tier that churns = %v; want a re-prefill, %v", got, want)
+	}
+}
+
+// loadOf gives a CPU tier's prefixes the GPU's life plus the time its own
+// capacity takes to fill at the engine's uncached rate.
+func TestLoadCPULife(t *testing.T) {
+	c := DefaultCost()
+	e := Endpoint{CacheTokens: 10000, KVUsage: 0.5, UncachedRate: 1000}
+	if l := c.loadOf(&e, 0); l.life != 5 || l.cpuLife != 5 {
+		t.Errorf("no CPU tier: life %v, cpuLife %v; want 5 and 5", l.life, l.cpuLife)
+	}
+	e.CPUCacheTokens = 40000
+	if l := c.loadOf(&e, 0); l.life != 5 || l.cpuLife != 45 {
+		t.Errorf("CPU tier: life %v, cpuLife %v; want 5 and 45", l.life, l.cpuLife)
+	}
 }
 
 // warmpath keeps a request where its prefix is until another replica is

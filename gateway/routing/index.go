@@ -167,9 +167,16 @@ func (p *PreciseIndex) MatchTiers(keys []uint64, names []string, promptTokens in
 // Holds reports whether replica holds the block with the given key, on
 // GPU or in its CPU tier (which a continuing turn loads back).
 func (p *PreciseIndex) Holds(replica string, key uint64) bool {
+	gpu, cpu := p.Tiers(replica, key)
+	return gpu || cpu
+}
+
+// Tiers reports whether replica holds the block with the given key on
+// GPU, and whether in its CPU tier.
+func (p *PreciseIndex) Tiers(replica string, key uint64) (gpu, cpu bool) {
 	var buf [1]blockindex.Hit
 	h := p.ix.Match([]uint64{key}, []string{replica}, buf[:0])[0]
-	return h.Blocks == 1 || h.CPU == 1
+	return h.Blocks == 1, h.CPU == 1
 }
 
 // Speculate records that replica is about to hold keys' blocks, for ttl

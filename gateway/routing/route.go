@@ -147,7 +147,7 @@ func (g *Router) gather(ctx context.Context, r *Turn) ([]*fleet.Replica, *scorin
 			in.Continues = bind.Continues(r.ApproxText())
 		}
 		if i := slices.IndexFunc(reps, func(rep *fleet.Replica) bool { return rep.Spec.Name == bind.Replica }); i >= 0 {
-			in.BoundHolds = g.stillHolds(reps[i], bind)
+			in.BoundHolds, in.BoundOnCPU = g.stillHolds(reps[i], bind)
 			in.Endpoints[i].PromptBlocksOnly = !g.index.CachesGenerated(bind.Replica)
 		}
 	} else if rel := r.Session().Relatives(); rel != "" && err == nil {
@@ -229,6 +229,7 @@ func endpoints(reps []*fleet.Replica, now time.Time) []scoring.Endpoint {
 			HeadElapsed:             headFor.Seconds(),
 			KVTokens:                st.NumGPUBlocks * st.BlockSize,
 			CacheTokens:             st.NumGPUBlocks * st.BlockSize,
+			CPUCacheTokens:          st.NumCPUBlocks * st.BlockSize,
 			ArrivalRate:             st.Rates.Requests,
 			UncachedRate:            st.Rates.Tokens,
 			RequestTokens:           st.Rates.PerRequest(),
@@ -303,7 +304,7 @@ func (g *Router) ObserveDemand(r *Turn, in *scoring.Input, keys []uint64) {
 	if !g.policy.Estimated || len(keys) == 0 {
 		return
 	}
-	if k := scoring.HeldPrefix(in.Matched, keys, in.BlockSize); k != 0 {
+	if k := scoring.HeldPrefix(in.Matched, in.MatchedCPU, keys, in.BlockSize); k != 0 {
 		in.Sharers = g.cal.ObservePrefix(r.Model(), k, scoring.SessionID(in.SessionKey), float64(in.Now.UnixMicro())/1e6)
 	}
 }
@@ -456,11 +457,21 @@ func (g *Router) updateCompleted(rt *Route, replica string, u request.Usage) boo
 }
 
 // stillHolds reports whether rep still holds the session's prefix, as far
-// as its KV events tell. Replicas that publish no events (or none yet) are
-// trusted: the gateway cannot see their evictions.
-func (g *Router) stillHolds(rep *fleet.Replica, b session.Binding) bool {
+// as its KV events tell, and whether it holds the prefix's tip only in its
+// CPU offload tier (scoring.Input.BoundOnCPU). Replicas that publish no
+// events (or none yet) are trusted: the gateway cannot see their
+// evictions.
+func (g *Router) stillHolds(rep *fleet.Replica, b session.Binding) (holds, onCPU bool) {
 	name := rep.Spec.Name
-	return b.StillHeld(func(tip uint64) bool { return !g.index.Receiving(name) || g.index.Holds(name, tip) })
+	if !g.index.Receiving(name) {
+		return true, false
+	}
+	holds = b.StillHeld(func(tip uint64) bool {
+		gpu, cpu := g.index.Tiers(name, tip)
+		onCPU = !gpu && cpu
+		return gpu || cpu
+	})
+	return holds, onCPU
 }
 
 // Tokenize gets r's token ids from the healthy replicas serving its
