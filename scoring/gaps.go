@@ -105,8 +105,12 @@ func (s *SessionStats) Remaining(turn int) float64 {
 		later += c
 	}
 	if turn >= turnBins {
-		// The last bin holds every later turn: past it, a conversation
-		// goes on as the last bin's do (geometrically).
+		// The last bin holds every later turn, so past it the
+		// statistics do not tell how far a conversation goes on: 0.
+		// Continuing geometrically (last ÷ before − 1) priced a Future
+		// on every late turn of long coding-agent runs and cost them
+		// 2–4 points of cache (docs/benchmarks/log/
+		// 2026-12-07-agentic-real-two-conversations.md).
 		return 0
 	}
 	return later / at
