@@ -1,11 +1,11 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -64,15 +64,7 @@ func BenchmarkServeShort(b *testing.B) {
 				i++
 				body := fmt.Sprintf(`{"model":%q,"max_tokens":8,"messages":[{"role":"user","content":"request %d of the benchmark: %s"}]}`,
 					vllmsim.DefaultModel, i, words(fmt.Sprint(i), 40))
-				resp, err := client.Post(target.url+"/v1/chat/completions", "application/json", bytes.NewReader([]byte(body)))
-				if err != nil {
-					b.Fatal(err)
-				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode != http.StatusOK {
-					b.Fatalf("status %d", resp.StatusCode)
-				}
+				postChat(b, client, target.url, body)
 			}
 		})
 	}
@@ -102,16 +94,22 @@ func BenchmarkServeLong(b *testing.B) {
 				i++
 				body := fmt.Sprintf(`{"model":%q,"max_tokens":8,"messages":[{"role":"system","content":%q},{"role":"user","content":"hello"},{"role":"assistant","content":"hi"},{"role":"user","content":"question %d: %s"}]}`,
 					vllmsim.DefaultModel, system, i, words(fmt.Sprint(i), 20))
-				resp, err := client.Post(target.url+"/v1/chat/completions", "application/json", bytes.NewReader([]byte(body)))
-				if err != nil {
-					b.Fatal(err)
-				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode != http.StatusOK {
-					b.Fatalf("status %d", resp.StatusCode)
-				}
+				postChat(b, client, target.url, body)
 			}
 		})
+	}
+}
+
+// postChat sends one chat completion to url and reads the answer through,
+// failing b on a transport error or a status other than 200.
+func postChat(b *testing.B, client *http.Client, url, body string) {
+	resp, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		b.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b.Fatalf("status %d", resp.StatusCode)
 	}
 }

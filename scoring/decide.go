@@ -226,7 +226,10 @@ func (p *Policy) Decide(in *Input) (Plan, error) {
 	}
 	if p.Sticky && bound {
 		sp, why := p.stay(in, avail)
-		if why == "" && (in.Matched == nil || !p.Estimated) && !(p.Estimated && in.BoundOnCPU) {
+		// An estimated policy scores a turn whose prefix it knows, or
+		// whose replica holds the tip only on CPU, instead of staying.
+		scored := p.Estimated && (in.Matched != nil || in.BoundOnCPU)
+		if why == "" && !scored {
 			return sp, nil
 		}
 		plan.Rebind = why

@@ -136,14 +136,7 @@ func TestPlacementTerms(t *testing.T) {
 	if got := c.others(l, c.estimate(l, 0, 3000), 0); got != 0 {
 		t.Errorf("a full hit costs others %v", got)
 	}
-	var st SessionStats
-	for range 100 {
-		st.ObserveTurn(1)
-		st.ObserveTurn(2)
-		st.ObserveTurn(3)
-		st.ObserveTurn(4)
-		st.ObserveGap(100)
-	}
+	st := fourTurns(100)
 	if c.future(l, &st, 1, 5000) != 0 {
 		t.Error("a cache nothing churns still costs the future")
 	}
@@ -155,15 +148,7 @@ func TestPlacementTerms(t *testing.T) {
 	}
 	// Half the gaps outlast the cache: the placement survives three turns
 	// with probability 1/8.
-	var half SessionStats
-	for range 100 {
-		half.ObserveTurn(1)
-		half.ObserveTurn(2)
-		half.ObserveTurn(3)
-		half.ObserveTurn(4)
-		half.ObserveGap(1)
-		half.ObserveGap(100)
-	}
+	half := fourTurns(1, 100)
 	s, r := half.Survival(10), half.Remaining(1)
 	if math.Abs(s-0.5) > 0.05 || math.Abs(r-3) > 0.1 {
 		t.Fatalf("survival %v, remaining %v; want 0.5 and 3", s, r)
@@ -584,4 +569,19 @@ func TestGatewayQueueBehind(t *testing.T) {
 	if got := est("cold-1").Others; !nearly(got, 6*base) {
 		t.Errorf("cold-1's Others %v; want %v (× (1 + 5 behind))", got, 6*base)
 	}
+}
+
+// fourTurns returns the statistics of 100 conversations of four turns
+// each, with the given gaps observed once per conversation.
+func fourTurns(gaps ...float64) SessionStats {
+	var st SessionStats
+	for range 100 {
+		for turn := 1; turn <= 4; turn++ {
+			st.ObserveTurn(turn)
+		}
+		for _, g := range gaps {
+			st.ObserveGap(g)
+		}
+	}
+	return st
 }
